@@ -1,0 +1,43 @@
+# Modelship: `make run` starts it on its embedded defaults; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# The suite runs twice: on the embedded defaults (SQLite, ORM broker) and on PostgreSQL + Redis.
+PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
+REDIS ?= redis://127.0.0.1:6379/0
+
+.PHONY: setup run test test-sqlite test-postgres lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+setup: $(STAMP)
+
+run: setup
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py serve --models examples/models.yaml
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+test-sqlite: setup
+	MSHIP_Q_NAME=modelship-test $(PY) -m pytest -q -p no:cacheprovider
+
+test-postgres: setup
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test \
+		$(PY) -m pytest -q -p no:cacheprovider
+
+test: lint test-sqlite test-postgres
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache

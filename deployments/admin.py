@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from deployments import audit, operations
+from deployments.deployer import CannotSleep
+from deployments.memory import InsufficientMemory, need_gib
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+
+BADGE_COLOURS = {
+    "planned": "#6c757d",
+    "starting": "#0d6efd",
+    "ready": "#198754",
+    "asleep": "#6f42c1",
+    "stopping": "#fd7e14",
+    "stopped": "#495057",
+    "failed": "#dc3545",
+}
+
+
+def run_operation(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Deployment],
+    operation: Any,
+    verb: str,
+) -> None:
+    for deployment in queryset:
+        try:
+            outcome = operation(deployment, request.user)
+        except (InsufficientMemory, CannotSleep, operations.InvalidState) as exc:
+            modeladmin.message_user(request, f"{deployment.name}: {exc}", messages.ERROR)
+            continue
+        modeladmin.message_user(request, f"{deployment.name}: {verb} {outcome}")
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "state_badge",
+        "loader",
+        "usecase",
+        "runtime",
+        "mode_label",
+        "need",
+        "engine",
+        "state_changed_at",
+    )
+    list_filter = ("state", "loader", "usecase", "runtime", "mode", "system")
+    search_fields = ("name", "model")
+    readonly_fields = (
+        "state",
+        "state_reason_block",
+        "engine_urls",
+        "runtime_handle",
+        "running_fingerprint",
+        "pending_mode",
+        "created",
+        "updated",
+        "state_changed_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
+        ("Engine", {"fields": ("image", "command", "config", "num_replicas")}),
+        ("Memory", {"fields": ("memory_gib", "num_gpus")}),
+        ("Lifecycle", {"fields": ("mode", "idle_timeout_s", "system")}),
+        ("State", {"fields": readonly_fields}),
+    )
+    actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: Deployment) -> str:
+        return format_html(
+            '<span style="background:{};color:#fff;padding:2px 8px;border-radius:8px" '
+            'title="{}">{}</span>',
+            BADGE_COLOURS.get(obj.state, "#333"),
+            obj.state_reason[:300],
+            obj.state,
+        )
+
+    @admin.display(description="mode")
+    def mode_label(self, obj: Deployment) -> str:
+        label = "system" if obj.system else obj.effective_mode.replace("_", " ")
+        return f"{label} → {obj.pending_mode.replace('_', ' ')}" if obj.pending_mode else label
+
+    @admin.display(description="memory (GiB)")
+    def need(self, obj: Deployment) -> str:
+        return f"{need_gib(obj):.2f}"
+
+    @admin.display(description="engine")
+    def engine(self, obj: Deployment) -> str:
+        return obj.engine_url
+
+    @admin.display(description="reason")
+    def state_reason_block(self, obj: Deployment) -> str:
+        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", obj.state_reason)
+
+    def save_model(self, request: HttpRequest, obj: Deployment, form: Any, change: bool) -> None:
+        before = Deployment.objects.get(pk=obj.pk).snapshot() if change else None
+        super().save_model(request, obj, form, change)
+        audit.record(
+            "update" if change else "create",
+            obj,
+            user=request.user,
+            before=before,
+            after=obj.snapshot(),
+        )
+
+    def delete_model(self, request: HttpRequest, obj: Deployment) -> None:
+        operations.request_remove(obj, request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        for obj in queryset:
+            operations.request_remove(obj, request.user)
+
+    @admin.action(description="Start")
+    def start(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        run_operation(self, request, queryset, operations.request_start, "start")
+
+    @admin.action(description="Stop")
+    def stop(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        run_operation(self, request, queryset, operations.request_stop, "stop")
+
+    @admin.action(description="Sleep")
+    def sleep(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        run_operation(self, request, queryset, operations.request_sleep, "sleep")
+
+    @admin.action(description="Wake")
+    def wake(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        run_operation(self, request, queryset, operations.request_wake, "wake")
+
+    @admin.action(description="Switch to on demand")
+    def switch_on_demand(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        def switch(d: Deployment, user: Any) -> str:
+            return operations.set_mode(d, Mode.ON_DEMAND, user).effective_mode
+
+        run_operation(self, request, queryset, switch, "mode")
+
+    @admin.action(description="Switch to always on")
+    def switch_always_on(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        def switch(d: Deployment, user: Any) -> str:
+            d = operations.set_mode(d, Mode.ALWAYS_ON, user)
+            return (d.pending_mode and "always on once started") or d.effective_mode
+
+        run_operation(self, request, queryset, switch, "mode")
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ("time", "actor", "action", "object_repr", "request_id")
+    list_filter = ("action", "actor")
+    search_fields = ("object_repr", "request_id", "text")
+
+
+@admin.register(DeploymentEvent)
+class DeploymentEventAdmin(ReadOnlyAdmin):
+    list_display = ("time", "deployment_name", "kind", "actor", "text")
+    list_filter = ("kind", "actor")
+    search_fields = ("deployment_name", "text")

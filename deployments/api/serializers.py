@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
+from deployments.memory import need_gib
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+from deployments.validation import cross_field_problems, name_clashes
+
+# Everything the cross-field checks read, for a partial update that names only some of it.
+CHECKED_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
+STATE_FIELDS = (
+    "state",
+    "state_reason",
+    "state_changed_at",
+    "engine_urls",
+    "pending_mode",
+    "created",
+    "updated",
+)
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    effective_mode = serializers.CharField(read_only=True)
+    need_gib = serializers.SerializerMethodField()
+    config_current = serializers.SerializerMethodField(
+        help_text="False while the running engine has an older configuration."
+    )
+
+    class Meta:
+        model = Deployment
+        fields = (
+            "id",
+            "name",
+            "aliases",
+            "loader",
+            "usecase",
+            "model",
+            "runtime",
+            "image",
+            "command",
+            "config",
+            "memory_gib",
+            "num_gpus",
+            "num_replicas",
+            "mode",
+            "effective_mode",
+            "idle_timeout_s",
+            "system",
+            "need_gib",
+            "config_current",
+            *STATE_FIELDS,
+        )
+        read_only_fields = STATE_FIELDS
+
+    def get_need_gib(self, obj: Deployment) -> float:
+        return round(need_gib(obj), 3)
+
+    def get_config_current(self, obj: Deployment) -> bool:
+        return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        if self.instance is not None:
+            merged = {f: getattr(self.instance, f) for f in CHECKED_FIELDS}
+        merged.update(attrs)
+        problems = cross_field_problems(merged)
+        others = Deployment.objects.all()
+        if self.instance is not None:
+            others = others.exclude(pk=self.instance.pk)
+        clashes = name_clashes(
+            [(merged["name"], list(merged.get("aliases") or []))],
+            [(d.name, list(d.aliases or [])) for d in others.only("name", "aliases")],
+        )
+        if clashes:
+            problems.setdefault("aliases", []).extend(clashes)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return attrs
+
+
+class ModeSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=Mode.choices)
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    user: serializers.StringRelatedField = serializers.StringRelatedField()
+
+    class Meta:
+        model = AuditEntry
+        fields = (
+            "id",
+            "time",
+            "user",
+            "actor",
+            "request_id",
+            "action",
+            "deployment",
+            "object_repr",
+            "before",
+            "after",
+            "text",
+        )
+
+
+class DeploymentEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DeploymentEvent
+        fields = ("id", "time", "deployment", "deployment_name", "actor", "kind", "text")

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from deployments import audit, operations, tasks
+from deployments.api.errors import Conflict, insufficient_memory
+from deployments.api.serializers import (
+    AuditEntrySerializer,
+    DeploymentEventSerializer,
+    DeploymentSerializer,
+    ModeSerializer,
+)
+from deployments.deployer import CannotSleep
+from deployments.fingerprint import deployment_fingerprint
+from deployments.memory import InsufficientMemory, host_summary
+from deployments.models import AuditEntry, Deployment, DeploymentEvent
+
+
+def accepted(deployment: Deployment, outcome: str) -> Response:
+    code = status.HTTP_202_ACCEPTED if outcome == operations.QUEUED else status.HTTP_200_OK
+    return Response({"id": deployment.pk, "name": deployment.name, "status": outcome}, status=code)
+
+
+class DeploymentViewSet(viewsets.ModelViewSet):
+    queryset = Deployment.objects.all()
+    serializer_class = DeploymentSerializer
+    filterset_fields = ("state", "loader", "usecase", "runtime", "mode", "system")
+
+    def perform_create(self, serializer: Any) -> None:
+        with transaction.atomic():
+            deployment = serializer.save()
+            audit.record("create", deployment, user=self.request.user, after=deployment.snapshot())
+
+    def perform_update(self, serializer: Any) -> None:
+        before = serializer.instance.snapshot()
+        with transaction.atomic():
+            deployment = serializer.save()
+            audit.record(
+                "update",
+                deployment,
+                user=self.request.user,
+                before=before,
+                after=deployment.snapshot(),
+            )
+            running = deployment.running_fingerprint
+            if running and running != deployment_fingerprint(deployment):
+                tasks.enqueue(
+                    "replace", deployment.pk, "blue_green", audit.actor_of(self.request.user, None)
+                )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        deployment = self.get_object()
+        outcome = operations.request_remove(deployment, request.user)
+        if outcome == "deleted":
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return accepted(deployment, outcome)
+
+    def _operate(self, operation: Any) -> Response:
+        deployment = self.get_object()
+        try:
+            return accepted(deployment, operation(deployment, self.request.user))
+        except InsufficientMemory as exc:
+            raise insufficient_memory(exc) from exc
+        except CannotSleep as exc:
+            raise Conflict(str(exc), "cannot_sleep") from exc
+        except operations.InvalidState as exc:
+            raise Conflict(str(exc), "invalid_state", state=deployment.state) from exc
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(operations.request_start)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(operations.request_stop)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def sleep(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(operations.request_sleep)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def wake(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(operations.request_wake)
+
+    @extend_schema(request=ModeSerializer, responses=DeploymentSerializer)
+    @action(detail=True, methods=["patch"])
+    def mode(self, request: Request, pk: str | None = None) -> Response:
+        body = ModeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = self.get_object()
+        try:
+            deployment = operations.set_mode(deployment, body.validated_data["mode"], request.user)
+        except InsufficientMemory as exc:
+            raise insufficient_memory(exc) from exc
+        except operations.InvalidState as exc:
+            raise Conflict(str(exc), "invalid_state") from exc
+        return Response(DeploymentSerializer(deployment).data)
+
+
+class AuditFilter(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
+
+    class Meta:
+        model = AuditEntry
+        fields = ("action", "actor", "deployment", "request_id", "user")
+
+
+class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = AuditEntry.objects.select_related("user")
+    serializer_class = AuditEntrySerializer
+    filterset_class = AuditFilter
+
+
+class EventFilter(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+
+    class Meta:
+        model = DeploymentEvent
+        fields = ("deployment", "deployment_name", "kind", "actor")
+
+
+class DeploymentEventViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = DeploymentEvent.objects.all()
+    serializer_class = DeploymentEventSerializer
+    filterset_class = EventFilter
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+def host(request: Request) -> Response:
+    return Response(host_summary())

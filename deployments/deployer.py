@@ -1,0 +1,366 @@
+"""The deployer: start, stop, sleep, wake and replace engines within the memory budget.
+
+Its functions block (they launch processes and wait for health) and run in django-q workers,
+management commands and test threads, never in the event loop. Every start passes the fit
+check and the start-up gate; every state change is a conditional update with its event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+
+from deployments.audit import event
+from deployments.engine_metrics import read_load
+from deployments.fingerprint import deployment_fingerprint
+from deployments.gate import start_gate
+from deployments.loaders import EngineSpec, get_loader
+from deployments.memory import InsufficientMemory, check_fit
+from deployments.models import STARTABLE_STATES, Deployment, State
+from deployments.runtimes import Handle, Launch, RuntimeError_, get_runtime
+from deployments.transitions import transition
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 20
+Precheck = Callable[[Deployment], bool]
+
+__all__ = [
+    "InsufficientMemory",
+    "replace",
+    "restart",
+    "sleep",
+    "stop",
+    "wake",
+]
+
+
+class StartFailed(Exception):
+    pass
+
+
+def handles_of(deployment: Deployment) -> list[Handle]:
+    return list((deployment.runtime_handle or {}).get("replicas", []))
+
+
+def launch_all(deployment: Deployment) -> list[Handle]:
+    """Launch every replica; on a failure, stop the ones already launched."""
+    loader = get_loader(deployment.loader)
+    spec = EngineSpec.of(deployment)
+    runtime = get_runtime(deployment.runtime)
+    fp = deployment_fingerprint(deployment)
+    handles: list[Handle] = []
+    try:
+        for replica in range(deployment.num_replicas):
+            # The runtime fills in the address it chose; an operator's command may use both.
+            argv = deployment.command or loader.argv(spec, "{host}", "{port}")
+            handles.append(
+                runtime.launch(
+                    Launch(
+                        deployment_id=deployment.pk,
+                        name=deployment.name,
+                        replica=replica,
+                        argv=list(argv),
+                        health_path=loader.health_path,
+                        fingerprint=fp,
+                        env=loader.env(spec),
+                        image=deployment.image or loader.default_image,
+                    )
+                )
+            )
+    except RuntimeError_:
+        stop_handles(deployment, handles)
+        raise
+    return handles
+
+
+def stop_handles(deployment: Deployment, handles: list[Handle]) -> None:
+    runtime = get_runtime(deployment.runtime)
+    for handle in handles:
+        runtime.stop(handle, settings.MSHIP_STOP_GRACE_S)
+
+
+def failure_reason(deployment: Deployment, handles: list[Handle], headline: str) -> str:
+    runtime = get_runtime(deployment.runtime)
+    tails = [runtime.log_tail(h, LOG_TAIL_LINES) for h in handles]
+    tail = "\n".join(t for t in tails if t)
+    return f"{headline}\n--- engine log (last lines) ---\n{tail}" if tail else headline
+
+
+def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float) -> None:
+    """Block until every replica answers its health path; StartFailed on a death or timeout."""
+    loader = get_loader(deployment.loader)
+    runtime = get_runtime(deployment.runtime)
+    pending = list(handles)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    with httpx.Client(timeout=2.0) as client:
+        while pending:
+            for handle in list(pending):
+                if not runtime.is_alive(handle):
+                    why = runtime.exit_reason(handle)
+                    raise StartFailed(
+                        failure_reason(deployment, [handle], f"{why} during start-up")
+                    )
+                try:
+                    answer = client.get(handle["url"] + loader.health_path)
+                except httpx.HTTPError:
+                    continue
+                if answer.status_code == 200:
+                    pending.remove(handle)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise StartFailed(
+                    failure_reason(
+                        deployment, pending, f"not healthy after {timeout_s:g} s (start timeout)"
+                    )
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+
+def _bring_up(deployment: Deployment, actor: str, timeout_s: float) -> Deployment:
+    """Launch a deployment that is already marked starting and wait for its health."""
+    try:
+        handles = launch_all(deployment)
+    except RuntimeError_ as exc:
+        transition(
+            deployment, State.FAILED, expected=[State.STARTING], reason=str(exc), actor=actor
+        )
+        return deployment
+    urls = [h["url"] for h in handles]
+    saved = Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(
+        runtime_handle={"replicas": handles}, engine_urls=urls
+    )
+    if not saved:
+        # Stopped or removed while launching: the launch is ours to undo.
+        stop_handles(deployment, handles)
+        return deployment
+    try:
+        wait_healthy(deployment, handles, timeout_s)
+    except StartFailed as exc:
+        stop_handles(deployment, handles)
+        transition(
+            deployment,
+            State.FAILED,
+            expected=[State.STARTING],
+            reason=str(exc),
+            actor=actor,
+            engine_urls=[],
+            runtime_handle={},
+        )
+        return deployment
+    transition(
+        deployment,
+        State.READY,
+        expected=[State.STARTING],
+        actor=actor,
+        running_fingerprint=deployment_fingerprint(deployment),
+    )
+    return deployment
+
+
+def restart(
+    deployment_id: int, *, actor: str = "system", timeout_s: float | None = None
+) -> Deployment:
+    """Start a planned, stopped or failed deployment; anything else is left as it is.
+
+    Raises InsufficientMemory (leaving the deployment as it was) when it does not fit.
+    """
+    timeout = timeout_s if timeout_s is not None else settings.MSHIP_START_TIMEOUT_S
+    with start_gate():
+        deployment = Deployment.objects.get(pk=deployment_id)
+        if deployment.state not in STARTABLE_STATES:
+            return deployment
+        try:
+            check_fit(deployment)
+        except InsufficientMemory as exc:
+            refuse_start(deployment, str(exc), actor)
+            raise
+        if not transition(deployment, State.STARTING, expected=[deployment.state], actor=actor):
+            return deployment
+        return _bring_up(deployment, actor, timeout)
+
+
+def refuse_start(deployment: Deployment, why: str, actor: str) -> None:
+    # A refused start leaves the deployment as it was, a waiting mode switch included.
+    Deployment.objects.filter(pk=deployment.pk).update(pending_mode=None)
+    event(deployment, "start_refused", why, actor=actor)
+
+
+def stop(
+    deployment_id: int,
+    *,
+    precheck: Precheck | None = None,
+    actor: str = "system",
+    reason: str = "",
+) -> bool:
+    """Stop a deployment's engines. False when there was nothing to stop or the precheck
+    refused; the precheck sees the locked, freshly read row and runs with no await."""
+    with transaction.atomic():
+        try:
+            deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        except Deployment.DoesNotExist:
+            return False
+        if deployment.state in (State.PLANNED, State.STOPPED, State.STOPPING):
+            return False
+        if precheck is not None and not precheck(deployment):
+            return False
+        if not transition(
+            deployment, State.STOPPING, expected=[deployment.state], reason=reason, actor=actor
+        ):
+            return False
+    try:
+        stop_handles(deployment, handles_of(deployment))
+    except RuntimeError_ as exc:
+        transition(
+            deployment, State.FAILED, expected=[State.STOPPING], reason=str(exc), actor=actor
+        )
+        return True
+    transition(
+        deployment,
+        State.STOPPED,
+        expected=[State.STOPPING],
+        reason=reason,
+        actor=actor,
+        engine_urls=[],
+        runtime_handle={},
+        running_fingerprint="",
+    )
+    return True
+
+
+def _post_each(deployment: Deployment, path: str) -> None:
+    with httpx.Client(timeout=60.0) as client:
+        for url in deployment.engine_urls:
+            answer = client.post(url + path)
+            answer.raise_for_status()
+
+
+class CannotSleep(Exception):
+    pass
+
+
+def sleep(deployment_id: int, *, actor: str = "system", reason: str = "") -> bool:
+    """Put a ready engine to sleep (vLLM sleep mode): weights and KV cache leave the GPU."""
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
+        raise CannotSleep(f"{deployment.name}: the {deployment.loader} engine cannot sleep")
+    if deployment.state != State.READY:
+        return False
+    _post_each(deployment, "/sleep?level=1")
+    return transition(deployment, State.ASLEEP, expected=[State.READY], reason=reason, actor=actor)
+
+
+def wake(deployment_id: int, *, actor: str = "system") -> Deployment:
+    """Wake a sleeping engine; it takes its memory back, so it passes the fit check first."""
+    with start_gate():
+        deployment = Deployment.objects.get(pk=deployment_id)
+        if deployment.state != State.ASLEEP:
+            return deployment
+        try:
+            check_fit(deployment)
+        except InsufficientMemory as exc:
+            refuse_start(deployment, str(exc), actor)
+            raise
+        try:
+            _post_each(deployment, "/wake_up")
+        except httpx.HTTPError as exc:
+            stop_handles(deployment, handles_of(deployment))
+            transition(
+                deployment,
+                State.FAILED,
+                expected=[State.ASLEEP],
+                reason=f"wake failed: {exc}",
+                actor=actor,
+                engine_urls=[],
+                runtime_handle={},
+            )
+            return deployment
+        transition(deployment, State.READY, expected=[State.ASLEEP], actor=actor)
+        return deployment
+
+
+def replace(deployment_id: int, strategy: str = "blue_green", *, actor: str = "system") -> Any:
+    """Bring a running deployment onto its current configuration.
+
+    blue_green starts the new engines beside the old ones, switches the deployment's engine
+    URLs once they are healthy, then stops the old; stop_start stops first, then starts.
+    Nothing happens when the running engine already has the current configuration.
+    """
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.state in STARTABLE_STATES:
+        return deployment  # nothing runs: the next start takes the new configuration
+    if deployment_fingerprint(deployment) == deployment.running_fingerprint:
+        return deployment
+    if strategy == "blue_green" and deployment.state == State.READY:
+        return _blue_green(deployment, actor)
+    stop(deployment_id, actor=actor, reason="replaced by a new configuration")
+    return restart(deployment_id, actor=actor)
+
+
+def _blue_green(deployment: Deployment, actor: str) -> Deployment:
+    with start_gate():
+        deployment.refresh_from_db()
+        if deployment.state != State.READY:
+            return restart(deployment.pk, actor=actor)
+        check_fit(deployment, alongside_itself=True)
+        old_handles, old_fp = handles_of(deployment), deployment.running_fingerprint
+        event(deployment, "replacing", "starting the new configuration beside the old", actor)
+        new_handles: list[Handle] = []
+        try:
+            new_handles = launch_all(deployment)
+            wait_healthy(deployment, new_handles, settings.MSHIP_START_TIMEOUT_S)
+        except (RuntimeError_, StartFailed) as exc:
+            stop_handles(deployment, new_handles)
+            event(
+                deployment, "replace_failed", f"the old configuration keeps serving: {exc}", actor
+            )
+            raise StartFailed(str(exc)) from exc
+        switched = Deployment.objects.filter(
+            pk=deployment.pk, state=State.READY, running_fingerprint=old_fp
+        ).update(
+            runtime_handle={"replicas": new_handles},
+            engine_urls=[h["url"] for h in new_handles],
+            running_fingerprint=deployment_fingerprint(deployment),
+        )
+        if not switched:
+            stop_handles(deployment, new_handles)
+            deployment.refresh_from_db()
+            return deployment
+        deployment.refresh_from_db()
+        event(deployment, "replaced", "now serving the new configuration", actor)
+    drain(deployment, old_handles)
+    stop_handles(deployment, old_handles)
+    return deployment
+
+
+def drain(deployment: Deployment, handles: list[Handle]) -> None:
+    """Let replaced engines finish what they serve before they stop.
+
+    Routers that read the switch late may still send a request for a moment, so the old
+    engines live at least the drain grace; then until their gauges show nothing running or
+    waiting (an engine without gauges gets the grace only), at most the drain timeout.
+    """
+    loader = get_loader(deployment.loader)
+    start = time.monotonic()
+    grace_end = start + settings.MSHIP_DRAIN_GRACE_S
+    deadline = start + max(settings.MSHIP_DRAIN_TIMEOUT_S, settings.MSHIP_DRAIN_GRACE_S)
+    busy = list(handles)
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            busy = [
+                h
+                for h in busy
+                if (load := read_load(client, h["url"], loader)) is not None and not load.idle
+            ]
+            if not busy and time.monotonic() >= grace_end:
+                return
+            time.sleep(0.1)

@@ -1,0 +1,56 @@
+"""Reading an engine's load gauges from its Prometheus endpoint."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from deployments.loaders import Loader
+
+# name{labels} value — labels optional; names vary across engine versions, so each gauge is
+# looked up by the exact name its loader gives, summing every labelled series of it.
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
+
+
+@dataclass(frozen=True)
+class Load:
+    running: float
+    waiting: float
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and self.waiting == 0
+
+
+def parse_gauges(text: str, names: set[str]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) in names:
+            try:
+                value = float(match.group(3))
+            except ValueError:
+                continue
+            found[match.group(1)] = found.get(match.group(1), 0.0) + value
+    return found
+
+
+def read_load(client: httpx.Client, url: str, loader: Loader) -> Load | None:
+    """The engine's running and waiting requests; None when it has no gauges or no answer."""
+    if not loader.running_gauge:
+        return None
+    names = {loader.running_gauge, loader.waiting_gauge or ""}
+    try:
+        answer = client.get(url + "/metrics")
+        answer.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    gauges = parse_gauges(answer.text, names)
+    if loader.running_gauge not in gauges:
+        return None
+    return Load(
+        running=gauges[loader.running_gauge],
+        waiting=gauges.get(loader.waiting_gauge or "", 0.0),
+    )

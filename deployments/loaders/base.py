@@ -1,0 +1,117 @@
+"""What every engine loader tells the control plane.
+
+A loader knows one engine: the command line that starts it (the same argv serves the process
+and the docker runtime), where its health answers, which Prometheus gauges show its load,
+which OpenAI endpoints it serves, whether it can sleep, and how much memory it will need when
+that can be known before it starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+# OpenAI-compatible paths (under /v1) by use case.
+GENERATE_ENDPOINTS = ("chat/completions", "completions", "responses")
+EMBED_ENDPOINTS = ("embeddings",)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The parts of a deployment an engine's command line is built from (no ORM)."""
+
+    name: str
+    model: str
+    usecase: str = "generate"
+    aliases: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+    num_gpus: float | None = None
+    memory_gib: float | None = None
+
+    @classmethod
+    def of(cls, deployment: Any) -> EngineSpec:
+        return cls(
+            name=deployment.name,
+            model=deployment.model,
+            usecase=deployment.usecase,
+            aliases=tuple(deployment.aliases or ()),
+            config=dict(deployment.config or {}),
+            num_gpus=deployment.num_gpus,
+            memory_gib=deployment.memory_gib,
+        )
+
+    @property
+    def served_names(self) -> list[str]:
+        return [self.name, *self.aliases]
+
+
+class Loader:
+    name: ClassVar[str]
+    # The key of this loader's block in models.yaml (e.g. llama_server_config).
+    config_key: ClassVar[str]
+    # Options the loader understands; anything else in its block is an error.
+    config_options: ClassVar[frozenset[str]] = frozenset()
+    usecases: ClassVar[frozenset[str]]
+    health_path: ClassVar[str] = "/health"
+    # Prometheus gauges of requests running and waiting, read by make-room and the reaper.
+    running_gauge: ClassVar[str | None] = None
+    waiting_gauge: ClassVar[str | None] = None
+    can_sleep_mode: ClassVar[bool] = False
+    default_image: ClassVar[str] = ""
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        """Problems with a spec, each a sentence naming the key; empty when it is fine."""
+        problems = []
+        if spec.usecase not in self.usecases:
+            allowed = ", ".join(sorted(self.usecases))
+            problems.append(f"usecase {spec.usecase!r} is not served by {self.name} ({allowed})")
+        if self.config_options:
+            for key in sorted(set(spec.config) - self.config_options):
+                problems.append(f"{self.config_key}: unknown key {key!r}")
+        elif spec.config:
+            problems.append(f"{self.name} takes no {self.config_key}")
+        return problems
+
+    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, spec: EngineSpec) -> dict[str, str]:
+        """Extra environment for the engine."""
+        return {}
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        """The /v1 paths this engine serves for the spec's use case."""
+        raise NotImplementedError
+
+    def can_sleep(self, spec: EngineSpec) -> bool:
+        return self.can_sleep_mode
+
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        """Memory the engine will hold, where it can be known without starting it."""
+        return None
+
+
+def file_size_gib(path: str) -> float | None:
+    try:
+        return os.path.getsize(path) / 2**30
+    except OSError:
+        return None
+
+
+def cli_flags(options: dict[str, Any]) -> list[str]:
+    """Engine options as command-line flags: snake_case keys become --kebab-case."""
+    import json
+
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, dict | list):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,63 @@
+"""llama.cpp's `llama-server`, serving a GGUF file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import ClassVar
+
+from deployments.loaders.base import EngineSpec, Loader, file_size_gib
+
+
+class LlamaServerLoader(Loader):
+    name = "llama_server"
+    config_key = "llama_server_config"
+    config_options = frozenset(
+        {"n_ctx", "n_gpu_layers", "parallel", "pooling", "threads", "binary", "extra_args"}
+    )
+    usecases = frozenset({"generate", "embed"})
+    running_gauge = "llamacpp:requests_processing"
+    waiting_gauge = "llamacpp:requests_deferred"
+    default_image = "ghcr.io/ggml-org/llama.cpp:server"
+    # KV cache and compute buffers on top of the weights, per 1k tokens of context (rough).
+    context_gib_per_1k: ClassVar[float] = 0.02
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        problems = super().validate(spec)
+        if spec.num_gpus and spec.num_gpus != int(spec.num_gpus):
+            problems.append("num_gpus must be a whole number for llama_server")
+        extra = spec.config.get("extra_args", [])
+        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+            problems.append(f"{self.config_key}: 'extra_args' must be a list of strings")
+        return problems
+
+    def binary(self, spec: EngineSpec) -> str:
+        configured = spec.config.get("binary") or os.environ.get("MSHIP_LLAMA_SERVER_BIN")
+        return str(configured or shutil.which("llama-server") or "llama-server")
+
+    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+        cfg = spec.config
+        argv = [self.binary(spec), "-m", spec.model, "--host", host, "--port", str(port)]
+        argv += ["--alias", spec.name, "--metrics", "--jinja"]
+        argv += ["-c", str(cfg.get("n_ctx", 4096))]
+        n_gpu_layers = cfg.get("n_gpu_layers", 999 if spec.num_gpus else 0)
+        argv += ["-ngl", str(n_gpu_layers)]
+        if "parallel" in cfg:
+            argv += ["--parallel", str(cfg["parallel"])]
+        if "threads" in cfg:
+            argv += ["--threads", str(cfg["threads"])]
+        if spec.usecase == "embed":
+            argv += ["--embedding", "--pooling", str(cfg.get("pooling", "mean"))]
+        return argv + list(cfg.get("extra_args", []))
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        if spec.usecase == "embed":
+            return ("embeddings", "rerank")
+        return ("chat/completions", "completions", "messages")
+
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        weights = file_size_gib(spec.model)
+        if weights is None:
+            return None
+        n_ctx = int(spec.config.get("n_ctx", 4096))
+        return round(weights * 1.1 + self.context_gib_per_1k * n_ctx / 1024, 3)

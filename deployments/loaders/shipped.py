@@ -1,0 +1,83 @@
+"""Loaders for the engine servers Modelship ships itself (deployments/engines/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import ClassVar
+
+from deployments.loaders.base import EngineSpec, Loader
+
+
+class ShippedEngineLoader(Loader):
+    """An engine that is a module of this project, run with the project's own Python."""
+
+    module: ClassVar[str]
+
+    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+        argv = [sys.executable, "-m", self.module, "--model", spec.model]
+        argv += ["--host", host, "--port", str(port)]
+        argv += ["--served-model-name", *spec.served_names]
+        if spec.config:
+            argv += ["--config", json.dumps(spec.config, sort_keys=True)]
+        return argv
+
+
+class SimulatedLoader(ShippedEngineLoader):
+    name = "simulated"
+    config_key = "simulated_config"
+    module = "deployments.engines.simulated"
+    config_options = frozenset(
+        {
+            "startup_delay_s",
+            "tokens_per_second",
+            "reply",
+            "echo",
+            "max_tokens",
+            "reasoning",
+            "tool_call",
+            "memory_claim_gib",
+            "fail_at_start",
+            "crash_after_requests",
+            "ignore_sigterm",
+            "embedding_dim",
+        }
+    )
+    usecases = frozenset({"generate", "embed", "transcription", "translation"})
+    running_gauge = "vllm:num_requests_running"
+    waiting_gauge = "vllm:num_requests_waiting"
+    can_sleep_mode = True
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        return {
+            "generate": ("chat/completions", "completions", "responses", "messages"),
+            "embed": ("embeddings",),
+            "transcription": ("audio/transcriptions",),
+            "translation": ("audio/translations",),
+        }.get(spec.usecase, ())
+
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        claim = spec.config.get("memory_claim_gib")
+        return float(claim) if claim is not None else None
+
+
+class DiffusersLoader(ShippedEngineLoader):
+    name = "diffusers"
+    config_key = "diffusers_config"
+    module = "deployments.engines.diffusers_server"
+    config_options = frozenset({"torch_dtype", "device", "num_inference_steps", "guidance_scale"})
+    usecases = frozenset({"image"})
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        return ("images/generations",)
+
+
+class TtsLoader(ShippedEngineLoader):
+    name = "tts"
+    config_key = "tts_config"
+    module = "deployments.engines.tts_server"
+    config_options = frozenset({"voices", "voice", "backend"})
+    usecases = frozenset({"tts"})
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        return ("audio/speech",)

@@ -1,0 +1,74 @@
+"""manage.py deploy -f models.yaml [--reconcile] [--replace-strategy S] [--wait]"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from deployments import tasks
+from deployments.apply import Job, apply
+from deployments.models import Deployment, State
+from deployments.models_yaml import ModelsFileError, load
+
+ACTOR = "cli:deploy"
+
+
+class Command(BaseCommand):
+    help = "Add and update deployments from a models.yaml (or make them match it with --reconcile)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("-f", "--file", required=True, help="the models.yaml to apply")
+        parser.add_argument(
+            "--reconcile", action="store_true", help="remove deployments the file does not name"
+        )
+        parser.add_argument(
+            "--replace-strategy", choices=["blue_green", "stop_start"], default="blue_green"
+        )
+        parser.add_argument(
+            "--wait",
+            action="store_true",
+            help="run the engine work here and block until every touched deployment is "
+            "ready or failed (else it is queued for the django-q cluster)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            entries = load(options["file"])
+        except ModelsFileError as exc:
+            raise CommandError(
+                f"{options['file']}: nothing was changed.\n"
+                + "\n".join(f"  - {p}" for p in exc.problems)
+            ) from exc
+        outcome = apply(entries, reconcile=options["reconcile"], actor=ACTOR)
+        for label in ("created", "updated", "unchanged", "removed"):
+            names = getattr(outcome, label)
+            if names:
+                self.stdout.write(f"{label}: {', '.join(names)}")
+        strategy = options["replace_strategy"]
+        if options["wait"]:
+            failed = self.run_jobs(outcome.jobs, strategy)
+            if failed:
+                raise CommandError("not ready: " + ", ".join(failed))
+        else:
+            for job in outcome.jobs:
+                args = (strategy,) if job.action == "replace" else ()
+                tasks.enqueue(job.action, job.deployment_id, *args, ACTOR)
+
+    def run_jobs(self, jobs: list[Job], strategy: str) -> list[str]:
+        failed = []
+        for job in jobs:
+            if job.action == "remove":
+                tasks.remove(job.deployment_id, ACTOR)
+                continue
+            if job.action == "replace":
+                result = tasks.replace(job.deployment_id, strategy, ACTOR)
+            else:
+                result = tasks.start(job.deployment_id, ACTOR)
+            deployment = Deployment.objects.get(pk=job.deployment_id)
+            self.stdout.write(f"{deployment.name}: {deployment.state} {result}".rstrip())
+            if deployment.state != State.READY and not (
+                deployment.is_on_demand and deployment.state in (State.PLANNED, State.STOPPED)
+            ):
+                failed.append(f"{deployment.name} ({deployment.state}: {result})")
+        return failed

@@ -1,0 +1,97 @@
+"""manage.py serve: the ASGI server and the django-q cluster together, in the foreground.
+
+Ctrl-C (or SIGTERM) stops both, then every engine they started. On the way up it adopts the
+engines a previous run left behind and starts the always-on deployments that its last
+shutdown stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from deployments import tasks
+from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
+from deployments.management.commands.ensure_admin import ensure_admin
+from deployments.models import Deployment, Mode, State
+
+CHILD_GRACE_S = 15
+
+
+class Command(BaseCommand):
+    help = "Run Modelship: the ASGI server (daphne or uvicorn) and the django-q cluster."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--models", help="a models.yaml to deploy once the cluster runs")
+        parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stop_event = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop_event.set())
+
+        username, password = ensure_admin()
+        outcome = adopt_all()
+        if outcome["adopted"]:
+            self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
+        children = self.start_children(options)
+        url = f"http://{options['host']}:{options['port']}"
+        self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
+        if password:
+            self.stdout.write(f"Sign in as {username!r} with password {password!r}")
+        if options["models"]:
+            call_command("deploy", file=options["models"], stdout=self.stdout)
+        self.resume_after_shutdown()
+        self.stdout.write("Ctrl-C stops Modelship and every engine it started.")
+
+        while not stop_event.wait(0.5):
+            for name, child in children.items():
+                if child.poll() is not None:
+                    self.stderr.write(f"{name} exited with code {child.returncode}; stopping")
+                    stop_event.set()
+        self.shutdown(children)
+
+    def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
+        python = sys.executable
+        if options["server"] == "uvicorn":
+            server = [python, "-m", "uvicorn", "modelship_site.asgi:application", "--no-access-log"]
+            server += ["--host", options["host"], "--port", str(options["port"])]
+        else:
+            server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]
+            server += ["modelship_site.asgi:application"]
+        cluster = [python, "manage.py", "qcluster"]
+        # Own process groups: the terminal's Ctrl-C reaches this command only, which then
+        # stops the children in order instead of all at once.
+        return {
+            "server": subprocess.Popen(server, start_new_session=True, env=os.environ.copy()),
+            "cluster": subprocess.Popen(cluster, start_new_session=True, env=os.environ.copy()),
+        }
+
+    def resume_after_shutdown(self) -> None:
+        stopped = Deployment.objects.filter(state=State.STOPPED, state_reason=SHUTDOWN_REASON)
+        for deployment in stopped:
+            if deployment.effective_mode == Mode.ALWAYS_ON:
+                tasks.enqueue("start", deployment.pk, "system")
+
+    def shutdown(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
+        self.stdout.write("stopping the server and the cluster…")
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children.values():
+            try:
+                child.wait(CHILD_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        stopped = stop_all()
+        self.stdout.write(f"stopped engines: {', '.join(stopped) or 'none'}")

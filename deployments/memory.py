@@ -1,0 +1,133 @@
+"""The memory budget: what the host can hold, what deployments hold, and the fit check."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from deployments.loaders import EngineSpec, get_loader
+from deployments.models import HOLDING_STATES, Deployment, Mode
+
+log = logging.getLogger(__name__)
+
+
+class InsufficientMemory(Exception):
+    def __init__(self, name: str, need_gib: float, free_gib: float, capacity_gib: float) -> None:
+        self.name = name
+        self.need_gib = round(need_gib, 3)
+        self.free_gib = round(free_gib, 3)
+        self.capacity_gib = round(capacity_gib, 3)
+        self.shortfall_gib = round(need_gib - free_gib, 3)
+        super().__init__(
+            f"{name} needs {self.need_gib} GiB but {self.free_gib} GiB of "
+            f"{self.capacity_gib} GiB is free (short by {self.shortfall_gib} GiB)"
+        )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    total_gib: float
+
+
+@functools.cache
+def nvml_gpus() -> tuple[Gpu, ...]:
+    """The GPUs NVML reports; none without a driver (read once: totals do not change)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver, no device: a CPU host
+        return ()
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            gpus.append(Gpu(index=index, total_gib=info.total / 2**30))
+        return tuple(gpus)
+    except Exception as exc:
+        log.warning("NVML is present but could not be read: %s", exc)
+        return ()
+
+
+def capacity_gib() -> float:
+    """Usable accelerator memory of this host."""
+    configured = settings.MSHIP_MEMORY_CAPACITY_GIB
+    if configured:
+        return float(configured)
+    gpus = nvml_gpus()
+    if gpus:
+        return sum(gpu.total_gib for gpu in gpus)
+    return float(settings.MSHIP_DEFAULT_CAPACITY_GIB)
+
+
+def gpu_memory_gib() -> float:
+    """The size of one GPU, which a deployment's num_gpus is a fraction of."""
+    if settings.MSHIP_GPU_MEMORY_GIB:
+        return float(settings.MSHIP_GPU_MEMORY_GIB)
+    gpus = nvml_gpus()
+    return gpus[0].total_gib if gpus else capacity_gib()
+
+
+def need_gib(deployment: Any) -> float:
+    """Memory one deployment holds while it runs: per replica, times its replicas."""
+    if deployment.memory_gib is not None:
+        per_replica = float(deployment.memory_gib)
+    elif deployment.num_gpus is not None:
+        per_replica = float(deployment.num_gpus) * gpu_memory_gib()
+    else:
+        estimate = get_loader(deployment.loader).estimate_memory_gib(EngineSpec.of(deployment))
+        per_replica = estimate or 0.0
+    return per_replica * max(1, int(deployment.num_replicas or 1))
+
+
+def holdings() -> list[tuple[Deployment, float]]:
+    return [(d, need_gib(d)) for d in Deployment.objects.filter(state__in=HOLDING_STATES)]
+
+
+def held_gib(exclude_id: int | None = None) -> float:
+    return sum(gib for d, gib in holdings() if d.pk != exclude_id)
+
+
+def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> float:
+    """Raise InsufficientMemory unless the deployment fits in what is free; return its need.
+
+    ``alongside_itself`` counts the deployment's running engine as held, for a blue-green
+    replacement that runs the new engine beside the old one.
+    """
+    need = need_gib(deployment)
+    capacity = capacity_gib()
+    held = held_gib(exclude_id=None if alongside_itself else deployment.pk)
+    free = capacity - held
+    if need > free + 1e-9:
+        raise InsufficientMemory(deployment.name, need, free, capacity)
+    return need
+
+
+def host_summary() -> dict[str, Any]:
+    capacity = capacity_gib()
+    rows = holdings()
+    held = sum(gib for _, gib in rows)
+    pinned = sum(gib for d, gib in rows if d.effective_mode == Mode.ALWAYS_ON)
+    return {
+        "capacity_gib": round(capacity, 3),
+        "held_gib": round(held, 3),
+        "free_gib": round(capacity - held, 3),
+        # What on-demand deployments can ever use: capacity less always-on and system holdings.
+        "on_demand_capacity_gib": round(capacity - pinned, 3),
+        "gpus": [{"index": g.index, "total_gib": round(g.total_gib, 3)} for g in nvml_gpus()],
+        "deployments": [
+            {
+                "id": d.pk,
+                "name": d.name,
+                "state": d.state,
+                "mode": d.effective_mode,
+                "holding_gib": round(gib, 3),
+            }
+            for d, gib in rows
+        ],
+    }

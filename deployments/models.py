@@ -1,0 +1,180 @@
+"""Deployments, their audit trail and their events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
+name_validator = RegexValidator(
+    NAME_PATTERN,
+    "Use letters, digits and . _ : / @ + - (start with a letter or digit, at most 200).",
+)
+
+
+class Loader(models.TextChoices):
+    VLLM = "vllm"
+    LLAMA_SERVER = "llama_server"
+    DIFFUSERS = "diffusers"
+    STABLE_DIFFUSION_CPP = "stable_diffusion_cpp"
+    WHISPERCPP = "whispercpp"
+    TTS = "tts"
+    SIMULATED = "simulated"
+
+
+class Usecase(models.TextChoices):
+    GENERATE = "generate"
+    EMBED = "embed"
+    TRANSCRIPTION = "transcription"
+    TRANSLATION = "translation"
+    TTS = "tts"
+    IMAGE = "image"
+
+
+class Runtime(models.TextChoices):
+    PROCESS = "process"
+    DOCKER = "docker"
+
+
+class Mode(models.TextChoices):
+    ON_DEMAND = "on_demand"
+    ALWAYS_ON = "always_on"
+
+
+class State(models.TextChoices):
+    PLANNED = "planned"
+    STARTING = "starting"
+    READY = "ready"
+    ASLEEP = "asleep"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+# States in which an engine exists and holds accelerator memory. A sleeping vLLM engine has
+# released its weights and KV cache, so it does not count against the budget.
+HOLDING_STATES = (State.STARTING, State.READY, State.STOPPING)
+# States from which a start may begin.
+STARTABLE_STATES = (State.PLANNED, State.STOPPED, State.FAILED)
+
+
+class Deployment(models.Model):
+    name = models.CharField(
+        max_length=200, unique=True, validators=[name_validator], help_text="Served model name."
+    )
+    aliases = models.JSONField(default=list, blank=True)
+    loader = models.CharField(max_length=32, choices=Loader.choices)
+    usecase = models.CharField(max_length=32, choices=Usecase.choices, default=Usecase.GENERATE)
+    model = models.CharField(max_length=500, help_text="Path or id, as the engine takes it.")
+    runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.PROCESS)
+    image = models.CharField(max_length=500, blank=True, default="")
+    command = models.JSONField(
+        null=True, blank=True, help_text="Replaces the loader's command line when set."
+    )
+    config = models.JSONField(default=dict, blank=True, help_text="The loader's own options.")
+    memory_gib = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    num_gpus = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    num_replicas = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    mode = models.CharField(max_length=16, choices=Mode.choices, null=True, blank=True)
+    idle_timeout_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(60), MaxValueValidator(86400)],
+        help_text="Seconds idle before an on-demand deployment stops; empty: the site default.",
+    )
+    pending_mode = models.CharField(max_length=16, choices=Mode.choices, null=True, blank=True)
+    system = models.BooleanField(
+        default=False, help_text="Always on and never on demand (a decision model)."
+    )
+
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
+    state_reason = models.TextField(blank=True, default="")
+    engine_urls = models.JSONField(default=list, blank=True)
+    runtime_handle = models.JSONField(default=dict, blank=True)
+    running_fingerprint = models.CharField(max_length=64, blank=True, default="")
+
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def effective_mode(self) -> str:
+        if self.system or not self.mode:
+            return Mode.ALWAYS_ON
+        return self.mode
+
+    @property
+    def is_on_demand(self) -> bool:
+        return self.effective_mode == Mode.ON_DEMAND
+
+    @property
+    def effective_idle_timeout_s(self) -> int:
+        return self.idle_timeout_s or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
+
+    @property
+    def engine_url(self) -> str:
+        return self.engine_urls[0] if self.engine_urls else ""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The audited view of a deployment: what an operator sets, plus its state."""
+        from deployments.fingerprint import CONFIG_FIELDS
+
+        data: dict[str, Any] = {field: getattr(self, field) for field in CONFIG_FIELDS}
+        data.update(
+            mode=self.mode, idle_timeout_s=self.idle_timeout_s, system=self.system, state=self.state
+        )
+        return data
+
+
+class AuditEntry(models.Model):
+    """NetBox's ObjectChange shape: who changed what, when, from what to what."""
+
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    actor = models.CharField(max_length=150, help_text="The user's name or a system actor.")
+    request_id = models.CharField(max_length=128, blank=True, default="")
+    action = models.CharField(max_length=64, db_index=True)
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit"
+    )
+    object_repr = models.CharField(max_length=200, blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    text = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_repr}"
+
+
+class DeploymentEvent(models.Model):
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    deployment_name = models.CharField(max_length=200)
+    actor = models.CharField(max_length=150, default="system")
+    kind = models.CharField(max_length=64, db_index=True)
+    text = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-time", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_name}: {self.kind} {self.text}"

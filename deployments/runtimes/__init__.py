@@ -1,0 +1,18 @@
+"""Runtimes by name."""
+
+from __future__ import annotations
+
+from deployments.runtimes.base import Handle, Launch, Runtime, RuntimeError_
+from deployments.runtimes.process import ProcessRuntime
+
+_RUNTIMES: dict[str, Runtime] = {"process": ProcessRuntime()}
+
+
+def get_runtime(name: str) -> Runtime:
+    try:
+        return _RUNTIMES[name]
+    except KeyError:
+        raise RuntimeError_(f"the {name!r} runtime is not available on this site") from None
+
+
+__all__ = ["Handle", "Launch", "Runtime", "RuntimeError_", "get_runtime"]

@@ -1,0 +1,50 @@
+"""The runtime interface: how an engine is launched, watched and stopped.
+
+A runtime turns a launch description into a running engine and a JSON-able handle that is
+stored on the deployment row, so that any process (the ASGI server, a django-q worker, a
+restarted Modelship) can watch, stop or adopt the engine later. The process runtime is the
+embedded default; docker (and later ray) sit beside it behind the same methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Handle = dict[str, Any]
+
+
+class RuntimeError_(Exception):
+    """A runtime could not do what it was asked; the message is for the operator."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    deployment_id: int
+    name: str
+    replica: int
+    argv: list[str]
+    health_path: str
+    fingerprint: str
+    env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+
+
+class Runtime(Protocol):
+    name: str
+
+    def launch(self, launch: Launch) -> Handle:
+        """Start an engine; the handle carries at least ``url`` (its base URL)."""
+        ...
+
+    def is_alive(self, handle: Handle) -> bool: ...
+
+    def exit_reason(self, handle: Handle) -> str:
+        """Why a dead engine is gone (exit code, signal, out of memory), as far as known."""
+        ...
+
+    def stop(self, handle: Handle, grace_s: float) -> None:
+        """Ask the engine to stop, kill it after the grace period, return once it is gone."""
+        ...
+
+    def log_tail(self, handle: Handle, lines: int) -> str: ...

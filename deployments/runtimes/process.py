@@ -1,0 +1,144 @@
+"""Engines as local subprocesses.
+
+Each engine runs in its own session (and so its own process group), so a Ctrl-C at the
+terminal does not reach it and a stop can signal every process the engine spawned. The handle
+records the pid with the kernel's start time of that pid, so a recycled pid is never mistaken
+for the engine after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+from deployments.runtimes.base import Handle, Launch, RuntimeError_
+
+# Exit codes of children this process started, filled by their reaper threads.
+_exit_codes: dict[int, int] = {}
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a pid, or None when there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces and parentheses: split after its last ')'.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def log_path(name: str, replica: int) -> Path:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return Path(settings.MSHIP_ENGINE_LOG_DIR) / f"{safe}-{replica}.log"
+
+
+class ProcessRuntime:
+    name = "process"
+
+    def launch(self, launch: Launch) -> Handle:
+        host = settings.MSHIP_ENGINE_HOST
+        port = free_port(host)
+        argv = [part.replace("{host}", host).replace("{port}", str(port)) for part in launch.argv]
+        log = log_path(launch.name, launch.replica)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            offset = out.tell()
+            out.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+            out.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **launch.env, "PYTHONUNBUFFERED": "1"},
+                    cwd=settings.BASE_DIR,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise RuntimeError_(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
+        # Reap the child when it exits, so a dead engine is not left a zombie that looks alive.
+        threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
+        stat = proc_stat(proc.pid)
+        return {
+            "runtime": self.name,
+            "replica": launch.replica,
+            "pid": proc.pid,
+            "start_ticks": stat[1] if stat else 0,
+            "port": port,
+            "url": f"http://{host}:{port}",
+            "log": str(log),
+            "log_offset": offset,
+            "fingerprint": launch.fingerprint,
+        }
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen[bytes]) -> None:
+        _exit_codes[proc.pid] = proc.wait()
+
+    def is_alive(self, handle: Handle) -> bool:
+        stat = proc_stat(int(handle.get("pid", 0) or 0))
+        if stat is None or stat[0] in ("Z", "X"):
+            return False
+        return not handle.get("start_ticks") or stat[1] == handle["start_ticks"]
+
+    def exit_reason(self, handle: Handle) -> str:
+        code = _exit_codes.get(int(handle.get("pid", 0) or 0))
+        if code is None:
+            return "the engine process is gone"
+        if code < 0:
+            return f"the engine was killed by signal {signal.Signals(-code).name}"
+        return f"the engine exited with code {code}"
+
+    def stop(self, handle: Handle, grace_s: float) -> None:
+        pid = int(handle.get("pid", 0) or 0)
+        if pid <= 0:
+            return
+        if self.is_alive(handle):
+            self._signal_group(pid, signal.SIGTERM)
+            if not self._wait_gone(handle, grace_s):
+                self._signal_group(pid, signal.SIGKILL)
+                if not self._wait_gone(handle, 10.0):
+                    raise RuntimeError_(f"engine pid {pid} survived SIGKILL")
+        # Children the engine spawned share its process group; leave none behind.
+        self._signal_group(pid, signal.SIGKILL)
+
+    def _signal_group(self, pid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+    def _wait_gone(self, handle: Handle, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if not self.is_alive(handle):
+                return True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return not self.is_alive(handle)
+
+    def log_tail(self, handle: Handle, lines: int) -> str:
+        path = Path(handle.get("log", ""))
+        try:
+            with path.open("rb") as log:
+                log.seek(int(handle.get("log_offset", 0)))
+                data = log.read()
+        except OSError:
+            return ""
+        text = data.decode(errors="replace").splitlines()
+        return "\n".join(text[-lines:])

@@ -1,0 +1,66 @@
+"""django-q tasks: thin, idempotent, keyed by primary key. The deployer does the work."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from deployments import audit, deployer
+from deployments.memory import InsufficientMemory
+from deployments.models import Deployment
+
+log = logging.getLogger(__name__)
+
+
+def start(deployment_id: int, actor: str = "system") -> str:
+    try:
+        deployment = deployer.restart(deployment_id, actor=actor)
+    except InsufficientMemory as exc:
+        return f"refused: {exc}"  # the deployer wrote the event
+    except Deployment.DoesNotExist:
+        return "gone"
+    return deployment.state
+
+
+def stop(deployment_id: int, actor: str = "system", reason: str = "") -> bool:
+    return deployer.stop(deployment_id, actor=actor, reason=reason)
+
+
+def sleep(deployment_id: int, actor: str = "system") -> bool:
+    return deployer.sleep(deployment_id, actor=actor)
+
+
+def wake(deployment_id: int, actor: str = "system") -> str:
+    try:
+        return deployer.wake(deployment_id, actor=actor).state
+    except InsufficientMemory as exc:
+        return f"refused: {exc}"
+
+
+def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "system") -> str:
+    try:
+        return str(deployer.replace(deployment_id, strategy, actor=actor).state)
+    except (InsufficientMemory, deployer.StartFailed) as exc:
+        return f"refused: {exc}"
+
+
+def remove(deployment_id: int, actor: str = "system") -> bool:
+    """Stop the engine, then delete the deployment."""
+    deployer.stop(deployment_id, actor=actor, reason="removed")
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None:
+        return False
+    audit.record("delete", deployment, actor=actor, before=deployment.snapshot())
+    deployment.delete()
+    return True
+
+
+def enqueue(task: str, *args: object) -> None:
+    """Queue a task once the current transaction commits (a rollback queues nothing)."""
+    from django_q.tasks import async_task
+
+    def send() -> None:
+        async_task(f"deployments.tasks.{task}", *args, group=f"deployment-{args[0]}")
+
+    transaction.on_commit(send)

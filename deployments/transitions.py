@@ -1,0 +1,58 @@
+"""State changes as conditional updates, each with its event.
+
+Every change is ``UPDATE ... WHERE state IN (expected)``: whoever changes a row first wins and
+the others see zero rows, whichever process they run in. That is what lets a stop, a start and
+an adoption race without a lock around the whole operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from deployments.audit import event
+from deployments.models import Deployment, Mode, State
+
+
+def transition(
+    deployment: Deployment,
+    to: str,
+    *,
+    expected: Iterable[str],
+    reason: str = "",
+    actor: str = "system",
+    **fields: Any,
+) -> bool:
+    """Move the deployment to ``to`` if it is still in one of ``expected``; refresh it."""
+    expected = list(expected)
+    with transaction.atomic():
+        updates: dict[str, Any] = {
+            "state": to,
+            "state_reason": reason,
+            "state_changed_at": timezone.now(),
+            "updated": timezone.now(),
+            **fields,
+        }
+        if to in (State.READY, State.FAILED, State.STOPPED):
+            # A mode switch that waited for this start is applied with the state it waited for.
+            pending = (
+                Deployment.objects.filter(pk=deployment.pk).values_list("pending_mode", flat=True)
+            ).first()
+            if pending:
+                updates["mode"] = pending
+                updates["pending_mode"] = None
+        changed = Deployment.objects.filter(pk=deployment.pk, state__in=expected).update(**updates)
+        if changed:
+            deployment.refresh_from_db()
+            event(deployment, to, reason, actor=actor)
+    if not changed:
+        with contextlib.suppress(Deployment.DoesNotExist):
+            deployment.refresh_from_db()
+    return bool(changed)
+
+
+__all__ = ["Mode", "State", "transition"]

@@ -1,0 +1,72 @@
+"""Checks on a deployment's configuration that span fields, shared by models.yaml and the API.
+
+Single-field rules live on the model's fields; these are the ones a field cannot see alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from deployments.loaders import LOADERS, EngineSpec
+from deployments.models import Mode
+
+Problems = dict[str, list[str]]
+
+
+def cross_field_problems(values: dict[str, Any]) -> Problems:
+    problems: Problems = {}
+
+    def add(field: str, message: str) -> None:
+        problems.setdefault(field, []).append(message)
+
+    loader = LOADERS.get(values.get("loader", ""))
+    if loader is None:
+        return problems  # the field's own choices report it
+    if values.get("memory_gib") is not None and values.get("num_gpus") is not None:
+        add("memory_gib", "give num_gpus or memory_gib, not both")
+    if values.get("system") and values.get("mode") == Mode.ON_DEMAND:
+        add("mode", "a system deployment is always on")
+    aliases = values.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        add("aliases", "must be a list of names")
+        aliases = []
+    elif values.get("name") in aliases or len(set(aliases)) != len(aliases):
+        add("aliases", "repeats a name")
+    config = values.get("config") or {}
+    if not isinstance(config, dict):
+        add("config", f"{loader.config_key} must be a mapping")
+        config = {}
+    command = values.get("command")
+    if command is not None and (
+        not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command)
+    ):
+        add("command", "must be a non-empty list of strings")
+    spec = EngineSpec(
+        name=str(values.get("name", "")),
+        model=str(values.get("model", "")),
+        usecase=str(values.get("usecase", "generate")),
+        aliases=tuple(aliases),
+        config=config,
+        num_gpus=values.get("num_gpus"),
+        memory_gib=values.get("memory_gib"),
+    )
+    for message in loader.validate(spec):
+        field = "usecase" if message.startswith("usecase") else "config"
+        field = "num_gpus" if message.startswith("num_gpus") else field
+        add(field, message)
+    return problems
+
+
+def name_clashes(
+    entries: Iterable[tuple[str, list[str]]], others: Iterable[tuple[str, list[str]]] = ()
+) -> list[str]:
+    """Served names (names and aliases) claimed twice, each as a sentence."""
+    owner: dict[str, str] = {}
+    clashes = []
+    for name, aliases in [*others, *entries]:
+        for served in [name, *aliases]:
+            if served in owner and owner[served] != name:
+                clashes.append(f"{served!r} is served by both {owner[served]!r} and {name!r}")
+            owner.setdefault(served, name)
+    return clashes

@@ -1,0 +1,24 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+
+from deployments.models import Deployment, Mode, State
+
+
+def health(request: HttpRequest) -> JsonResponse:
+    """Liveness: the process answers. It touches nothing else, so it never flaps."""
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    """503 until every always-on deployment is ready, with each one's state."""
+    rows = Deployment.objects.all().only("name", "state", "state_reason", "mode", "system")
+    pinned = [d for d in rows if d.effective_mode == Mode.ALWAYS_ON]
+    detail = {d.name: {"state": d.state, "reason": d.state_reason} for d in pinned}
+    ready = all(d.state == State.READY for d in pinned)
+    return JsonResponse(
+        {"status": "ready" if ready else "not_ready", "deployments": detail},
+        status=200 if ready else 503,
+    )

@@ -1,0 +1,227 @@
+"""One settings module, driven by the environment.
+
+Embedded defaults (SQLite, django-q's ORM broker, an in-memory channel layer) need no
+configuration at all; production names PostgreSQL with DATABASE_URL and Redis with REDIS_URL.
+Every Modelship setting is an ``MSHIP_*`` environment variable of the same name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = env_bool("MSHIP_DEBUG", False)
+VAR_DIR = Path(env_str("MSHIP_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+
+_secret = os.environ.get("MSHIP_SECRET_KEY", "")
+if not _secret:
+    # The embedded default keeps a generated key beside its SQLite file so sessions survive a
+    # restart; a production site sets MSHIP_SECRET_KEY.
+    _key_file = VAR_DIR / "secret_key"
+    if _key_file.exists():
+        _secret = _key_file.read_text().strip()
+    else:
+        from django.utils.crypto import get_random_string
+
+        _secret = get_random_string(50)
+        try:
+            VAR_DIR.mkdir(parents=True, exist_ok=True)
+            _key_file.write_text(_secret)
+            _key_file.chmod(0o600)
+        except OSError:
+            pass
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = env_list("MSHIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("MSHIP_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "django_q",
+    "channels",
+    "deployments",
+    "ondemand",
+    "openai_api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "modelship_site.request_id.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "modelship_site.urls"
+ASGI_APPLICATION = "modelship_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -----------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'modelship.sqlite3'}")
+DATABASES: dict[str, dict[str, Any]] = {
+    "default": dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0)),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The ASGI server and the django-q workers write the same file: wait on a busy lock
+    # instead of failing, take the write lock up front, and let readers run beside a writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_modelship.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis: django-q broker and channel layer ----------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+
+Q_CLUSTER: dict[str, Any] = {
+    "name": env_str("MSHIP_Q_NAME", "modelship"),
+    "workers": int(env_float("MSHIP_Q_WORKERS", 2)),
+    # A start waits for the engine's health, so a task may run as long as the start timeout.
+    "timeout": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 120,
+    "retry": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 300,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "label": "Tasks",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    Q_CLUSTER["orm"] = "default"
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+Q_CLUSTER["sync"] = env_bool("MSHIP_Q_SYNC", False)
+
+# --- auth, i18n, static -----------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+# Only for a site that runs collectstatic; without it the assets come from the installed apps.
+STATIC_ROOT = os.environ.get("MSHIP_STATIC_ROOT") or None
+# The admin's assets are served from the installed apps, so no collectstatic step is needed.
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # The first class names the challenge of a 401: a token, for scripts.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "deployments.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Modelship API",
+    "DESCRIPTION": "Control plane of Modelship: deployments, host memory, audit and events.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("MSHIP_LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+}
+
+# --- Modelship ------------------------------------------------------------------------------
+# Memory budget: without GPUs (or with MSHIP_MEMORY_CAPACITY_GIB set) the configured capacity
+# stands; with GPUs NVML's total wins unless the setting is given explicitly.
+MSHIP_MEMORY_CAPACITY_GIB = env_float("MSHIP_MEMORY_CAPACITY_GIB", 0.0) or None
+MSHIP_DEFAULT_CAPACITY_GIB = 16.0
+# Size of one GPU, for deployments that state num_gpus (a fraction of one GPU).
+MSHIP_GPU_MEMORY_GIB = env_float("MSHIP_GPU_MEMORY_GIB", 0.0) or None
+MSHIP_DEFAULT_RUNTIME = env_str("MSHIP_DEFAULT_RUNTIME", "process")
+MSHIP_START_TIMEOUT_S = env_float("MSHIP_START_TIMEOUT_S", 600)
+MSHIP_STOP_GRACE_S = env_float("MSHIP_STOP_GRACE_S", 10)
+# A blue-green replacement keeps the old engines this long at least, and until they are idle
+# at most the timeout, so requests routed just before the switch finish on them.
+MSHIP_DRAIN_GRACE_S = env_float("MSHIP_DRAIN_GRACE_S", 2)
+MSHIP_DRAIN_TIMEOUT_S = env_float("MSHIP_DRAIN_TIMEOUT_S", 60)
+MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
+MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
+MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))
+# The start-up gate's lock lives here: every Modelship process of a host must share it.
+MSHIP_RUN_DIR = Path(env_str("MSHIP_RUN_DIR", str(VAR_DIR / "run")))

@@ -1,0 +1,18 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from modelship_site.health import health, readyz
+
+admin.site.site_header = "Modelship"
+admin.site.site_title = "Modelship"
+admin.site.index_title = "Control plane"
+
+urlpatterns = [
+    path("health", health, name="health"),
+    path("readyz", readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("api/", include("deployments.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]

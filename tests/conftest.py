@@ -1,0 +1,111 @@
+"""Shared fixtures: real engine processes, cleaned up after every test."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def site(settings: Any, tmp_path: Path) -> Any:
+    """Each test gets its own run and log folders and a known memory budget."""
+    settings.MSHIP_RUN_DIR = tmp_path / "run"
+    settings.MSHIP_ENGINE_LOG_DIR = tmp_path / "logs"
+    settings.MSHIP_MEMORY_CAPACITY_GIB = 8.0
+    settings.MSHIP_GPU_MEMORY_GIB = 8.0
+    settings.MSHIP_STOP_GRACE_S = 2.0
+    settings.MSHIP_START_TIMEOUT_S = 30.0
+    return settings
+
+
+@pytest.fixture
+def engines(transactional_db: None) -> Iterator[None]:
+    """For tests that start engines: every engine still running at the end is stopped."""
+    yield
+    for deployment in Deployment.objects.all():
+        runtime = get_runtime(deployment.runtime)
+        for handle in (deployment.runtime_handle or {}).get("replicas", []):
+            runtime.stop(handle, 0.5)
+
+
+@pytest.fixture
+def make_deployment(transactional_db: None) -> Callable[..., Deployment]:
+    def make(name: str = "sim", **fields: Any) -> Deployment:
+        values: dict[str, Any] = {
+            "name": name,
+            "model": "simulated",
+            "loader": "simulated",
+            "runtime": "process",
+            "memory_gib": 1.0,
+        }
+        values.update(fields)
+        return Deployment.objects.create(**values)
+
+    return make
+
+
+def chat(url: str, text: str = "hello", **body: Any) -> dict[str, Any]:
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "any", "messages": [{"role": "user", "content": text}], **body},
+        timeout=10,
+    )
+    answer.raise_for_status()
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def reply_of(url: str) -> str:
+    return str(chat(url)["choices"][0]["message"]["content"])
+
+
+def sim(**options: Any) -> dict[str, Any]:
+    """A simulated_config block (kept as a dict; JSON-clean)."""
+    return json.loads(json.dumps(options))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll what offers no event to wait on (a process exit, a row another process writes)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def env_for_subprocess(**extra: str) -> dict[str, str]:
+    """The environment a Modelship subprocess needs to share this test's database."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env.update(extra)
+    return env

@@ -1,0 +1,82 @@
+"""The admin: deployments with state badges and actions; audit and events read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from deployments import deployer
+from deployments.models import AuditEntry, Deployment
+
+
+@pytest.fixture
+def staff(client: Client, transactional_db: None) -> Client:
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
+    return client
+
+
+def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: Any) -> None:
+    make_deployment("shown", mode="on_demand")
+    page = staff.get("/admin/deployments/deployment/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "shown" in html
+    assert ">planned</span>" in html
+    assert "on demand" in html
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_queues_actions_and_reports_what_cannot_be_done(
+    staff: Client, make_deployment: Any
+) -> None:
+    hog = make_deployment("hog", memory_gib=7.5)
+    deployer.restart(hog.pk)
+    small = make_deployment("small", memory_gib=0.5)
+    big = make_deployment("big", memory_gib=2)
+    page = staff.post(
+        "/admin/deployments/deployment/",
+        {"action": "start", "_selected_action": [small.pk, big.pk]},
+        follow=True,
+    )
+    html = "\n".join(str(m) for m in page.context["messages"])
+    assert "small: start queued" in html
+    assert "big: big needs 2.0 GiB but 0.5 GiB of 8.0 GiB is free" in html
+    assert list(
+        AuditEntry.objects.filter(action="start").values_list("object_repr", flat=True)
+    ) == ["small"]
+
+
+def test_it_audits_a_change_made_in_the_admin(staff: Client, make_deployment: Any) -> None:
+    deployment = make_deployment("edited")
+    form = {
+        "name": "edited",
+        "aliases": "[]",
+        "model": "simulated",
+        "loader": "simulated",
+        "usecase": "generate",
+        "runtime": "process",
+        "image": "",
+        "command": "null",
+        "config": "{}",
+        "num_replicas": 1,
+        "memory_gib": 3,
+        "num_gpus": "",
+        "mode": "",
+        "idle_timeout_s": "",
+    }
+    answer = staff.post(f"/admin/deployments/deployment/{deployment.pk}/change/", form)
+    assert answer.status_code == 302
+    entry = AuditEntry.objects.get(action="update")
+    assert ((entry.before or {})["memory_gib"], (entry.after or {})["memory_gib"]) == (1.0, 3.0)
+    assert entry.actor == "admin"
+    assert Deployment.objects.get(pk=deployment.pk).memory_gib == 3
+
+
+def test_it_keeps_audit_and_events_read_only(staff: Client) -> None:
+    assert staff.get("/admin/deployments/auditentry/add/").status_code == 403
+    assert staff.get("/admin/deployments/deploymentevent/add/").status_code == 403
+    assert staff.get("/admin/deployments/auditentry/").status_code == 200

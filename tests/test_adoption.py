@@ -1,0 +1,93 @@
+"""After a Modelship restart, live engines are adopted and dead ones settled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deployments import deployer
+from deployments.adoption import adopt_all
+from deployments.models import Deployment, State
+from deployments.transitions import transition
+from tests.conftest import REPO, env_for_subprocess, pid_alive, reply_of, wait_until
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def test_it_adopts_an_engine_started_by_a_previous_modelship_process(
+    tmp_path: Path, site: Any
+) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "kept",
+                        "model": "m",
+                        "loader": "simulated",
+                        "memory_gib": 1,
+                        "simulated_config": {"reply": "still here"},
+                    }
+                ]
+            }
+        )
+    )
+    env = env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR), MSHIP_MEMORY_CAPACITY_GIB="8")
+    # A whole Modelship process deploys the engine, then exits: that is the restart.
+    subprocess.run(
+        [sys.executable, "manage.py", "deploy", "-f", str(models), "--wait"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    kept = Deployment.objects.get(name="kept")
+    assert kept.state == State.READY
+    pid = kept.runtime_handle["replicas"][0]["pid"]
+
+    outcome = adopt_all()
+    assert outcome == {"adopted": ["kept"], "stopped": []}
+    kept.refresh_from_db()
+    assert kept.state == State.READY
+    assert kept.runtime_handle["replicas"][0]["pid"] == pid  # no restart
+    assert reply_of(kept.engine_url) == "still here"
+    # The adopted engine can be stopped by this process although it did not start it.
+    assert deployer.stop(kept.pk)
+    assert not pid_alive(pid)
+
+
+def test_it_marks_a_deployment_whose_engine_died_stopped(make_deployment: Any) -> None:
+    deployment = make_deployment()
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    handle = deployment.runtime_handle["replicas"][0]
+    os.killpg(handle["pid"], signal.SIGKILL)
+    wait_until(lambda: not pid_alive(handle["pid"]))
+
+    assert adopt_all() == {"adopted": [], "stopped": [deployment.name]}
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert deployment.state_reason == "engine gone when Modelship restarted"
+    assert deployment.engine_urls == []
+
+
+def test_it_settles_a_start_that_died_with_its_process(make_deployment: Any) -> None:
+    deployment = make_deployment()
+    transition(deployment, State.STARTING, expected=[State.PLANNED])
+    adopt_all()
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert deployment.state_reason == "start interrupted by a Modelship restart"
+    # And it can be started again.
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY

@@ -1,0 +1,153 @@
+"""Starting and stopping engines as real processes: health, failures, grace, the gate."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from deployments import deployer
+from deployments.models import DeploymentEvent, State
+from tests.conftest import chat, pid_alive, reply_of, sim
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def test_it_starts_an_engine_that_answers_and_stops_it(make_deployment: Any) -> None:
+    deployment = make_deployment(config=sim(reply="hello from the engine"))
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY
+    assert reply_of(deployment.engine_url) == "hello from the engine"
+    pid = deployment.runtime_handle["replicas"][0]["pid"]
+
+    assert deployer.stop(deployment.pk, reason="test")
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert deployment.engine_urls == []
+    assert not pid_alive(pid)
+    kinds = list(
+        DeploymentEvent.objects.filter(deployment=deployment)
+        .order_by("id")
+        .values_list("kind", flat=True)
+    )
+    assert kinds == ["starting", "ready", "stopping", "stopped"]
+
+
+def test_it_runs_every_replica_on_its_own_port(make_deployment: Any) -> None:
+    deployment = make_deployment(num_replicas=3, memory_gib=1)
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY
+    assert len(set(deployment.engine_urls)) == 3
+    pids = {
+        chat(url)["id"] and httpx.get(url + "/sim/stats").json()["pid"]
+        for url in deployment.engine_urls
+    }
+    assert len(pids) == 3
+
+
+def test_it_fails_a_crashing_engine_with_its_log_tail(make_deployment: Any) -> None:
+    deployment = make_deployment(config=sim(fail_at_start=True))
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "exited with code 1 during start-up" in deployment.state_reason
+    assert "RuntimeError: injected start failure" in deployment.state_reason
+    assert deployment.engine_urls == []
+
+
+def test_it_fails_an_engine_that_never_gets_healthy_and_kills_it(
+    make_deployment: Any, site: Any
+) -> None:
+    deployment = make_deployment(config=sim(startup_delay_s=30))
+    deployer.restart(deployment.pk, timeout_s=1.5)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "not healthy after 1.5 s" in deployment.state_reason
+    assert "simulated engine: loading" in deployment.state_reason
+    event = DeploymentEvent.objects.filter(deployment=deployment, kind="starting").get()
+    assert event  # the start was recorded before it failed
+    # The engine process is gone: nothing listens and no pid of it is left.
+    handles_pids = [int(line.split()[0]) for line in _ps_lines() if '"startup_delay_s": 30' in line]
+    assert handles_pids == []
+
+
+def _ps_lines() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[1:] if " Z" not in line and "ps -eo" not in line]
+
+
+def test_it_kills_an_engine_that_ignores_sigterm_after_the_grace_period(
+    make_deployment: Any, site: Any
+) -> None:
+    site.MSHIP_STOP_GRACE_S = 1.0
+    deployment = make_deployment(config=sim(ignore_sigterm=True))
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    pid = deployment.runtime_handle["replicas"][0]["pid"]
+    assert deployer.stop(deployment.pk)
+    assert not pid_alive(pid)
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+
+
+def test_it_starts_an_engine_once_for_twenty_concurrent_starts(make_deployment: Any) -> None:
+    deployment = make_deployment(config=sim(startup_delay_s=0.5))
+    barrier = threading.Barrier(20)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        from django.db import connection
+
+        try:
+            barrier.wait()
+            deployer.restart(deployment.pk)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY
+    assert DeploymentEvent.objects.filter(deployment=deployment, kind="starting").count() == 1
+    assert len(deployment.runtime_handle["replicas"]) == 1
+
+
+def test_it_puts_an_engine_to_sleep_and_wakes_it(make_deployment: Any) -> None:
+    deployment = make_deployment()
+    deployer.restart(deployment.pk)
+    assert deployer.sleep(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.ASLEEP
+    assert httpx.get(deployment.engine_url + "/is_sleeping").json() == {"is_sleeping": True}
+    with pytest.raises(httpx.HTTPStatusError):
+        chat(deployment.engine_url)
+    deployer.wake(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY
+    assert reply_of(deployment.engine_url)
+
+
+def test_it_refuses_to_sleep_an_engine_without_sleep_mode(make_deployment: Any) -> None:
+    deployment = make_deployment(loader="llama_server", model="/nonexistent.gguf", memory_gib=1)
+    with pytest.raises(deployer.CannotSleep):
+        deployer.sleep(deployment.pk)
+
+
+def test_it_fails_a_start_whose_binary_does_not_exist(make_deployment: Any) -> None:
+    deployment = make_deployment(command=["/nonexistent/engine", "--port", "{port}"])
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "cannot run '/nonexistent/engine'" in deployment.state_reason

@@ -1,0 +1,145 @@
+"""Each loader's command line, health path, gauges, endpoints and sleep capability."""
+
+from __future__ import annotations
+
+import sys
+
+from deployments.loaders import LOADERS, EngineSpec, get_loader
+
+
+def spec(**fields: object) -> EngineSpec:
+    values: dict[str, object] = {"name": "m", "model": "org/model"}
+    values.update(fields)
+    return EngineSpec(**values)  # type: ignore[arg-type]
+
+
+def test_it_knows_every_loader_the_design_names() -> None:
+    assert set(LOADERS) == {
+        "vllm",
+        "llama_server",
+        "diffusers",
+        "stable_diffusion_cpp",
+        "whispercpp",
+        "tts",
+        "simulated",
+    }
+
+
+def test_it_builds_vllms_command_line() -> None:
+    s = spec(
+        aliases=("chat",),
+        num_gpus=0.5,
+        config={"max_model_len": 16384, "enable_sleep_mode": True, "enforce_eager": False},
+    )
+    vllm = get_loader("vllm")
+    assert vllm.argv(s, "0.0.0.0", "8000") == [
+        "vllm",
+        "serve",
+        "org/model",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "m",
+        "chat",
+        "--max-model-len",
+        "16384",
+        "--enable-sleep-mode",
+        "--gpu-memory-utilization",
+        "0.5",
+    ]
+    assert vllm.can_sleep(s)
+    assert vllm.env(s) == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert not vllm.can_sleep(spec())
+    assert (vllm.running_gauge, vllm.waiting_gauge) == (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    )
+    assert "--runner" in vllm.argv(spec(usecase="embed"), "h", "1")
+    assert vllm.endpoints(spec(usecase="embed")) == ("embeddings", "rerank", "score")
+    assert vllm.validate(spec(config={"port": 1})) == [
+        "vllm_engine_kwargs: 'port' is set by Modelship"
+    ]
+
+
+def test_it_builds_llama_servers_command_line() -> None:
+    llama = get_loader("llama_server")
+    s = spec(
+        model="/m/tiny.gguf",
+        usecase="embed",
+        config={"n_ctx": 2048, "parallel": 2, "binary": "/opt/llama-server"},
+    )
+    assert llama.argv(s, "127.0.0.1", "9000") == [
+        "/opt/llama-server",
+        "-m",
+        "/m/tiny.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+        "--alias",
+        "m",
+        "--metrics",
+        "--jinja",
+        "-c",
+        "2048",
+        "-ngl",
+        "0",
+        "--parallel",
+        "2",
+        "--embedding",
+        "--pooling",
+        "mean",
+    ]
+    assert (llama.running_gauge, llama.waiting_gauge) == (
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+    )
+    assert llama.health_path == "/health"
+    assert not llama.can_sleep(s)
+    assert llama.validate(spec(num_gpus=0.5)) == [
+        "num_gpus must be a whole number for llama_server"
+    ]
+    assert "-ngl" in llama.argv(spec(num_gpus=1), "h", "1")
+
+
+def test_it_builds_the_other_engines_command_lines() -> None:
+    whisper = get_loader("whispercpp").argv(spec(model="/w.bin", usecase="transcription"), "h", "1")
+    assert whisper[1:] == [
+        "-m",
+        "/w.bin",
+        "--host",
+        "h",
+        "--port",
+        "1",
+        "--inference-path",
+        "/v1/audio/transcriptions",
+        "--convert",
+    ]
+    sd = get_loader("stable_diffusion_cpp").argv(spec(model="/sd.gguf", usecase="image"), "h", "2")
+    assert sd[1:] == ["-m", "/sd.gguf", "--listen-ip", "h", "--listen-port", "2"]
+    sim = get_loader("simulated").argv(spec(config={"reply": "x"}), "h", "3")
+    assert sim == [
+        sys.executable,
+        "-m",
+        "deployments.engines.simulated",
+        "--model",
+        "org/model",
+        "--host",
+        "h",
+        "--port",
+        "3",
+        "--served-model-name",
+        "m",
+        "--config",
+        '{"reply": "x"}',
+    ]
+    assert get_loader("diffusers").endpoints(spec(usecase="image")) == ("images/generations",)
+    assert get_loader("tts").endpoints(spec(usecase="tts")) == ("audio/speech",)
+
+
+def test_it_rejects_a_use_case_a_loader_does_not_serve() -> None:
+    assert get_loader("whispercpp").validate(spec(usecase="generate")) == [
+        "usecase 'generate' is not served by whispercpp (transcription)"
+    ]

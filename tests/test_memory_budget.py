@@ -1,0 +1,84 @@
+"""The fit check holds every start to the memory budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deployments import deployer
+from deployments.memory import InsufficientMemory, check_fit, host_summary, need_gib
+from deployments.models import DeploymentEvent, State
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def test_it_refuses_what_does_not_fit_and_accepts_it_once_memory_is_freed(
+    make_deployment: Any,
+) -> None:
+    big = make_deployment("big", memory_gib=6)
+    other = make_deployment("other", memory_gib=3)
+    deployer.restart(big.pk)
+
+    with pytest.raises(InsufficientMemory) as refused:
+        deployer.restart(other.pk)
+    assert refused.value.shortfall_gib == 1.0
+    assert refused.value.free_gib == 2.0
+    other.refresh_from_db()
+    assert other.state == State.PLANNED  # a refused start leaves it as it was
+    refusal = DeploymentEvent.objects.get(deployment=other, kind="start_refused")
+    assert "short by 1.0 GiB" in refusal.text
+
+    deployer.stop(big.pk)
+    deployer.restart(other.pk)
+    other.refresh_from_db()
+    assert other.state == State.READY
+
+
+def test_it_counts_replicas_and_gpu_fractions(make_deployment: Any, site: Any) -> None:
+    site.MSHIP_GPU_MEMORY_GIB = 80.0
+    assert need_gib(make_deployment("a", memory_gib=1.5, num_replicas=2)) == 3.0
+    assert need_gib(make_deployment("b", memory_gib=None, num_gpus=0.25)) == 20.0
+    claim = make_deployment("c", memory_gib=None, config={"memory_claim_gib": 0.75})
+    assert need_gib(claim) == 0.75
+
+
+def test_it_estimates_a_gguf_from_its_size(make_deployment: Any, tmp_path: Any) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * (2**30 // 8))
+    deployment = make_deployment(
+        "g", loader="llama_server", model=str(gguf), memory_gib=None, config={"n_ctx": 1024}
+    )
+    assert need_gib(deployment) == pytest.approx(0.125 * 1.1 + 0.02, abs=1e-3)
+
+
+def test_it_lets_a_sleeping_engine_free_its_memory(make_deployment: Any) -> None:
+    first = make_deployment("first", memory_gib=5)
+    second = make_deployment("second", memory_gib=5)
+    deployer.restart(first.pk)
+    deployer.sleep(first.pk)
+    deployer.restart(second.pk)
+    second.refresh_from_db()
+    assert second.state == State.READY
+    # Waking the first would need memory the second now holds.
+    with pytest.raises(InsufficientMemory):
+        deployer.wake(first.pk)
+    first.refresh_from_db()
+    assert first.state == State.ASLEEP
+
+
+def test_it_reports_the_host_budget(make_deployment: Any) -> None:
+    pinned = make_deployment("pinned", memory_gib=2, mode="always_on")
+    lazy = make_deployment("lazy", memory_gib=1, mode="on_demand")
+    deployer.restart(pinned.pk)
+    deployer.restart(lazy.pk)
+    summary = host_summary()
+    assert summary["capacity_gib"] == 8.0
+    assert summary["held_gib"] == 3.0
+    assert summary["free_gib"] == 5.0
+    assert summary["on_demand_capacity_gib"] == 6.0
+    assert {d["name"]: d["holding_gib"] for d in summary["deployments"]} == {
+        "pinned": 2.0,
+        "lazy": 1.0,
+    }
+    check_fit(make_deployment("fits", memory_gib=5))

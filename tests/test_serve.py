@@ -1,0 +1,80 @@
+"""`make run`'s command: server and cluster together, example deployments, clean Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deployments.models import Deployment, State
+from deployments.runtimes.process import free_port
+from tests.conftest import REPO, env_for_subprocess, pid_alive, reply_of, wait_until
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:
+    from django_q.conf import Conf
+
+    port = free_port("127.0.0.1")
+    env = env_for_subprocess(
+        MSHIP_VAR_DIR=str(tmp_path / "var"),
+        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
+        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
+        MSHIP_MEMORY_CAPACITY_GIB="8",
+        MSHIP_Q_NAME=Conf.PREFIX,
+    )
+    out = (tmp_path / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "serve",
+            "--port",
+            str(port),
+            "--models",
+            "examples/models.yaml",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: answers(base + "/health"), 60)
+        wait_until(lambda: httpx.get(base + "/readyz").status_code == 200, 60)
+        password = (tmp_path / "var" / "admin_password").read_text().strip()
+        listed = httpx.get(base + "/api/deployments/", auth=("admin", password)).json()
+        names = {d["name"]: d["state"] for d in listed["results"]}
+        assert names == {"sim-chat": "ready", "sim-embed": "ready", "sim-on-demand": "planned"}
+        assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
+        login = httpx.get(base + "/admin/login/")
+        assert login.status_code == 200 and "Modelship" in login.text
+        pids = [
+            h["pid"]
+            for d in Deployment.objects.filter(state=State.READY)
+            for h in d.runtime_handle["replicas"]
+        ]
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(60)
+    assert serve.returncode == 0, (tmp_path / "serve.log").read_text()
+    assert pids and not any(pid_alive(pid) for pid in pids)
+    assert not answers(base + "/health")
+    stopped = Deployment.objects.filter(name__in=["sim-chat", "sim-embed"])
+    assert {(d.state, d.state_reason) for d in stopped} == {(State.STOPPED, "Modelship shut down")}
+    printed = (tmp_path / "serve.log").read_text()
+    assert f"Sign in as 'admin' with password '{password}'" in printed

@@ -1,0 +1,104 @@
+"""The API answers at once and a real django-q cluster, in its own process, does the work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from deployments.models import Deployment, DeploymentEvent, State
+from tests.conftest import REPO, env_for_subprocess, reply_of, wait_until
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+@pytest.fixture
+def cluster(transactional_db: None, site: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+
+    get_broker().purge_queue()  # tasks other tests queued and no cluster ran
+    env = env_for_subprocess(
+        MSHIP_Q_NAME=Conf.PREFIX,
+        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
+        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
+        MSHIP_MEMORY_CAPACITY_GIB="8",
+    )
+    log = (tmp_path / "cluster.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, stdout=log, stderr=log
+    )
+    yield process
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture
+def api(transactional_db: None) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
+    return client
+
+
+def test_it_answers_202_at_once_and_the_cluster_starts_the_engine(
+    api: APIClient, cluster: Any
+) -> None:
+    deployment = Deployment.objects.create(
+        name="queued",
+        model="m",
+        loader="simulated",
+        memory_gib=1,
+        config={"startup_delay_s": 1, "reply": "from the cluster"},
+    )
+    answer = api.post(f"/api/deployments/{deployment.pk}/start/")
+    assert answer.status_code == 202
+    deployment.refresh_from_db()
+    assert deployment.state in (State.PLANNED, State.STARTING)  # it did not wait
+
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.READY, 60)
+    deployment.refresh_from_db()
+    assert reply_of(deployment.engine_url) == "from the cluster"
+
+    assert api.post(f"/api/deployments/{deployment.pk}/stop/").status_code == 202
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.STOPPED, 60)
+
+
+def test_it_starts_once_for_twenty_concurrent_api_starts(api: APIClient, cluster: Any) -> None:
+    deployment = Deployment.objects.create(
+        name="burst",
+        model="m",
+        loader="simulated",
+        memory_gib=1,
+        config={"startup_delay_s": 0.5},
+    )
+    codes: list[int] = []
+    barrier = threading.Barrier(20)
+
+    def start() -> None:
+        from django.db import connection
+
+        barrier.wait()
+        codes.append(api.post(f"/api/deployments/{deployment.pk}/start/").status_code)
+        connection.close()
+
+    threads = [threading.Thread(target=start) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(codes) == 20 and set(codes) <= {200, 202}
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.READY, 60)
+    # Let every queued start run: each finds the engine up and does nothing.
+    from django_q.brokers import get_broker
+
+    wait_until(lambda: not get_broker().queue_size(), 60)
+    assert DeploymentEvent.objects.filter(deployment=deployment, kind="starting").count() == 1
+    deployment.refresh_from_db()
+    assert len(deployment.runtime_handle["replicas"]) == 1
