@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
 REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup run test test-sqlite test-postgres lint format clean
+.PHONY: setup system-deps run test test-sqlite test-postgres lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)
+
+# Debian packages the tests run for real: espeak-ng behind the shipped TTS engine.
+system-deps:
+	@command -v espeak-ng >/dev/null || { apt-get update -qq && apt-get install -y -qq espeak-ng; }
 
 run: setup
 	$(PY) manage.py migrate --noinput
@@ -26,10 +30,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-test-sqlite: setup
+test-sqlite: setup system-deps
 	MSHIP_Q_NAME=modelship-test $(PY) -m pytest -q -p no:cacheprovider
 
-test-postgres: setup
+test-postgres: setup system-deps
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test \
 		$(PY) -m pytest -q -p no:cacheprovider
 

@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from deployments import audit, operations
 from deployments.deployer import CannotSleep
-from deployments.memory import InsufficientMemory, need_gib
+from deployments.memory import InsufficientMemory, host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 
 BADGE_COLOURS = {
@@ -73,6 +73,9 @@ class DeploymentAdmin(admin.ModelAdmin):
         ("State", {"fields": readonly_fields}),
     )
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {**(extra_context or {}), "host": host_summary()})
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Deployment) -> str:

@@ -14,6 +14,7 @@ from django.db import transaction
 from deployments import audit
 from deployments.fingerprint import CONFIG_FIELDS
 from deployments.models import STARTABLE_STATES, Deployment
+from deployments.validation import name_clashes
 
 # Model fields a models.yaml sets; a field the file leaves out goes back to its default.
 FILE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
@@ -41,6 +42,18 @@ def defaults() -> dict[str, Any]:
         for f in Deployment._meta.get_fields()
         if f.name in FILE_FIELDS and hasattr(f, "get_default")
     }
+
+
+def clashes_with_others(entries: list[dict[str, Any]], *, reconcile: bool) -> list[str]:
+    """Served names the file claims that a deployment it does not name already serves."""
+    if reconcile:
+        return []  # those deployments are removed
+    named = {values["name"] for values in entries}
+    others = Deployment.objects.exclude(name__in=named).only("name", "aliases")
+    return name_clashes(
+        [(values["name"], list(values.get("aliases") or [])) for values in entries],
+        [(d.name, list(d.aliases or [])) for d in others],
+    )
 
 
 def apply(entries: list[dict[str, Any]], *, reconcile: bool, actor: str) -> Outcome:

@@ -111,8 +111,8 @@ def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> floa
 def host_summary() -> dict[str, Any]:
     capacity = capacity_gib()
     rows = holdings()
-    held = sum(gib for _, gib in rows)
-    pinned = sum(gib for d, gib in rows if d.effective_mode == Mode.ALWAYS_ON)
+    held = float(sum(gib for _, gib in rows))
+    pinned = float(sum(gib for d, gib in rows if d.effective_mode == Mode.ALWAYS_ON))
     return {
         "capacity_gib": round(capacity, 3),
         "held_gib": round(held, 3),

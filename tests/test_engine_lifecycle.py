@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from deployments import deployer
-from deployments.models import DeploymentEvent, State
-from tests.conftest import chat, pid_alive, reply_of, sim
+from deployments.models import Deployment, DeploymentEvent, State
+from tests.conftest import chat, pid_alive, reply_of, sim, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -151,3 +151,40 @@ def test_it_fails_a_start_whose_binary_does_not_exist(make_deployment: Any) -> N
     deployment.refresh_from_db()
     assert deployment.state == State.FAILED
     assert "cannot run '/nonexistent/engine'" in deployment.state_reason
+
+
+def test_it_stops_only_when_the_precheck_approves_on_the_fresh_row(make_deployment: Any) -> None:
+    deployment = make_deployment()
+    deployer.restart(deployment.pk)
+    seen: list[str] = []
+
+    def refuse(row: Any) -> bool:
+        seen.append(row.state)
+        return False
+
+    assert not deployer.stop(deployment.pk, precheck=refuse)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY
+    assert reply_of(deployment.engine_url)
+
+    assert deployer.stop(deployment.pk, precheck=lambda row: row.state == State.READY)
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert seen == ["ready"]
+    # A second stop finds nothing to do and does not ask the precheck.
+    assert not deployer.stop(deployment.pk, precheck=refuse)
+    assert seen == ["ready"]
+
+
+def test_it_stops_a_deployment_while_it_starts(make_deployment: Any) -> None:
+    deployment = make_deployment(config=sim(startup_delay_s=2))
+    starter = threading.Thread(target=deployer.restart, args=(deployment.pk,))
+    starter.start()
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).engine_urls != [], 10)
+    pid = Deployment.objects.get(pk=deployment.pk).runtime_handle["replicas"][0]["pid"]
+    assert deployer.stop(deployment.pk, reason="changed my mind")
+    starter.join()
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert deployment.state_reason == "changed my mind"
+    assert not pid_alive(pid)

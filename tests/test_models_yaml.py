@@ -192,3 +192,16 @@ def test_it_lets_a_stream_on_the_replaced_engine_finish(tmp_path: Path) -> None:
     assert rest[-1] == "data: [DONE]"
     assert len(rest) == 40 + 1 + 1  # every token, the finish chunk, [DONE]
     assert reply_of(Deployment.objects.get(name="drain").engine_url) == "new"
+
+
+def test_it_refuses_a_name_a_deployment_outside_the_file_serves(tmp_path: Path) -> None:
+    deploy(write(tmp_path, [simulated("first", aliases=["shared"])]))
+    with pytest.raises(CommandError) as failure:
+        deploy(write(tmp_path, [simulated("second", aliases=["shared"])], "second.yaml"))
+    assert "'shared' is served by both 'first' and 'second'" in str(failure.value)
+    assert not Deployment.objects.filter(name="second").exists()
+    # Reconciling removes the first, so the name is free.
+    deploy(
+        write(tmp_path, [simulated("second", aliases=["shared"])], "second.yaml"), reconcile=True
+    )
+    assert list(Deployment.objects.values_list("name", flat=True)) == ["second"]

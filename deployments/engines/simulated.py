@@ -12,7 +12,6 @@ Run: ``python -m deployments.engines.simulated --model sim --port 8001 --config 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -26,6 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from deployments.engines.common import (
+    config_of,
+    error,
+    health,
+    json_body,
+    models_handler,
+    parser,
+    serve,
+)
 
 DEFAULT_REPLY = "This is a simulated reply from Modelship."
 
@@ -46,8 +55,7 @@ class SimConfig:
     embedding_dim: int = 16
 
     @classmethod
-    def from_json(cls, raw: str | None) -> SimConfig:
-        data = json.loads(raw) if raw else {}
+    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
@@ -67,11 +75,6 @@ class SimState:
 
 
 STATE = web.AppKey("state", SimState)
-
-
-def error(status: int, message: str, code: str, type_: str = "invalid_request_error"):
-    body = {"error": {"message": message, "type": type_, "code": code}}
-    return web.json_response(body, status=status)
 
 
 def tokens_for(state: SimState, body: dict[str, Any], prompt: str) -> list[str]:
@@ -173,7 +176,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if (refused := guard(request)) is not None:
         return refused
     state = request.app[STATE]
-    body = await request.json()
+    body = await json_body(request)
+    if isinstance(body, web.Response):
+        return body
     prompt = last_user_text(body.get("messages", []))
     tokens = tokens_for(state, body, prompt)
     name = model_name(state, body)
@@ -259,7 +264,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if (refused := guard(request)) is not None:
         return refused
     state = request.app[STATE]
-    body = await request.json()
+    body = await json_body(request)
+    if isinstance(body, web.Response):
+        return body
     prompt = body.get("prompt", "")
     prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
     tokens = tokens_for(state, body, prompt)
@@ -310,7 +317,9 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     if (refused := guard(request)) is not None:
         return refused
     state = request.app[STATE]
-    body = await request.json()
+    body = await json_body(request)
+    if isinstance(body, web.Response):
+        return body
     inputs = body.get("input", "")
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     async with Inflight(state, request):
@@ -338,7 +347,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if (refused := guard(request)) is not None:
         return refused
     state = request.app[STATE]
-    body = await request.json()
+    body = await json_body(request)
+    if isinstance(body, web.Response):
+        return body
     prompt = last_user_text(body.get("messages", []))
     tokens = tokens_for(state, body, prompt)
     name = model_name(state, body)
@@ -415,20 +426,6 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         return web.json_response({"text": f"{len(content)} bytes sha256={digest}"})
 
 
-async def models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    created = int(state.started_at)
-    data = [
-        {"id": n, "object": "model", "created": created, "owned_by": "simulated"}
-        for n in state.served_names
-    ]
-    return web.json_response({"object": "list", "data": data})
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.Response(text="")
-
-
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     name = state.served_names[0]
@@ -479,7 +476,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
             web.post("/v1/messages", messages),
             web.post("/v1/audio/transcriptions", transcriptions),
             web.post("/v1/audio/translations", transcriptions),
-            web.get("/v1/models", models),
+            web.get("/v1/models", models_handler(served_names, "simulated")),
             web.get("/health", health),
             web.get("/metrics", metrics),
             web.post("/sleep", sleep),
@@ -493,14 +490,8 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="simulated-engine")
-    parser.add_argument("--model", default="simulated")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--served-model-name", nargs="+", default=None)
-    parser.add_argument("--config", default=None, help="JSON object of simulated options")
-    args = parser.parse_args(argv)
-    config = SimConfig.from_json(args.config)
+    args = parser("simulated-engine").parse_args(argv)
+    config = SimConfig.from_dict(config_of(args.config))
     if config.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"simulated engine: loading {args.model}", flush=True)
@@ -510,15 +501,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
     names = args.served_model_name or [args.model]
     print(f"simulated engine: serving {names} on {args.host}:{args.port}", flush=True)
-    web.run_app(
-        make_app(config, names),
-        host=args.host,
-        port=args.port,
-        print=None,
-        access_log=None,
-        handler_cancellation=True,
-        handle_signals=not config.ignore_sigterm,
-    )
+    serve(make_app(config, names), args.host, args.port, handle_signals=not config.ignore_sigterm)
 
 
 if __name__ == "__main__":

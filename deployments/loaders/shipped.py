@@ -76,7 +76,7 @@ class TtsLoader(ShippedEngineLoader):
     name = "tts"
     config_key = "tts_config"
     module = "deployments.engines.tts_server"
-    config_options = frozenset({"voices", "voice", "backend"})
+    config_options = frozenset({"backend", "voices", "voice", "voices_allowed"})
     usecases = frozenset({"tts"})
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import tasks
-from deployments.apply import Job, apply
+from deployments.apply import Job, apply, clashes_with_others
 from deployments.models import Deployment, State
 from deployments.models_yaml import ModelsFileError, load
 
@@ -35,6 +35,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             entries = load(options["file"])
+            clashes = clashes_with_others(entries, reconcile=options["reconcile"])
+            if clashes:
+                raise ModelsFileError(clashes)
         except ModelsFileError as exc:
             raise CommandError(
                 f"{options['file']}: nothing was changed.\n"

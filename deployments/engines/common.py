@@ -1,0 +1,77 @@
+"""What every engine server Modelship ships has in common: its command line, errors, models.
+
+The loaders in deployments/loaders/shipped.py build the same command line for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument("--config", default=None, help="JSON object of the engine's options")
+    return parser
+
+
+def config_of(raw: str | None) -> dict[str, Any]:
+    data = json.loads(raw) if raw else {}
+    if not isinstance(data, dict):
+        raise SystemExit("--config must be a JSON object")
+    return data
+
+
+def error(
+    status: int, message: str, code: str, type_: str = "invalid_request_error"
+) -> web.Response:
+    """An OpenAI-shaped error."""
+    body = {"error": {"message": message, "type": type_, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def models_handler(served_names: list[str], owner: str) -> Any:
+    created = int(time.time())
+
+    async def models(request: web.Request) -> web.Response:
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": owner}
+            for name in served_names
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    return models
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def json_body(request: web.Request) -> dict[str, Any] | web.Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        return error(400, "The body must be a JSON object.", "invalid_json")
+    if not isinstance(body, dict):
+        return error(400, "The body must be a JSON object.", "invalid_json")
+    return body
+
+
+def serve(app: web.Application, host: str, port: int, *, handle_signals: bool = True) -> None:
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+        handle_signals=handle_signals,
+    )

@@ -1,0 +1,161 @@
+"""Text to speech at OpenAI's /v1/audio/speech.
+
+Backends:
+- ``espeak``: the espeak-ng synthesiser (Debian's ``espeak-ng``); no model files at all.
+- ``kokoro``: Kokoro through ``kokoro-onnx``; ``--model`` is the .onnx file and the
+  ``voices`` option the voices file.
+
+Run: ``python -m deployments.engines.tts_server --model espeak-ng --config '{"backend": "espeak"}'``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import subprocess
+import wave
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from deployments.engines.common import (
+    config_of,
+    error,
+    health,
+    json_body,
+    models_handler,
+    parser,
+    serve,
+)
+
+FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+MAX_INPUT_CHARS = 4096  # OpenAI's limit for one speech request
+
+
+class Backend(Protocol):
+    default_voice: str
+
+    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
+        """16-bit mono PCM samples and their rate."""
+        ...
+
+
+class EspeakBackend:
+    default_voice = "en"
+
+    def __init__(self) -> None:
+        binary = shutil.which("espeak-ng")
+        if binary is None:
+            raise SystemExit("tts: espeak-ng is not installed (apt-get install espeak-ng)")
+        self.binary = binary
+
+    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
+        words_per_minute = str(int(175 * speed))
+        done = subprocess.run(
+            [self.binary, "-v", voice, "-s", words_per_minute, "--stdout", text],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+        if done.returncode != 0 or not done.stdout:
+            raise ValueError(done.stderr.decode(errors="replace").strip() or "espeak-ng failed")
+        with wave.open(io.BytesIO(done.stdout)) as wav:
+            return wav.readframes(wav.getnframes()), wav.getframerate()
+
+
+class KokoroBackend:
+    default_voice = "af_heart"
+
+    def __init__(self, model: str, voices: str) -> None:
+        from kokoro_onnx import Kokoro  # optional dependency
+
+        self.kokoro = Kokoro(model, voices)
+
+    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
+        import numpy as np
+
+        samples, rate = self.kokoro.create(text, voice=voice, speed=speed)
+        pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+        return pcm, int(rate)
+
+
+def make_backend(model: str, config: dict[str, Any]) -> Backend:
+    backend = config.get("backend") or ("kokoro" if model.endswith(".onnx") else "espeak")
+    if backend == "espeak":
+        return EspeakBackend()
+    if backend == "kokoro":
+        return KokoroBackend(model, str(config.get("voices", "voices.bin")))
+    raise SystemExit(f"tts: unknown backend {backend!r} (espeak, kokoro)")
+
+
+def as_wav(pcm: bytes, rate: int) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm)
+    return out.getvalue()
+
+
+def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) -> web.Application:
+    # One synthesis at a time: both backends are CPU-bound and not re-entrant.
+    lock = asyncio.Lock()
+    voices = config.get("voices_allowed")
+
+    async def speech(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        text = body.get("input")
+        if not isinstance(text, str) or not text.strip():
+            return error(400, "'input' must be a non-empty string.", "invalid_input")
+        if len(text) > MAX_INPUT_CHARS:
+            return error(400, f"'input' is over {MAX_INPUT_CHARS} characters.", "input_too_long")
+        fmt = body.get("response_format", "wav")
+        if fmt not in FORMATS:
+            supported = ", ".join(FORMATS)
+            return error(
+                400,
+                f"response_format {fmt!r} is not supported ({supported}).",
+                "unsupported_format",
+            )
+        voice = str(body.get("voice") or config.get("voice") or backend.default_voice)
+        if voices and voice not in voices:
+            return error(400, f"voice {voice!r} is not offered.", "invalid_voice")
+        try:
+            speed = float(body.get("speed", 1.0))
+        except (TypeError, ValueError):
+            return error(400, "'speed' must be a number.", "invalid_speed")
+        if not 0.25 <= speed <= 4.0:
+            return error(400, "'speed' must be between 0.25 and 4.0.", "invalid_speed")
+        async with lock:
+            try:
+                pcm, rate = await asyncio.to_thread(backend.synthesise, text, voice, speed)
+            except ValueError as exc:
+                return error(400, str(exc), "synthesis_failed")
+        data = as_wav(pcm, rate) if fmt == "wav" else pcm
+        return web.Response(body=data, content_type=FORMATS[fmt])
+
+    app = web.Application()
+    app.add_routes(
+        [
+            web.post("/v1/audio/speech", speech),
+            web.get("/v1/models", models_handler(served_names, "modelship")),
+            web.get("/health", health),
+        ]
+    )
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser("tts-engine").parse_args(argv)
+    config = config_of(args.config)
+    backend = make_backend(args.model, config)
+    names = args.served_model_name or [args.model]
+    serve(make_app(backend, names, config), args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The shipped TTS engine, on espeak-ng, run by the tts loader like any engine."""
+
+from __future__ import annotations
+
+import io
+import wave
+from typing import Any
+
+import httpx
+import pytest
+
+from deployments import deployer
+from deployments.models import State
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+@pytest.fixture
+def speech_url(make_deployment: Any) -> str:
+    deployment = make_deployment(
+        "voice", loader="tts", usecase="tts", model="espeak-ng", config={"backend": "espeak"}
+    )
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY, deployment.state_reason
+    return deployment.engine_url + "/v1/audio/speech"
+
+
+def test_it_speaks_text_as_wav_and_pcm(speech_url: str) -> None:
+    answer = httpx.post(speech_url, json={"model": "voice", "input": "Hello from Modelship."})
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "audio/wav"
+    with wave.open(io.BytesIO(answer.content)) as wav:
+        seconds = wav.getnframes() / wav.getframerate()
+        assert wav.getnchannels() == 1 and wav.getsampwidth() == 2
+    assert 0.5 < seconds < 10
+    slow = httpx.post(
+        speech_url,
+        json={
+            "model": "voice",
+            "input": "Hello from Modelship.",
+            "speed": 0.5,
+            "response_format": "pcm",
+        },
+    )
+    assert slow.headers["content-type"] == "audio/pcm"
+    assert len(slow.content) > len(answer.content)  # half the speed, more samples
+
+
+def test_it_answers_bad_requests_with_openai_errors(speech_url: str) -> None:
+    for body, code in (
+        ({"input": ""}, "invalid_input"),
+        ({"input": "x" * 5000}, "input_too_long"),
+        ({"input": "hi", "response_format": "mp3"}, "unsupported_format"),
+        ({"input": "hi", "speed": 9}, "invalid_speed"),
+    ):
+        answer = httpx.post(speech_url, json=body)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == code
+    broken = httpx.post(
+        speech_url, content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert broken.json()["error"]["code"] == "invalid_json"
