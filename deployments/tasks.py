@@ -56,6 +56,12 @@ def remove(deployment_id: int, actor: str = "system") -> bool:
     return True
 
 
+def watchdog() -> list[str]:
+    from deployments.watchdog import check_once
+
+    return check_once()
+
+
 def enqueue(task: str, *args: object) -> None:
     """Queue a task once the current transaction commits (a rollback queues nothing)."""
     from django_q.tasks import async_task

@@ -220,6 +220,8 @@ MSHIP_STOP_GRACE_S = env_float("MSHIP_STOP_GRACE_S", 10)
 # at most the timeout, so requests routed just before the switch finish on them.
 MSHIP_DRAIN_GRACE_S = env_float("MSHIP_DRAIN_GRACE_S", 2)
 MSHIP_DRAIN_TIMEOUT_S = env_float("MSHIP_DRAIN_TIMEOUT_S", 60)
+# The watchdog restarts an always-on engine that died after serving at least this long.
+MSHIP_CRASH_RESTART_MIN_UPTIME_S = env_float("MSHIP_CRASH_RESTART_MIN_UPTIME_S", 60)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))

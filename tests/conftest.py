@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
             raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
+    """Start target in a thread that closes its own database connection when done, so the
+    test database can be dropped at the end."""
+
+    def run() -> None:
+        from django.db import connection
+
+        try:
+            target(*args)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
 def env_for_subprocess(**extra: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 
 from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
-from tests.conftest import chat, pid_alive, reply_of, sim, wait_until
+from tests.conftest import chat, in_thread, pid_alive, reply_of, sim, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -178,8 +178,7 @@ def test_it_stops_only_when_the_precheck_approves_on_the_fresh_row(make_deployme
 
 def test_it_stops_a_deployment_while_it_starts(make_deployment: Any) -> None:
     deployment = make_deployment(config=sim(startup_delay_s=2))
-    starter = threading.Thread(target=deployer.restart, args=(deployment.pk,))
-    starter.start()
+    starter = in_thread(deployer.restart, deployment.pk)
     wait_until(lambda: Deployment.objects.get(pk=deployment.pk).engine_urls != [], 10)
     pid = Deployment.objects.get(pk=deployment.pk).runtime_handle["replicas"][0]["pid"]
     assert deployer.stop(deployment.pk, reason="changed my mind")

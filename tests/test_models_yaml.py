@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from django.core.management import CommandError, call_command
 
 from deployments.models import AuditEntry, Deployment, State
 from deployments.models_yaml import ModelsFileError, parse
-from tests.conftest import pid_alive, reply_of
+from tests.conftest import in_thread, pid_alive, reply_of
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -137,8 +136,7 @@ def test_it_keeps_the_old_engine_serving_until_the_new_one_is_ready(tmp_path: Pa
         [simulated("bg", "new", simulated_config={"reply": "new", "startup_delay_s": 1.5})],
         "new.yaml",
     )
-    worker = threading.Thread(target=deploy, args=(new_file,))
-    worker.start()
+    worker = in_thread(deploy, new_file)
     seen: list[tuple[str, str]] = []
     while worker.is_alive():
         row = Deployment.objects.get(name="bg")
@@ -185,8 +183,7 @@ def test_it_lets_a_stream_on_the_replaced_engine_finish(tmp_path: Path) -> None:
         lines = answer.iter_lines()
         next(lines)
         # The replacement switches while this stream is half-way.
-        worker = threading.Thread(target=deploy, args=(new_file,))
-        worker.start()
+        worker = in_thread(deploy, new_file)
         rest = [line for line in lines if line.startswith("data: ")]
     worker.join()
     assert rest[-1] == "data: [DONE]"

@@ -40,6 +40,7 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop_event.set())
 
         username, password = ensure_admin()
+        call_command("setup_schedules", stdout=self.stdout)
         outcome = adopt_all()
         if outcome["adopted"]:
             self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
