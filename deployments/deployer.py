@@ -179,20 +179,21 @@ def restart(
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state not in STARTABLE_STATES:
             return deployment
-        try:
-            check_fit(deployment)
-        except InsufficientMemory as exc:
-            refuse_start(deployment, str(exc), actor)
-            raise
+        fit_or_refuse(deployment, actor)
         if not transition(deployment, State.STARTING, expected=[deployment.state], actor=actor):
             return deployment
         return _bring_up(deployment, actor, timeout)
 
 
-def refuse_start(deployment: Deployment, why: str, actor: str) -> None:
-    # A refused start leaves the deployment as it was, a waiting mode switch included.
-    Deployment.objects.filter(pk=deployment.pk).update(pending_mode=None)
-    event(deployment, "start_refused", why, actor=actor)
+def fit_or_refuse(deployment: Deployment, actor: str) -> None:
+    """The fit check of a start or wake. A refused one leaves the deployment as it was, but
+    for a waiting mode switch, which it clears; the refusal is an event."""
+    try:
+        check_fit(deployment)
+    except InsufficientMemory as exc:
+        Deployment.objects.filter(pk=deployment.pk).update(pending_mode=None)
+        event(deployment, "start_refused", str(exc), actor=actor)
+        raise
 
 
 def stop(
@@ -265,11 +266,7 @@ def wake(deployment_id: int, *, actor: str = "system") -> Deployment:
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state != State.ASLEEP:
             return deployment
-        try:
-            check_fit(deployment)
-        except InsufficientMemory as exc:
-            refuse_start(deployment, str(exc), actor)
-            raise
+        fit_or_refuse(deployment, actor)
         try:
             _post_each(deployment, "/wake_up")
         except httpx.HTTPError as exc:

@@ -65,6 +65,21 @@ async def json_body(request: web.Request) -> dict[str, Any] | web.Response:
     return body
 
 
+def engine_app(
+    served_names: list[str], routes: list[web.RouteDef], owner: str = "modelship", **options: Any
+) -> web.Application:
+    """An engine's app: its own routes plus /v1/models and /health."""
+    app = web.Application(**options)
+    app.add_routes(
+        [
+            *routes,
+            web.get("/v1/models", models_handler(served_names, owner)),
+            web.get("/health", health),
+        ]
+    )
+    return app
+
+
 def serve(app: web.Application, host: str, port: int, *, handle_signals: bool = True) -> None:
     web.run_app(
         app,

@@ -20,10 +20,9 @@ from aiohttp import web
 
 from deployments.engines.common import (
     config_of,
+    engine_app,
     error,
-    health,
     json_body,
-    models_handler,
     parser,
     serve,
 )
@@ -88,15 +87,7 @@ def make_app(pipeline: Any, served_names: list[str], config: dict[str, Any]) -> 
             data.append({"b64_json": base64.b64encode(out.getvalue()).decode()})
         return web.json_response({"created": int(time.time()), "data": data})
 
-    app = web.Application()
-    app.add_routes(
-        [
-            web.post("/v1/images/generations", generations),
-            web.get("/v1/models", models_handler(served_names, "modelship")),
-            web.get("/health", health),
-        ]
-    )
-    return app
+    return engine_app(served_names, [web.post("/v1/images/generations", generations)])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +29,9 @@ from aiohttp import web
 
 from deployments.engines.common import (
     config_of,
+    engine_app,
     error,
-    health,
     json_body,
-    models_handler,
     parser,
     serve,
 )
@@ -146,6 +146,23 @@ def guard(request: web.Request) -> web.Response | None:
     return None
 
 
+JsonHandler = Callable[[web.Request, SimState, dict[str, Any]], Awaitable[web.StreamResponse]]
+
+
+def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """An inference route with a JSON body: refused while asleep, bad JSON answered 400."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        if (refused := guard(request)) is not None:
+            return refused
+        body = await json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        return await handler(request, request.app[STATE], body)
+
+    return route
+
+
 async def sse_stream(request: web.Request, events: Any) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -172,13 +189,10 @@ def usage(prompt: str, tokens: list[str]) -> dict[str, int]:
     }
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    if (refused := guard(request)) is not None:
-        return refused
-    state = request.app[STATE]
-    body = await json_body(request)
-    if isinstance(body, web.Response):
-        return body
+@inference
+async def chat_completions(
+    request: web.Request, state: SimState, body: dict[str, Any]
+) -> web.StreamResponse:
     prompt = last_user_text(body.get("messages", []))
     tokens = tokens_for(state, body, prompt)
     name = model_name(state, body)
@@ -260,13 +274,10 @@ def tool_call_delta(tool: str) -> dict[str, Any]:
     }
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    if (refused := guard(request)) is not None:
-        return refused
-    state = request.app[STATE]
-    body = await json_body(request)
-    if isinstance(body, web.Response):
-        return body
+@inference
+async def completions(
+    request: web.Request, state: SimState, body: dict[str, Any]
+) -> web.StreamResponse:
     prompt = body.get("prompt", "")
     prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
     tokens = tokens_for(state, body, prompt)
@@ -313,13 +324,10 @@ def embed(text: str, dim: int) -> list[float]:
     return [v / norm for v in raw]
 
 
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    if (refused := guard(request)) is not None:
-        return refused
-    state = request.app[STATE]
-    body = await json_body(request)
-    if isinstance(body, web.Response):
-        return body
+@inference
+async def embeddings(
+    request: web.Request, state: SimState, body: dict[str, Any]
+) -> web.StreamResponse:
     inputs = body.get("input", "")
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     async with Inflight(state, request):
@@ -342,14 +350,11 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         )
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
+@inference
+async def messages(
+    request: web.Request, state: SimState, body: dict[str, Any]
+) -> web.StreamResponse:
     """Anthropic's messages API, as vLLM serves it."""
-    if (refused := guard(request)) is not None:
-        return refused
-    state = request.app[STATE]
-    body = await json_body(request)
-    if isinstance(body, web.Response):
-        return body
     prompt = last_user_text(body.get("messages", []))
     tokens = tokens_for(state, body, prompt)
     name = model_name(state, body)
@@ -466,26 +471,22 @@ async def stats(request: web.Request) -> web.Response:
 
 
 def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
-    app = web.Application(client_max_size=64 * 2**20)
+    routes = [
+        web.post("/v1/chat/completions", chat_completions),
+        web.post("/v1/completions", completions),
+        web.post("/v1/embeddings", embeddings),
+        web.post("/v1/messages", messages),
+        web.post("/v1/audio/transcriptions", transcriptions),
+        web.post("/v1/audio/translations", transcriptions),
+        web.get("/metrics", metrics),
+        web.post("/sleep", sleep),
+        web.post("/wake_up", wake_up),
+        web.get("/is_sleeping", is_sleeping),
+        web.get("/sim/cancellations", cancellations),
+        web.get("/sim/stats", stats),
+    ]
+    app = engine_app(served_names, routes, owner="simulated", client_max_size=64 * 2**20)
     app[STATE] = SimState(config=config, served_names=served_names)
-    app.add_routes(
-        [
-            web.post("/v1/chat/completions", chat_completions),
-            web.post("/v1/completions", completions),
-            web.post("/v1/embeddings", embeddings),
-            web.post("/v1/messages", messages),
-            web.post("/v1/audio/transcriptions", transcriptions),
-            web.post("/v1/audio/translations", transcriptions),
-            web.get("/v1/models", models_handler(served_names, "simulated")),
-            web.get("/health", health),
-            web.get("/metrics", metrics),
-            web.post("/sleep", sleep),
-            web.post("/wake_up", wake_up),
-            web.get("/is_sleeping", is_sleeping),
-            web.get("/sim/cancellations", cancellations),
-            web.get("/sim/stats", stats),
-        ]
-    )
     return app
 
 

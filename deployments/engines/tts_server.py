@@ -21,10 +21,9 @@ from aiohttp import web
 
 from deployments.engines.common import (
     config_of,
+    engine_app,
     error,
-    health,
     json_body,
-    models_handler,
     parser,
     serve,
 )
@@ -138,15 +137,7 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
         data = as_wav(pcm, rate) if fmt == "wav" else pcm
         return web.Response(body=data, content_type=FORMATS[fmt])
 
-    app = web.Application()
-    app.add_routes(
-        [
-            web.post("/v1/audio/speech", speech),
-            web.get("/v1/models", models_handler(served_names, "modelship")),
-            web.get("/health", health),
-        ]
-    )
-    return app
+    return engine_app(served_names, [web.post("/v1/audio/speech", speech)])
 
 
 def main(argv: list[str] | None = None) -> None:
