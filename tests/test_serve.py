@@ -26,32 +26,8 @@ def answers(url: str) -> bool:
 
 
 def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:
-    from django_q.conf import Conf
-
     port = free_port("127.0.0.1")
-    env = env_for_subprocess(
-        MSHIP_VAR_DIR=str(tmp_path / "var"),
-        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
-        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
-        MSHIP_MEMORY_CAPACITY_GIB="8",
-        MSHIP_Q_NAME=Conf.PREFIX,
-    )
-    out = (tmp_path / "serve.log").open("wb")
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "manage.py",
-            "serve",
-            "--port",
-            str(port),
-            "--models",
-            "examples/models.yaml",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
+    serve = serve_process(site, tmp_path, port, "examples/models.yaml")
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: answers(base + "/health"), 60)
@@ -78,3 +54,55 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
     assert {(d.state, d.state_reason) for d in stopped} == {(State.STOPPED, "Modelship shut down")}
     printed = (tmp_path / "serve.log").read_text()
     assert f"Sign in as 'admin' with password '{password}'" in printed
+
+
+def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subprocess.Popen[bytes]:
+    from django_q.conf import Conf
+
+    env = env_for_subprocess(
+        MSHIP_VAR_DIR=str(tmp_path / "var"),
+        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
+        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
+        MSHIP_MEMORY_CAPACITY_GIB="8",
+        MSHIP_Q_NAME=Conf.PREFIX,
+    )
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--models", models],
+        cwd=REPO,
+        env=env,
+        stdout=(tmp_path / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_it_keeps_serving_when_the_models_file_is_broken(site: Any, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models:\n  - name: x\n    loader: nope\n")
+    port = free_port("127.0.0.1")
+    serve = serve_process(site, tmp_path, port, str(broken))
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 60)
+        wait_until(lambda: "nothing was changed" in (tmp_path / "serve.log").read_text(), 30)
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(60)
+    printed = (tmp_path / "serve.log").read_text()
+    assert "models[0] (x): 'model' is required" in printed
+    assert serve.returncode == 0
+    assert not Deployment.objects.exists()
+
+
+def test_it_stops_everything_when_the_server_cannot_start(site: Any, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = serve_process(site, tmp_path, port, "examples/models.yaml")
+        serve.wait(90)
+    printed = (tmp_path / "serve.log").read_text()
+    assert serve.returncode == 1, printed
+    assert "Modelship stopped: the server exited with code 1" in printed
+    # Whatever the cluster had started was stopped with it.
+    assert not Deployment.objects.filter(state__in=[State.READY, State.STARTING]).exists()

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
@@ -45,21 +45,39 @@ class Command(BaseCommand):
         if outcome["adopted"]:
             self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
         children = self.start_children(options)
-        url = f"http://{options['host']}:{options['port']}"
-        self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
-        if password:
-            self.stdout.write(f"Sign in as {username!r} with password {password!r}")
-        if options["models"]:
-            call_command("deploy", file=options["models"], stdout=self.stdout)
-        self.resume_after_shutdown()
-        self.stdout.write("Ctrl-C stops Modelship and every engine it started.")
+        exited: list[str] = []
+        for name, child in children.items():
+            threading.Thread(
+                target=self.watch, args=(name, child, exited, stop_event), daemon=True
+            ).start()
+        try:
+            url = f"http://{options['host']}:{options['port']}"
+            self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
+            if password:
+                self.stdout.write(f"Sign in as {username!r} with password {password!r}")
+            if options["models"]:
+                try:
+                    call_command("deploy", file=options["models"], stdout=self.stdout)
+                except CommandError as exc:
+                    # A broken file changed nothing; Modelship still serves what it has.
+                    self.stderr.write(str(exc))
+            self.resume_after_shutdown()
+            self.stdout.write("Ctrl-C stops Modelship and every engine it started.")
+            stop_event.wait()
+        finally:
+            self.shutdown(children)
+        if exited:
+            codes = ", ".join(f"the {n} exited with code {children[n].returncode}" for n in exited)
+            raise CommandError(f"Modelship stopped: {codes}")
 
-        while not stop_event.wait(0.5):
-            for name, child in children.items():
-                if child.poll() is not None:
-                    self.stderr.write(f"{name} exited with code {child.returncode}; stopping")
-                    stop_event.set()
-        self.shutdown(children)
+    @staticmethod
+    def watch(
+        name: str, child: subprocess.Popen[bytes], exited: list[str], stop: threading.Event
+    ) -> None:
+        child.wait()
+        if not stop.is_set():
+            exited.append(name)
+        stop.set()
 
     def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
         python = sys.executable
