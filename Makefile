@@ -37,7 +37,11 @@ test-postgres: setup system-deps
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test \
 		$(PY) -m pytest -q -p no:cacheprovider
 
-test: lint test-sqlite test-postgres
+# A Docker Engine for the docker runtime's tests: the running one, else one started (and, as
+# root on Debian, installed) for the run and stopped after it.
+test: lint system-deps
+	scripts/docker-up.sh
+	status=0; $(MAKE) test-sqlite test-postgres || status=$$?; scripts/docker-down.sh; exit $$status
 
 format: setup
 	$(VENV)/bin/ruff format .

@@ -9,9 +9,11 @@ from django.utils.html import format_html
 
 from deployments import audit, operations
 from deployments.deployer import CannotSleep
+from deployments.engine_logs import tails
 from deployments.memory import InsufficientMemory, host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 
+ADMIN_LOG_LINES = 50
 BADGE_COLOURS = {
     "planned": "#6c757d",
     "starting": "#0d6efd",
@@ -71,6 +73,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         ("Memory", {"fields": ("memory_gib", "num_gpus")}),
         ("Lifecycle", {"fields": ("mode", "idle_timeout_s", "system")}),
         ("State", {"fields": readonly_fields}),
+        ("Engine log", {"fields": ("log_tail",), "classes": ("collapse",)}),
     )
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
 
@@ -99,6 +102,20 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:
         return obj.engine_url
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*self.readonly_fields, "log_tail")
+
+    @admin.display(description="last lines")
+    def log_tail(self, obj: Deployment) -> str:
+        if obj.pk is None:
+            return ""
+        blocks = tails(obj, ADMIN_LOG_LINES)
+        text = "\n".join(
+            (f"--- replica {b['replica']} ---\n" if len(blocks) > 1 else "") + "\n".join(b["lines"])
+            for b in blocks
+        )
+        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", text or "(no log yet)")
 
     @admin.display(description="reason")
     def state_reason_block(self, obj: Deployment) -> str:

@@ -1,65 +1,100 @@
-"""After a Modelship restart: adopt the engines that still run, settle the ones that do not."""
+"""After a Modelship restart: adopt the engines that still run, settle the ones that do not,
+remove containers no deployment owns, and replace engines whose configuration changed."""
 
 from __future__ import annotations
 
 import logging
 
+from django.conf import settings
+
+from deployments import tasks
 from deployments.deployer import handles_of, stop, stop_handles
+from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.models import Deployment, State
-from deployments.runtimes import get_runtime
+from deployments.runtimes import EngineUnreachable, get_runtime
+from deployments.runtimes.base import Handle
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "Modelship shut down"
+RUNTIMES = ("process", "docker")
 
 
 def adopt_all() -> dict[str, list[str]]:
     """Settle every deployment against what really runs; returns names by outcome.
 
     It holds the start-up gate, so no start is half-way while it looks: a row still marked
-    starting belongs to a start that died with its process.
+    starting belongs to a start that died with its process. A deployment whose runtime does
+    not answer (the Docker Engine is down) is left exactly as it was.
     """
-    outcome: dict[str, list[str]] = {"adopted": [], "stopped": []}
+    outcome: dict[str, list[str]] = {
+        "adopted": [],
+        "stopped": [],
+        "replaced": [],
+        "orphans_removed": [],
+        "unreachable": [],
+    }
     with start_gate():
         for deployment in Deployment.objects.all():
-            handles = handles_of(deployment)
-            runtime = get_runtime(deployment.runtime)
-            alive = [h for h in handles if runtime.is_alive(h)]
-            if (
-                deployment.state in (State.READY, State.ASLEEP)
-                and handles
-                and len(alive) == len(handles)
-            ):
-                outcome["adopted"].append(deployment.name)
-                log.info("adopted %s (%d engine(s))", deployment.name, len(handles))
-                continue
-            if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):
-                if alive:
-                    stop_handles(deployment, alive)
-                if handles:
-                    Deployment.objects.filter(pk=deployment.pk).update(
-                        runtime_handle={}, engine_urls=[]
-                    )
-                continue
-            stop_handles(deployment, alive)
-            reasons: dict[str, str] = {
-                State.STARTING: "start interrupted by a Modelship restart",
-                State.STOPPING: "stop completed after a Modelship restart",
-            }
-            reason = reasons.get(deployment.state, "engine gone when Modelship restarted")
-            transition(
-                deployment,
-                State.STOPPED,
-                expected=[deployment.state],
-                reason=reason,
-                engine_urls=[],
-                runtime_handle={},
-                running_fingerprint="",
-            )
-            outcome["stopped"].append(deployment.name)
+            try:
+                settle(deployment, outcome)
+            except EngineUnreachable as exc:
+                log.warning("%s: left as it was: %s", deployment.name, exc)
+                outcome["unreachable"].append(deployment.name)
+        remove_orphans(outcome)
     return outcome
+
+
+def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
+    handles = handles_of(deployment)
+    runtime = get_runtime(deployment.runtime)
+    alive = [h for h in handles if runtime.is_alive(h)]
+    if deployment.state in (State.READY, State.ASLEEP) and handles and len(alive) == len(handles):
+        outcome["adopted"].append(deployment.name)
+        if deployment.running_fingerprint != deployment_fingerprint(deployment):
+            # A replacement the previous run had not finished, or a change made meanwhile.
+            tasks.enqueue("replace", deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")
+            outcome["replaced"].append(deployment.name)
+        return
+    if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):
+        stop_handles(deployment, alive)
+        if handles:
+            Deployment.objects.filter(pk=deployment.pk).update(runtime_handle={}, engine_urls=[])
+        return
+    stop_handles(deployment, alive)
+    reasons: dict[str, str] = {
+        State.STARTING: "start interrupted by a Modelship restart",
+        State.STOPPING: "stop completed after a Modelship restart",
+    }
+    transition(
+        deployment,
+        State.STOPPED,
+        expected=[deployment.state],
+        reason=reasons.get(deployment.state, "engine gone when Modelship restarted"),
+        engine_urls=[],
+        runtime_handle={},
+        running_fingerprint="",
+    )
+    outcome["stopped"].append(deployment.name)
+
+
+def remove_orphans(outcome: dict[str, list[str]]) -> None:
+    """Remove this site's engines that no deployment's handle names (runtimes that can list
+    their engines: docker)."""
+    owned = {h.get("container_id") for d in Deployment.objects.all() for h in handles_of(d)}
+    for name in RUNTIMES:
+        runtime = get_runtime(name)
+        try:
+            found: list[Handle] | None = runtime.managed()
+        except EngineUnreachable as exc:
+            log.warning("cannot look for orphan %s engines: %s", name, exc)
+            continue
+        for handle in found or []:
+            if handle.get("container_id") not in owned:
+                runtime.remove(handle)
+                outcome["orphans_removed"].append(str(handle.get("container_name")))
 
 
 def stop_all(reason: str = SHUTDOWN_REASON) -> list[str]:
@@ -68,6 +103,9 @@ def stop_all(reason: str = SHUTDOWN_REASON) -> list[str]:
     for deployment in Deployment.objects.exclude(
         state__in=(State.PLANNED, State.STOPPED, State.FAILED)
     ):
-        if stop(deployment.pk, reason=reason):
-            stopped.append(deployment.name)
+        try:
+            if stop(deployment.pk, reason=reason):
+                stopped.append(deployment.name)
+        except EngineUnreachable as exc:
+            log.warning("%s: not stopped: %s", deployment.name, exc)
     return stopped

@@ -23,7 +23,7 @@ from deployments.gate import start_gate
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import InsufficientMemory, check_fit
 from deployments.models import STARTABLE_STATES, Deployment, State
-from deployments.runtimes import Handle, Launch, RuntimeError_, get_runtime
+from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,12 @@ def launch_all(deployment: Deployment) -> list[Handle]:
     spec = EngineSpec.of(deployment)
     runtime = get_runtime(deployment.runtime)
     fp = deployment_fingerprint(deployment)
+    container = deployment.runtime == "docker"
     handles: list[Handle] = []
     try:
         for replica in range(deployment.num_replicas):
             # The runtime fills in the address it chose; an operator's command may use both.
-            argv = deployment.command or loader.argv(spec, "{host}", "{port}")
+            argv = deployment.command or loader.argv(spec, "{host}", "{port}", container)
             handles.append(
                 runtime.launch(
                     Launch(
@@ -70,7 +71,10 @@ def launch_all(deployment: Deployment) -> list[Handle]:
                         health_path=loader.health_path,
                         fingerprint=fp,
                         env=loader.env(spec),
-                        image=deployment.image or loader.default_image,
+                        image=deployment.image or loader.image(spec),
+                        options={**loader.docker_defaults(spec), **deployment.docker_options},
+                        model=spec.model,
+                        num_gpus=spec.num_gpus,
                     )
                 )
             )
@@ -126,10 +130,14 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
             delay = min(delay * 1.5, 0.5)
 
 
-def _bring_up(deployment: Deployment, actor: str, timeout_s: float) -> Deployment:
+def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) -> Deployment:
     """Launch a deployment that is already marked starting and wait for its health."""
     try:
         handles = launch_all(deployment)
+    except EngineUnreachable as exc:
+        # Nothing is known to have started: the deployment goes back to how it was.
+        transition(deployment, prior, expected=[State.STARTING], reason=str(exc), actor=actor)
+        raise
     except RuntimeError_ as exc:
         transition(
             deployment, State.FAILED, expected=[State.STARTING], reason=str(exc), actor=actor
@@ -145,6 +153,18 @@ def _bring_up(deployment: Deployment, actor: str, timeout_s: float) -> Deploymen
         return deployment
     try:
         wait_healthy(deployment, handles, timeout_s)
+    except EngineUnreachable as exc:
+        # What runs is unknown; the next adoption removes the container as an orphan.
+        transition(
+            deployment,
+            prior,
+            expected=[State.STARTING],
+            reason=str(exc),
+            actor=actor,
+            engine_urls=[],
+            runtime_handle={},
+        )
+        raise
     except StartFailed as exc:
         stop_handles(deployment, handles)
         transition(
@@ -180,9 +200,10 @@ def restart(
         if deployment.state not in STARTABLE_STATES:
             return deployment
         fit_or_refuse(deployment, actor)
-        if not transition(deployment, State.STARTING, expected=[deployment.state], actor=actor):
+        prior = deployment.state
+        if not transition(deployment, State.STARTING, expected=[prior], actor=actor):
             return deployment
-        return _bring_up(deployment, actor, timeout)
+        return _bring_up(deployment, prior, actor, timeout)
 
 
 def fit_or_refuse(deployment: Deployment, actor: str) -> None:
@@ -214,12 +235,15 @@ def stop(
             return False
         if precheck is not None and not precheck(deployment):
             return False
-        if not transition(
-            deployment, State.STOPPING, expected=[deployment.state], reason=reason, actor=actor
-        ):
+        prior = deployment.state
+        if not transition(deployment, State.STOPPING, expected=[prior], reason=reason, actor=actor):
             return False
     try:
         stop_handles(deployment, handles_of(deployment))
+    except EngineUnreachable as exc:
+        # The engines may well still run: the record stays as it was, with the reason.
+        transition(deployment, prior, expected=[State.STOPPING], reason=str(exc), actor=actor)
+        raise
     except RuntimeError_ as exc:
         transition(
             deployment, State.FAILED, expected=[State.STOPPING], reason=str(exc), actor=actor

@@ -18,6 +18,7 @@ CONFIG_FIELDS = (
     "image",
     "command",
     "config",
+    "docker_options",
     "memory_gib",
     "num_gpus",
     "num_replicas",

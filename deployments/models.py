@@ -75,6 +75,12 @@ class Deployment(models.Model):
         null=True, blank=True, help_text="Replaces the loader's command line when set."
     )
     config = models.JSONField(default=dict, blank=True, help_text="The loader's own options.")
+    docker_options = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Container settings for the docker runtime: gpus, ipc_mode, shm_size, "
+        "environment, volumes, mem_limit, cpus, working_dir, user.",
+    )
     memory_gib = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
     num_gpus = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
     num_replicas = models.PositiveIntegerField(

@@ -12,7 +12,7 @@ import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from deployments.loaders import CONFIG_KEYS, LOADERS
+from deployments.loaders import CONFIG_KEYS, LOADERS, Loader
 from deployments.models import Deployment
 from deployments.validation import cross_field_problems, name_clashes
 
@@ -32,8 +32,17 @@ PLAIN_KEYS = {
     "command",
     "system",
 }
+# models.yaml keys stored under another field name.
+RENAMED = {"docker": "docker_options"}
 # Fields the model validates by itself; the rest of a Deployment is state, not configuration.
-CHECKED_FIELDS = PLAIN_KEYS | {"config"}
+CHECKED_FIELDS = PLAIN_KEYS | {"config", "docker_options"}
+
+
+def yaml_key(field: str, loader: Loader | None) -> str:
+    """The models.yaml key a model field is written as."""
+    if field == "config" and loader is not None:
+        return loader.config_key
+    return {v: k for k, v in RENAMED.items()}.get(field, field)
 
 
 class ModelsFileError(Exception):
@@ -88,6 +97,8 @@ def entry_values(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key, value in raw.items():
         if key in PLAIN_KEYS:
             values[key] = value
+        elif key in RENAMED:
+            values[RENAMED[key]] = value if value is not None else {}
         elif key in CONFIG_KEYS:
             config_blocks.append(key)
         else:
@@ -113,9 +124,9 @@ def entry_values(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         candidate.full_clean(validate_unique=False)
     except ValidationError as exc:
         for field, messages in exc.message_dict.items():
-            key = loader.config_key if field == "config" and loader else field
+            key = yaml_key(field, loader)
             problems += [f"{key}: {m}" for m in messages]
     for field, messages in cross_field_problems(values).items():
-        key = loader.config_key if field == "config" and loader else field
+        key = yaml_key(field, loader)
         problems += [m if m.startswith(key) else f"{key}: {m}" for m in messages]
     return values, problems

@@ -9,6 +9,7 @@ from django.db import transaction
 from deployments import audit, deployer
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment
+from deployments.runtimes import EngineUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -16,15 +17,18 @@ log = logging.getLogger(__name__)
 def start(deployment_id: int, actor: str = "system") -> str:
     try:
         deployment = deployer.restart(deployment_id, actor=actor)
-    except InsufficientMemory as exc:
+    except (InsufficientMemory, EngineUnreachable) as exc:
         return f"refused: {exc}"  # the deployer wrote the event
     except Deployment.DoesNotExist:
         return "gone"
     return deployment.state
 
 
-def stop(deployment_id: int, actor: str = "system", reason: str = "") -> bool:
-    return deployer.stop(deployment_id, actor=actor, reason=reason)
+def stop(deployment_id: int, actor: str = "system", reason: str = "") -> bool | str:
+    try:
+        return deployer.stop(deployment_id, actor=actor, reason=reason)
+    except EngineUnreachable as exc:
+        return f"refused: {exc}"
 
 
 def sleep(deployment_id: int, actor: str = "system") -> bool:
@@ -41,7 +45,7 @@ def wake(deployment_id: int, actor: str = "system") -> str:
 def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "system") -> str:
     try:
         return str(deployer.replace(deployment_id, strategy, actor=actor).state)
-    except (InsufficientMemory, deployer.StartFailed) as exc:
+    except (InsufficientMemory, deployer.StartFailed, EngineUnreachable) as exc:
         return f"refused: {exc}"
 
 

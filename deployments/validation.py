@@ -10,6 +10,7 @@ from typing import Any
 
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Mode
+from deployments.runtimes.docker_options import problems as docker_problems
 
 Problems = dict[str, list[str]]
 
@@ -51,6 +52,8 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
         num_gpus=values.get("num_gpus"),
         memory_gib=values.get("memory_gib"),
     )
+    for message in docker_problems(values.get("docker_options")):
+        add("docker_options", message)
     for message in loader.validate(spec):
         field = "usecase" if message.startswith("usecase") else "config"
         field = "num_gpus" if message.startswith("num_gpus") else field

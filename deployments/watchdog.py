@@ -16,7 +16,7 @@ from deployments import tasks
 from deployments.audit import event
 from deployments.deployer import failure_reason, handles_of, stop_handles
 from deployments.models import Deployment, Mode, State
-from deployments.runtimes import get_runtime
+from deployments.runtimes import EngineUnreachable, get_runtime
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,11 @@ def check_once() -> list[str]:
     for deployment in Deployment.objects.filter(state__in=(State.READY, State.ASLEEP)):
         handles = handles_of(deployment)
         runtime = get_runtime(deployment.runtime)
-        dead = [h for h in handles if not runtime.is_alive(h)]
+        try:
+            dead = [h for h in handles if not runtime.is_alive(h)]
+        except EngineUnreachable as exc:
+            log.warning("%s: cannot check its engine: %s", deployment.name, exc)
+            continue
         if not dead:
             continue
         up_since = deployment.state_changed_at

@@ -222,6 +222,16 @@ MSHIP_DRAIN_GRACE_S = env_float("MSHIP_DRAIN_GRACE_S", 2)
 MSHIP_DRAIN_TIMEOUT_S = env_float("MSHIP_DRAIN_TIMEOUT_S", 60)
 # The watchdog restarts an always-on engine that died after serving at least this long.
 MSHIP_CRASH_RESTART_MIN_UPTIME_S = env_float("MSHIP_CRASH_RESTART_MIN_UPTIME_S", 60)
+# Docker: the engines' bridge network, and this site's name on the daemon (container labels
+# and names), so that sites sharing a daemon never touch each other's containers.
+MSHIP_DOCKER_NETWORK = env_str("MSHIP_DOCKER_NETWORK", "modelship")
+MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
+# The image and Python of the engines Modelship ships (simulated, tts, diffusers) when they
+# run as containers: an image with Modelship installed.
+MSHIP_ENGINE_IMAGE = env_str("MSHIP_ENGINE_IMAGE", "modelship:latest")
+MSHIP_CONTAINER_PYTHON = env_str("MSHIP_CONTAINER_PYTHON", "python3")
+# How a running engine whose configuration changed is replaced (blue_green or stop_start).
+MSHIP_REPLACE_STRATEGY = env_str("MSHIP_REPLACE_STRATEGY", "blue_green")
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))

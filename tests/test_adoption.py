@@ -55,7 +55,7 @@ def test_it_adopts_an_engine_started_by_a_previous_modelship_process(
     pid = kept.runtime_handle["replicas"][0]["pid"]
 
     outcome = adopt_all()
-    assert outcome == {"adopted": ["kept"], "stopped": []}
+    assert (outcome["adopted"], outcome["stopped"]) == (["kept"], [])
     kept.refresh_from_db()
     assert kept.state == State.READY
     assert kept.runtime_handle["replicas"][0]["pid"] == pid  # no restart
@@ -73,7 +73,8 @@ def test_it_marks_a_deployment_whose_engine_died_stopped(make_deployment: Any) -
     os.killpg(handle["pid"], signal.SIGKILL)
     wait_until(lambda: not pid_alive(handle["pid"]))
 
-    assert adopt_all() == {"adopted": [], "stopped": [deployment.name]}
+    outcome = adopt_all()
+    assert (outcome["adopted"], outcome["stopped"]) == ([], [deployment.name])
     deployment.refresh_from_db()
     assert deployment.state == State.STOPPED
     assert deployment.state_reason == "engine gone when Modelship restarted"

@@ -70,6 +70,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class LogParams(serializers.Serializer):
+    tail = serializers.IntegerField(min_value=1, max_value=10_000, default=100)
+    follow = serializers.BooleanField(default=False)
+    replica = serializers.IntegerField(min_value=0, default=0)
+
+
 class ModeSerializer(serializers.Serializer):
     mode = serializers.ChoiceField(choices=Mode.choices)
 

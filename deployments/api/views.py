@@ -4,7 +4,8 @@ from typing import Any
 
 import django_filters
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
@@ -16,9 +17,11 @@ from deployments.api.serializers import (
     AuditEntrySerializer,
     DeploymentEventSerializer,
     DeploymentSerializer,
+    LogParams,
     ModeSerializer,
 )
 from deployments.deployer import CannotSleep
+from deployments.engine_logs import MAX_TAIL, follow, tails
 from deployments.fingerprint import deployment_fingerprint
 from deployments.memory import InsufficientMemory, host_summary
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
@@ -93,6 +96,32 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def wake(self, request: Request, pk: str | None = None) -> Response:
         return self._operate(operations.request_wake)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("tail", int, description=f"last lines (at most {MAX_TAIL})"),
+            OpenApiParameter("follow", bool, description="stream new lines as server-sent events"),
+            OpenApiParameter("replica", int, description="the replica to follow (default 0)"),
+        ],
+        responses={200: dict},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Any:
+        deployment = self.get_object()
+        params = LogParams(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        if params.validated_data["follow"]:
+            response = StreamingHttpResponse(
+                follow(deployment, params.validated_data["replica"]),
+                content_type="text/event-stream",
+            )
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        lines = params.validated_data["tail"]
+        return Response(
+            {"id": deployment.pk, "name": deployment.name, "replicas": tails(deployment, lines)}
+        )
 
     @extend_schema(request=ModeSerializer, responses=DeploymentSerializer)
     @action(detail=True, methods=["patch"])

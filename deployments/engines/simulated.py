@@ -53,6 +53,8 @@ class SimConfig:
     crash_after_requests: int | None = None
     ignore_sigterm: bool = False
     embedding_dim: int = 16
+    # Memory really allocated (and touched) at start, to meet a container's memory limit.
+    allocate_mib: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:
@@ -117,6 +119,8 @@ class Inflight:
 
     async def __aenter__(self) -> Inflight:
         self.state.running += 1
+        # An access line per inference request, so an operator's log shows the traffic.
+        print(f"{self.request.method} {self.request.path}", flush=True)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -497,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"simulated engine: loading {args.model}", flush=True)
     time.sleep(config.startup_delay_s)
+    ballast = bytearray(config.allocate_mib * 2**20)
+    for offset in range(0, len(ballast), 4096):
+        ballast[offset] = 1  # touch every page, so it is resident
     if config.fail_at_start:
         print("simulated engine: RuntimeError: injected start failure", file=sys.stderr)
         raise SystemExit(1)

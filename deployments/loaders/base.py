@@ -9,6 +9,7 @@ that can be known before it starts.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,6 +60,11 @@ class Loader:
     waiting_gauge: ClassVar[str | None] = None
     can_sleep_mode: ClassVar[bool] = False
     default_image: ClassVar[str] = ""
+    # The engine's program: its name on PATH, the setting that names it on this host, and
+    # where the engine's published image keeps it.
+    binary_name: ClassVar[str] = ""
+    binary_env: ClassVar[str] = ""
+    container_binary: ClassVar[str] = ""
 
     def validate(self, spec: EngineSpec) -> list[str]:
         """Problems with a spec, each a sentence naming the key; empty when it is fine."""
@@ -73,8 +79,25 @@ class Loader:
             problems.append(f"{self.name} takes no {self.config_key}")
         return problems
 
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        """The command line; ``container`` when it runs in the loader's image."""
         raise NotImplementedError
+
+    def binary(self, spec: EngineSpec, container: bool = False) -> str:
+        configured = spec.config.get("binary")
+        if configured:
+            return str(configured)
+        if container:
+            return self.container_binary or self.binary_name
+        found = os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+        return found or self.binary_name
+
+    def image(self, spec: EngineSpec) -> str:
+        return self.default_image
+
+    def docker_defaults(self, spec: EngineSpec) -> dict[str, Any]:
+        """Container settings this engine wants unless the operator's docker block differs."""
+        return {}
 
     def env(self, spec: EngineSpec) -> dict[str, str]:
         """Extra environment for the engine."""

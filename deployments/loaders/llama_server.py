@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import ClassVar
 
 from deployments.loaders.base import EngineSpec, Loader, file_size_gib
@@ -19,6 +17,9 @@ class LlamaServerLoader(Loader):
     running_gauge = "llamacpp:requests_processing"
     waiting_gauge = "llamacpp:requests_deferred"
     default_image = "ghcr.io/ggml-org/llama.cpp:server"
+    binary_name = "llama-server"
+    binary_env = "MSHIP_LLAMA_SERVER_BIN"
+    container_binary = "/app/llama-server"
     # KV cache and compute buffers on top of the weights, per 1k tokens of context (rough).
     context_gib_per_1k: ClassVar[float] = 0.02
 
@@ -31,13 +32,9 @@ class LlamaServerLoader(Loader):
             problems.append(f"{self.config_key}: 'extra_args' must be a list of strings")
         return problems
 
-    def binary(self, spec: EngineSpec) -> str:
-        configured = spec.config.get("binary") or os.environ.get("MSHIP_LLAMA_SERVER_BIN")
-        return str(configured or shutil.which("llama-server") or "llama-server")
-
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         cfg = spec.config
-        argv = [self.binary(spec), "-m", spec.model, "--host", host, "--port", str(port)]
+        argv = [self.binary(spec, container), "-m", spec.model, "--host", host, "--port", str(port)]
         argv += ["--alias", spec.name, "--metrics", "--jinja"]
         argv += ["-c", str(cfg.get("n_ctx", 4096))]
         n_gpu_layers = cfg.get("n_gpu_layers", 999 if spec.num_gpus else 0)

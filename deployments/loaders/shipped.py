@@ -6,6 +6,8 @@ import json
 import sys
 from typing import ClassVar
 
+from django.conf import settings
+
 from deployments.loaders.base import EngineSpec, Loader
 
 
@@ -14,13 +16,17 @@ class ShippedEngineLoader(Loader):
 
     module: ClassVar[str]
 
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
-        argv = [sys.executable, "-m", self.module, "--model", spec.model]
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        python = settings.MSHIP_CONTAINER_PYTHON if container else sys.executable
+        argv = [python, "-m", self.module, "--model", spec.model]
         argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
         if spec.config:
             argv += ["--config", json.dumps(spec.config, sort_keys=True)]
         return argv
+
+    def image(self, spec: EngineSpec) -> str:
+        return str(settings.MSHIP_ENGINE_IMAGE)
 
 
 class SimulatedLoader(ShippedEngineLoader):
@@ -41,6 +47,7 @@ class SimulatedLoader(ShippedEngineLoader):
             "crash_after_requests",
             "ignore_sigterm",
             "embedding_dim",
+            "allocate_mib",
         }
     )
     usecases = frozenset({"generate", "embed", "transcription", "translation"})

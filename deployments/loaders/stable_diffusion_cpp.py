@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
 from deployments.loaders.base import EngineSpec, Loader, file_size_gib
 
 
@@ -14,11 +11,12 @@ class StableDiffusionCppLoader(Loader):
     config_options = frozenset({"threads", "binary", "extra_args", "diffusion_model", "vae"})
     usecases = frozenset({"image"})
     health_path = "/"
+    binary_name = "sd-server"
+    binary_env = "MSHIP_SD_SERVER_BIN"
 
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         cfg = spec.config
-        binary = cfg.get("binary") or os.environ.get("MSHIP_SD_SERVER_BIN")
-        argv = [str(binary or shutil.which("sd-server") or "sd-server")]
+        argv = [self.binary(spec, container)]
         if "diffusion_model" in cfg:
             argv += ["--diffusion-model", str(cfg["diffusion_model"])]
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
 
 
@@ -24,7 +26,7 @@ class VllmLoader(Loader):
                 problems.append(f"{self.config_key}: {key!r} is set by Modelship")
         return problems
 
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         argv = ["vllm", "serve", spec.model, "--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
         options = dict(spec.config)
@@ -34,6 +36,10 @@ class VllmLoader(Loader):
         if spec.usecase == "embed" and "runner" not in options:
             options["runner"] = "pooling"
         return argv + cli_flags(options)
+
+    def docker_defaults(self, spec: EngineSpec) -> dict[str, Any]:
+        # vLLM's workers share tensors through /dev/shm; Docker's 64 MB default is too small.
+        return {"ipc_mode": "host"}
 
     def env(self, spec: EngineSpec) -> dict[str, str]:
         # /sleep, /wake_up and /is_sleeping are served only in vLLM's development mode.

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
 from deployments.loaders.base import EngineSpec, Loader, file_size_gib
 
 
@@ -14,12 +11,12 @@ class WhisperCppLoader(Loader):
     config_options = frozenset({"threads", "language", "binary", "extra_args"})
     usecases = frozenset({"transcription"})
     default_image = "ghcr.io/ggml-org/whisper.cpp:main"
+    binary_name = "whisper-server"
+    binary_env = "MSHIP_WHISPER_SERVER_BIN"
 
-    def argv(self, spec: EngineSpec, host: str, port: str) -> list[str]:
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         cfg = spec.config
-        binary = cfg.get("binary") or os.environ.get("MSHIP_WHISPER_SERVER_BIN")
-        argv = [str(binary or shutil.which("whisper-server") or "whisper-server")]
-        argv += ["-m", spec.model, "--host", host, "--port", str(port)]
+        argv = [self.binary(spec, container), "-m", spec.model, "--host", host, "--port", str(port)]
         # Serve at the OpenAI path so the gateway forwards it unchanged.
         argv += ["--inference-path", "/v1/audio/transcriptions", "--convert"]
         if "threads" in cfg:

@@ -8,6 +8,8 @@ embedded default; docker (and later ray) sit beside it behind the same methods.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +18,11 @@ Handle = dict[str, Any]
 
 class RuntimeError_(Exception):
     """A runtime could not do what it was asked; the message is for the operator."""
+
+
+class EngineUnreachable(RuntimeError_):
+    """The runtime's own service (the Docker Engine) does not answer. Nothing is known about
+    the engines, so callers leave deployments as they are instead of failing them."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,10 @@ class Launch:
     fingerprint: str
     env: dict[str, str] = field(default_factory=dict)
     image: str = ""
+    # Container settings (the docker runtime): merged `docker:` options, the model to mount.
+    options: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    num_gpus: float | None = None
 
 
 class Runtime(Protocol):
@@ -48,3 +59,17 @@ class Runtime(Protocol):
         ...
 
     def log_tail(self, handle: Handle, lines: int) -> str: ...
+
+    def follow_log(self, handle: Handle, stop: threading.Event | None = None) -> Iterator[str]:
+        """New log lines as they come, until the engine is gone or ``stop`` is set
+        (blocking; a runtime may only notice ``stop`` at its next line)."""
+        ...
+
+    def managed(self) -> list[Handle] | None:
+        """Every engine of this site the runtime can find, or None when it cannot enumerate
+        them (a process runtime only knows the handles it was given)."""
+        ...
+
+    def remove(self, handle: Handle) -> None:
+        """Remove what is left of an engine that is not running (an orphan)."""
+        ...

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -131,6 +132,34 @@ class ProcessRuntime:
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
         return not self.is_alive(handle)
+
+    def follow_log(self, handle: Handle, stop: threading.Event | None = None) -> Iterator[str]:
+        # A log file offers no event to wait on: poll it for growth while the engine lives.
+        path = Path(handle.get("log", ""))
+        try:
+            log = path.open("rb")
+        except OSError:
+            return
+        with log:
+            log.seek(0, os.SEEK_END)
+            pending = b""
+            while True:
+                chunk = log.read()
+                if chunk:
+                    pending += chunk
+                    *complete, pending = pending.split(b"\n")
+                    for line in complete:
+                        yield line.decode(errors="replace")
+                elif not self.is_alive(handle) or (stop is not None and stop.is_set()):
+                    return
+                else:
+                    time.sleep(0.2)
+
+    def managed(self) -> list[Handle] | None:
+        return None  # processes carry no labels: only the handles on the rows know them
+
+    def remove(self, handle: Handle) -> None:
+        self.stop(handle, 0)
 
     def log_tail(self, handle: Handle, lines: int) -> str:
         path = Path(handle.get("log", ""))

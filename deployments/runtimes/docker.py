@@ -1,0 +1,250 @@
+"""Engines as Docker containers, through the docker SDK.
+
+Every container carries labels naming the site, the deployment and a fingerprint of its
+configuration, so a restarted Modelship finds, adopts, replaces or removes it. It runs with
+an init process (an engine that ignores SIGTERM must not hold `docker stop` for the whole
+timeout) and no restart policy: Modelship decides about restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+
+from deployments.runtimes.base import EngineUnreachable, Handle, Launch, RuntimeError_
+from deployments.runtimes.docker_network import own_network_names, url_on_network
+from deployments.runtimes.docker_options import create_kwargs
+
+CONTAINER_PORT = 8000
+LABEL = "modelship"
+
+
+def label(key: str) -> str:
+    return f"{LABEL}.{key}"
+
+
+def container_name(site: str, name: str, replica: int) -> str:
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", name)
+    return f"{site}-{safe}-{replica}"
+
+
+def unreachable(exc: Exception) -> EngineUnreachable:
+    return EngineUnreachable(f"the Docker Engine is unreachable: {exc}")
+
+
+class DockerRuntime:
+    name = "docker"
+
+    @functools.cached_property
+    def client(self) -> Any:
+        import docker
+
+        try:
+            return docker.from_env(timeout=60)
+        except docker.errors.DockerException as exc:
+            raise unreachable(exc) from exc
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call the SDK, turning a dead daemon into EngineUnreachable and its refusals into
+        RuntimeError_ with the daemon's own words."""
+        import docker
+        import requests
+
+        try:
+            return fn(*args, **kwargs)
+        except (requests.exceptions.ConnectionError, ConnectionError) as exc:
+            raise unreachable(exc) from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                raise
+            raise RuntimeError_(str(exc.explanation or exc)) from exc
+        except docker.errors.DockerException as exc:
+            if "Connection" in str(exc) or "connect" in str(exc):
+                raise unreachable(exc) from exc
+            raise RuntimeError_(str(exc)) from exc
+
+    def _container(self, handle: Handle) -> Any | None:
+        import docker
+
+        try:
+            return self._call(self.client.containers.get, handle["container_id"])
+        except docker.errors.NotFound:
+            return None
+
+    def network(self) -> Any:
+        import docker
+
+        name = settings.MSHIP_DOCKER_NETWORK
+        try:
+            return self._call(self.client.networks.get, name)
+        except docker.errors.NotFound:
+            return self._call(
+                self.client.networks.create, name, driver="bridge", labels={label("site"): "*"}
+            )
+
+    def ensure_image(self, image: str) -> None:
+        import docker
+
+        try:
+            self._call(self.client.images.get, image)
+            return
+        except docker.errors.NotFound:
+            pass
+        try:
+            self._call(self.client.images.pull, image)  # the SDK splits off the tag
+        except (docker.errors.NotFound, RuntimeError_) as exc:
+            message = getattr(exc, "explanation", None) or str(exc)
+            raise RuntimeError_(f"cannot pull image {image!r}: {message}") from exc
+
+    def launch(self, launch: Launch) -> Handle:
+        if not launch.image:
+            raise RuntimeError_(f"{launch.name}: no image to run (set image: in its config)")
+        self.ensure_image(launch.image)
+        network = self.network()
+        argv = [
+            a.replace("{host}", "0.0.0.0").replace("{port}", str(CONTAINER_PORT))
+            for a in launch.argv
+        ]
+        site = settings.MSHIP_SITE
+        name = container_name(site, launch.name, launch.replica)
+        self._remove_stale(name)
+        # Inside a container on the engines' network, Modelship reaches them by address; else
+        # through a port published on the loopback interface only.
+        inside = settings.MSHIP_DOCKER_NETWORK in own_network_names(self.client)
+        kwargs = create_kwargs(
+            launch.options, num_gpus=launch.num_gpus, model=launch.model, env=launch.env
+        )
+        container = self._call(
+            self.client.containers.create,
+            launch.image,
+            entrypoint=argv[:1],
+            command=argv[1:],
+            name=name,
+            labels={
+                label("site"): site,
+                label("deployment_id"): str(launch.deployment_id),
+                label("deployment"): launch.name,
+                label("replica"): str(launch.replica),
+                label("fingerprint"): launch.fingerprint,
+            },
+            init=True,
+            restart_policy={"Name": "no"},
+            network=network.name,
+            ports={} if inside else {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", None)},
+            detach=True,
+            **kwargs,
+        )
+        handle: Handle = {
+            "runtime": self.name,
+            "replica": launch.replica,
+            "container_id": container.id,
+            "container_name": name,
+            "image": launch.image,
+            "fingerprint": launch.fingerprint,
+        }
+        try:
+            self._call(container.start)
+            container.reload()
+        except RuntimeError_:
+            self.remove(handle)
+            raise
+        if inside:
+            handle["url"] = url_on_network(container, network.name, CONTAINER_PORT)
+        else:
+            binding = container.attrs["NetworkSettings"]["Ports"][f"{CONTAINER_PORT}/tcp"][0]
+            handle["url"] = f"http://127.0.0.1:{binding['HostPort']}"
+        return handle
+
+    def _remove_stale(self, name: str) -> None:
+        """A container of the same name left by a crash would block the create."""
+        import docker
+
+        try:
+            old = self._call(self.client.containers.get, name)
+        except docker.errors.NotFound:
+            return
+        if old.labels.get(label("site")) == settings.MSHIP_SITE:
+            self._call(old.remove, force=True)
+
+    def is_alive(self, handle: Handle) -> bool:
+        container = self._container(handle)
+        return container is not None and container.status in ("running", "restarting")
+
+    def exit_reason(self, handle: Handle) -> str:
+        container = self._container(handle)
+        if container is None:
+            return "the engine's container is gone"
+        state = container.attrs.get("State", {})
+        if state.get("OOMKilled"):
+            return "out of memory (killed)"
+        if state.get("Error"):
+            return f"the container failed: {state['Error']}"
+        return f"the engine exited with code {state.get('ExitCode')}"
+
+    def stop(self, handle: Handle, grace_s: float) -> None:
+        import docker
+
+        container = self._container(handle)
+        if container is None:
+            return
+        # docker stop sends SIGTERM to the init process, SIGKILL after the timeout.
+        try:
+            self._call(container.stop, timeout=max(1, round(grace_s)))
+        except docker.errors.NotFound:
+            return
+        self.remove(handle)
+
+    def remove(self, handle: Handle) -> None:
+        import docker
+
+        container = self._container(handle)
+        if container is not None:
+            with contextlib.suppress(docker.errors.NotFound):
+                self._call(container.remove, force=True)
+
+    def log_tail(self, handle: Handle, lines: int) -> str:
+        container = self._container(handle)
+        if container is None:
+            return ""
+        data = self._call(container.logs, tail=lines, stdout=True, stderr=True)
+        return data.decode(errors="replace").rstrip("\n")
+
+    def follow_log(self, handle: Handle, stop: threading.Event | None = None) -> Iterator[str]:
+        container = self._container(handle)
+        if container is None:
+            return
+        stream = self._call(container.logs, stream=True, follow=True, tail=0)
+        pending = b""
+        for chunk in stream:
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line.decode(errors="replace")
+            if stop is not None and stop.is_set():
+                stream.close()
+                return
+
+    def managed(self) -> list[Handle]:
+        containers = self._call(
+            self.client.containers.list,
+            all=True,
+            filters={"label": f"{label('site')}={settings.MSHIP_SITE}"},
+        )
+        return [
+            {
+                "runtime": self.name,
+                "container_id": c.id,
+                "container_name": c.name,
+                "deployment_id": int(c.labels.get(label("deployment_id"), "0") or 0),
+                "replica": int(c.labels.get(label("replica"), "0") or 0),
+                "fingerprint": c.labels.get(label("fingerprint"), ""),
+                "status": c.status,
+            }
+            for c in containers
+        ]
