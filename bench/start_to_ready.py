@@ -5,7 +5,11 @@ Modelship: deployer.restart() (fit check, start-up gate, process runtime, health
 transitions and events in the database), then deployer.stop(). Both in this process tree,
 alternating, so the ratio is what Modelship's control plane adds to a start.
 
-    .venv/bin/python bench/start_to_ready.py [--runs 10]
+    .venv/bin/python bench/start_to_ready.py [--runs 10] [--docker IMAGE]
+
+With --docker, the same simulated engine also runs as a container of IMAGE (the tests'
+engine image: `docker images modelship-test-engine`), started by the docker runtime, and the
+baseline is `docker run` of the same command through the docker SDK.
 """
 
 from __future__ import annotations
@@ -57,6 +61,36 @@ def direct_start(argv: list[str]) -> float:
     return elapsed
 
 
+def docker_direct_start(image: str, argv: list[str], volumes: list[str]) -> float:
+    import docker
+
+    client = docker.from_env()
+    argv = [a.replace("{host}", "0.0.0.0").replace("{port}", "8000") for a in argv]
+    began = time.perf_counter()
+    box = client.containers.run(
+        image,
+        argv,
+        detach=True,
+        init=True,
+        ports={"8000/tcp": ("127.0.0.1", None)},
+        volumes=volumes,
+        working_dir=str(REPO),
+    )
+    box.reload()
+    port = box.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"]
+    with httpx.Client(timeout=2) as client_http:
+        while True:
+            try:
+                if client_http.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+    elapsed = time.perf_counter() - began
+    box.remove(force=True)
+    return elapsed
+
+
 def modelship_start(pk: int) -> float:
     from deployments import deployer
 
@@ -71,6 +105,7 @@ def modelship_start(pk: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--docker", metavar="IMAGE", help="also measure the docker runtime")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         setup_django(Path(tmp))
@@ -81,17 +116,46 @@ def main() -> None:
             name="bench", model="simulated", loader="simulated", memory_gib=1
         )
         argv = get_loader("simulated").argv(EngineSpec.of(deployment), "{host}", "{port}")
-        direct, managed = [], []
-        for _ in range(args.runs):
-            direct.append(direct_start(argv))
-            managed.append(modelship_start(deployment.pk))
-    d, m = statistics.median(direct), statistics.median(managed)
-    print(f"runs: {args.runs} each, medians")
-    print("| path | create-to-ready (s) |")
-    print("| --- | --- |")
-    print(f"| direct launch + health poll | {d:.3f} |")
-    print(f"| Modelship deployer (process runtime) | {m:.3f} |")
-    print(f"| ratio Modelship / direct | {m / d:.2f} |")
+        rows = [("process", "direct launch + health poll", direct_start, (argv,), deployment)]
+        if args.docker:
+            from django.conf import settings
+
+            volumes = [
+                f"{p}:{p}:ro" for p in sorted({"/usr", sys.base_prefix, sys.prefix, str(REPO)})
+            ]
+            settings.MSHIP_CONTAINER_PYTHON = sys.executable
+            settings.MSHIP_ENGINE_IMAGE = args.docker
+            settings.MSHIP_SITE = "bench"
+            boxed = Deployment.objects.create(
+                name="bench-docker",
+                model="simulated",
+                loader="simulated",
+                memory_gib=1,
+                runtime="docker",
+                docker_options={"volumes": volumes, "working_dir": str(REPO)},
+            )
+            container_argv = get_loader("simulated").argv(
+                EngineSpec.of(boxed), "{host}", "{port}", container=True
+            )
+            rows.append(
+                (
+                    "docker",
+                    "docker run + health poll",
+                    docker_direct_start,
+                    (args.docker, container_argv, volumes),
+                    boxed,
+                )
+            )
+        print(f"runs: {args.runs} each, medians")
+        print("| runtime | baseline | baseline (s) | Modelship (s) | ratio |")
+        print("| --- | --- | --- | --- | --- |")
+        for runtime, label, baseline, baseline_args, row in rows:
+            direct, managed = [], []
+            for _ in range(args.runs):
+                direct.append(baseline(*baseline_args))
+                managed.append(modelship_start(row.pk))
+            d, m = statistics.median(direct), statistics.median(managed)
+            print(f"| {runtime} | {label} | {d:.3f} | {m:.3f} | {m / d:.2f} |")
 
 
 if __name__ == "__main__":

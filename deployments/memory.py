@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
+from deployments import nvml
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import HOLDING_STATES, Deployment, Mode
 
@@ -28,48 +27,28 @@ class InsufficientMemory(Exception):
         )
 
 
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    total_gib: float
-
-
-@functools.cache
-def nvml_gpus() -> tuple[Gpu, ...]:
-    """The GPUs NVML reports; none without a driver (read once: totals do not change)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver, no device: a CPU host
-        return ()
-    try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-            gpus.append(Gpu(index=index, total_gib=info.total / 2**30))
-        return tuple(gpus)
-    except Exception as exc:
-        log.warning("NVML is present but could not be read: %s", exc)
-        return ()
-
-
 def capacity_gib() -> float:
     """Usable accelerator memory of this host."""
     configured = settings.MSHIP_MEMORY_CAPACITY_GIB
     if configured:
         return float(configured)
-    gpus = nvml_gpus()
+    gpus = nvml.readings()
     if gpus:
         return sum(gpu.total_gib for gpu in gpus)
     return float(settings.MSHIP_DEFAULT_CAPACITY_GIB)
+
+
+def used_gib() -> float | None:
+    """Accelerator memory in use now, as the driver reports it; None without GPUs."""
+    gpus = nvml.readings()
+    return sum(gpu.used_gib for gpu in gpus) if gpus else None
 
 
 def gpu_memory_gib() -> float:
     """The size of one GPU, which a deployment's num_gpus is a fraction of."""
     if settings.MSHIP_GPU_MEMORY_GIB:
         return float(settings.MSHIP_GPU_MEMORY_GIB)
-    gpus = nvml_gpus()
+    gpus = nvml.readings()
     return gpus[0].total_gib if gpus else capacity_gib()
 
 
@@ -102,7 +81,10 @@ def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> floa
     need = need_gib(deployment)
     capacity = capacity_gib()
     held = held_gib(exclude_id=None if alongside_itself else deployment.pk)
-    free = capacity - held
+    # The records say what engines will hold; the driver says what is held now. The larger
+    # wins: an engine still loading holds less than it will, and a stopped one's memory
+    # may not be released yet.
+    free = capacity - max(held, used_gib() or 0.0)
     if need > free + 1e-9:
         raise InsufficientMemory(deployment.name, need, free, capacity)
     return need
@@ -110,16 +92,26 @@ def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> floa
 
 def host_summary() -> dict[str, Any]:
     capacity = capacity_gib()
+    used = used_gib()
     rows = holdings()
     held = float(sum(gib for _, gib in rows))
     pinned = float(sum(gib for d, gib in rows if d.effective_mode == Mode.ALWAYS_ON))
     return {
         "capacity_gib": round(capacity, 3),
         "held_gib": round(held, 3),
-        "free_gib": round(capacity - held, 3),
+        "free_gib": round(capacity - max(held, used or 0.0), 3),
         # What on-demand deployments can ever use: capacity less always-on and system holdings.
         "on_demand_capacity_gib": round(capacity - pinned, 3),
-        "gpus": [{"index": g.index, "total_gib": round(g.total_gib, 3)} for g in nvml_gpus()],
+        "used_gib": None if used is None else round(used, 3),
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "total_gib": round(g.total_gib, 3),
+                "used_gib": round(g.used_gib, 3),
+            }
+            for g in nvml.readings()
+        ],
         "deployments": [
             {
                 "id": d.pk,

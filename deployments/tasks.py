@@ -24,11 +24,12 @@ def start(deployment_id: int, actor: str = "system") -> str:
     return deployment.state
 
 
-def stop(deployment_id: int, actor: str = "system", reason: str = "") -> bool | str:
+def stop(deployment_id: int, actor: str = "system", reason: str = "") -> str:
     try:
-        return deployer.stop(deployment_id, actor=actor, reason=reason)
+        stopped = deployer.stop(deployment_id, actor=actor, reason=reason)
     except EngineUnreachable as exc:
         return f"refused: {exc}"
+    return "stopped" if stopped else "nothing to stop"
 
 
 def sleep(deployment_id: int, actor: str = "system") -> bool:

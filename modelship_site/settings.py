@@ -225,6 +225,8 @@ MSHIP_CRASH_RESTART_MIN_UPTIME_S = env_float("MSHIP_CRASH_RESTART_MIN_UPTIME_S",
 # Docker: the engines' bridge network, and this site's name on the daemon (container labels
 # and names), so that sites sharing a daemon never touch each other's containers.
 MSHIP_DOCKER_NETWORK = env_str("MSHIP_DOCKER_NETWORK", "modelship")
+# The daemon to use (e.g. unix:///var/run/docker.sock); empty: Docker's own environment.
+MSHIP_DOCKER_HOST = env_str("MSHIP_DOCKER_HOST", "")
 MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
 # The image and Python of the engines Modelship ships (simulated, tts, diffusers) when they
 # run as containers: an image with Modelship installed.

@@ -218,3 +218,39 @@ def test_it_notices_a_container_that_died_while_serving(make_deployment: Any) ->
     assert check_once() == ["box"]
     deployment.refresh_from_db()
     assert deployment.state_reason.startswith("the engine exited with code 3 while it served")
+
+
+def test_it_finds_the_networks_of_its_own_container(
+    docker_client: Any, engine_image: str, site: Any
+) -> None:
+    import ipaddress
+    import json
+
+    from deployments.runtimes import get_runtime
+    from deployments.runtimes.docker_network import attached_networks
+    from tests.docker_support import engine_volumes
+
+    assert attached_networks(docker_client) == []  # the tests run outside a container
+    network = get_runtime("docker").network()  # type: ignore[attr-defined]
+    script = (
+        "import json, docker\n"
+        "from deployments.runtimes.docker_network import attached_networks\n"
+        "print(json.dumps([n.__dict__ for n in attached_networks(docker.from_env())]))\n"
+    )
+    out = docker_client.containers.run(
+        engine_image,
+        [sys.executable, "-c", script],
+        network=network.name,
+        volumes=[*engine_volumes(), "/var/run/docker.sock:/var/run/docker.sock"],
+        working_dir=str(REPO),
+        remove=True,
+    )
+    [found] = json.loads(out)
+    [ipam] = network.attrs["IPAM"]["Config"]
+    subnet = ipaddress.ip_network(ipam["Subnet"])
+    assert found == {
+        "name": network.name,
+        "subnets": [str(subnet)],
+        "gateways": [ipam["Gateway"]],
+        "first_hosts": [str(next(subnet.hosts()))],
+    }

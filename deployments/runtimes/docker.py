@@ -9,7 +9,7 @@ timeout) and no restart policy: Modelship decides about restarts.
 from __future__ import annotations
 
 import contextlib
-import functools
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -41,14 +41,25 @@ def unreachable(exc: Exception) -> EngineUnreachable:
 class DockerRuntime:
     name = "docker"
 
-    @functools.cached_property
+    def __init__(self) -> None:
+        self._clients: dict[str, Any] = {}
+
+    @property
     def client(self) -> Any:
+        """A client of the configured daemon (MSHIP_DOCKER_HOST, else Docker's environment)."""
         import docker
 
-        try:
-            return docker.from_env(timeout=60)
-        except docker.errors.DockerException as exc:
-            raise unreachable(exc) from exc
+        host = settings.MSHIP_DOCKER_HOST
+        if host not in self._clients:
+            try:
+                if host:
+                    client = docker.DockerClient(base_url=host, version="auto", timeout=60)
+                else:
+                    client = docker.from_env(version="auto", timeout=60)
+                self._clients[host] = client
+            except docker.errors.DockerException as exc:
+                raise unreachable(exc) from exc
+        return self._clients[host]
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the SDK, turning a dead daemon into EngineUnreachable and its refusals into
@@ -230,7 +241,17 @@ class DockerRuntime:
                 stream.close()
                 return
 
+    def configured(self) -> bool:
+        """Whether this host has a Docker Engine to ask at all."""
+        return bool(
+            settings.MSHIP_DOCKER_HOST
+            or os.environ.get("DOCKER_HOST")
+            or os.path.exists("/var/run/docker.sock")
+        )
+
     def managed(self) -> list[Handle]:
+        if not self.configured():
+            return []  # a site without Docker has no containers to look for
         containers = self._call(
             self.client.containers.list,
             all=True,
