@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -254,3 +255,58 @@ def test_it_finds_the_networks_of_its_own_container(
         "gateways": [ipam["Gateway"]],
         "first_hosts": [str(next(subnet.hosts()))],
     }
+
+
+def test_it_calls_engines_by_address_when_it_runs_on_their_network(
+    docker_client: Any, engine_image: str, site: Any, tmp_path: Path
+) -> None:
+    """Modelship itself in a container on the engines' network: no published port, the
+    engine's address on that network, and the start reaches it there."""
+    from deployments.runtimes import get_runtime
+    from tests.docker_support import engine_volumes
+
+    network = get_runtime("docker").network()  # type: ignore[attr-defined]
+    models = tmp_path / "models.yaml"
+    entry = {
+        "name": "inner",
+        "model": "simulated",
+        "loader": "simulated",
+        "memory_gib": 1,
+        "runtime": "docker",
+        "docker": docker_block(),
+        "simulated_config": {"reply": "inner"},
+    }
+    models.write_text(yaml.safe_dump({"models": [entry]}))
+    script = (
+        "set -e; python=$0; $python manage.py migrate -v0; "
+        f"$python manage.py deploy -f {models} --wait; "
+        '$python manage.py shell -c "from deployments.models import Deployment; '
+        "print(Deployment.objects.get(name='inner').engine_urls)\""
+    )
+    out = docker_client.containers.run(
+        engine_image,
+        ["/bin/sh", "-c", script, sys.executable],
+        network=network.name,
+        volumes=[
+            *engine_volumes(),
+            f"{tmp_path}:{tmp_path}",
+            "/var/run/docker.sock:/var/run/docker.sock",
+        ],
+        working_dir=str(REPO),
+        environment={
+            "DATABASE_URL": f"sqlite:///{tmp_path}/inner.sqlite3",
+            "MSHIP_VAR_DIR": str(tmp_path / "var"),
+            "MSHIP_SITE": site.MSHIP_SITE,
+            "MSHIP_DOCKER_NETWORK": network.name,
+            "MSHIP_CONTAINER_PYTHON": sys.executable,
+            "MSHIP_ENGINE_IMAGE": engine_image,
+            "MSHIP_MEMORY_CAPACITY_GIB": "8",
+        },
+        remove=True,
+    ).decode()
+    assert "inner: ready" in out
+    [url] = ast.literal_eval(out.strip().splitlines()[-1])  # the printed engine URLs
+    [engine] = docker_client.containers.list(filters={"label": f"modelship.site={site.MSHIP_SITE}"})
+    address = engine.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+    assert url == f"http://{address}:8000"
+    assert engine.attrs["HostConfig"]["PortBindings"] in ({}, None)
