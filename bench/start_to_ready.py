@@ -40,6 +40,17 @@ def setup_django(workdir: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
+def wait_healthy(url: str) -> None:
+    with httpx.Client(timeout=2) as client:
+        while True:
+            try:
+                if client.get(url + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+
+
 def direct_start(argv: list[str]) -> float:
     from deployments.runtimes.process import free_port
 
@@ -47,14 +58,7 @@ def direct_start(argv: list[str]) -> float:
     argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)) for a in argv]
     began = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with httpx.Client(timeout=2) as client:
-        while True:
-            try:
-                if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+    wait_healthy(f"http://127.0.0.1:{port}")
     elapsed = time.perf_counter() - began
     proc.terminate()
     proc.wait()
@@ -78,14 +82,7 @@ def docker_direct_start(image: str, argv: list[str], volumes: list[str]) -> floa
     )
     box.reload()
     port = box.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"]
-    with httpx.Client(timeout=2) as client_http:
-        while True:
-            try:
-                if client_http.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+    wait_healthy(f"http://127.0.0.1:{port}")
     elapsed = time.perf_counter() - began
     box.remove(force=True)
     return elapsed

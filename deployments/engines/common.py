@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -78,6 +79,16 @@ def engine_app(
         ]
     )
     return app
+
+
+def run_engine(
+    prog: str, build: Callable[[str, dict[str, Any], list[str]], web.Application]
+) -> None:
+    """The main of a shipped engine: its command line, then build(model, config, names)."""
+    args = parser(prog).parse_args()
+    config = config_of(args.config)
+    names = args.served_model_name or [args.model]
+    serve(build(args.model, config, names), args.host, args.port)
 
 
 def serve(app: web.Application, host: str, port: int, *, handle_signals: bool = True) -> None:

@@ -19,12 +19,10 @@ from typing import Any
 from aiohttp import web
 
 from deployments.engines.common import (
-    config_of,
     engine_app,
     error,
     json_body,
-    parser,
-    serve,
+    run_engine,
 )
 
 MAX_IMAGES = 4
@@ -90,13 +88,8 @@ def make_app(pipeline: Any, served_names: list[str], config: dict[str, Any]) -> 
     return engine_app(served_names, [web.post("/v1/images/generations", generations)])
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser("diffusers-engine").parse_args(argv)
-    config = config_of(args.config)
-    pipeline = load_pipeline(args.model, config)
-    names = args.served_model_name or [args.model]
-    serve(make_app(pipeline, names, config), args.host, args.port)
-
-
 if __name__ == "__main__":
-    main()
+    run_engine(
+        "diffusers-engine",
+        lambda model, config, names: make_app(load_pipeline(model, config), names, config),
+    )

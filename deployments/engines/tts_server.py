@@ -20,12 +20,10 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from deployments.engines.common import (
-    config_of,
     engine_app,
     error,
     json_body,
-    parser,
-    serve,
+    run_engine,
 )
 
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -140,13 +138,8 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
     return engine_app(served_names, [web.post("/v1/audio/speech", speech)])
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser("tts-engine").parse_args(argv)
-    config = config_of(args.config)
-    backend = make_backend(args.model, config)
-    names = args.served_model_name or [args.model]
-    serve(make_app(backend, names, config), args.host, args.port)
-
-
 if __name__ == "__main__":
-    main()
+    run_engine(
+        "tts-engine",
+        lambda model, config, names: make_app(make_backend(model, config), names, config),
+    )
