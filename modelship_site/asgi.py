@@ -1,8 +1,6 @@
-"""ASGI entry point: Channels routes protocols; HTTP goes to Django for now.
-
-The public /v1 and /ondemand gateways are mounted here, ahead of Django's middleware and URL
-stack, by the gateway issues.
-"""
+"""ASGI entry point. Channels routes the public /v1 gateway (and /rerank, /score) to its raw
+ASGI handler, ahead of Django's middleware and URL stack; everything else (the admin, /api,
+/health) goes to Django's ASGI application. /ondemand joins with the on-demand gateway."""
 
 from __future__ import annotations
 
@@ -13,6 +11,15 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from openai_api.gateway import application as openai_gateway  # noqa: E402
+
+# URLRouter routes to ASGI applications; django-stubs type re_path for views only.
+routes = [
+    re_path(r"^v1(/|$)", openai_gateway),  # type: ignore[arg-type]
+    re_path(r"^(rerank|score)$", openai_gateway),  # type: ignore[arg-type]
+    re_path(r"", django_asgi_app),  # type: ignore[arg-type]
+]
+application = ProtocolTypeRouter({"http": URLRouter(routes)})

@@ -234,6 +234,17 @@ MSHIP_ENGINE_IMAGE = env_str("MSHIP_ENGINE_IMAGE", "modelship:latest")
 MSHIP_CONTAINER_PYTHON = env_str("MSHIP_CONTAINER_PYTHON", "python3")
 # How a running engine whose configuration changed is replaced (blue_green or stop_start).
 MSHIP_REPLACE_STRATEGY = env_str("MSHIP_REPLACE_STRATEGY", "blue_green")
+# The public /v1 gateway.
+# API keys are required unless MSHIP_AUTH=off, which only a debug site may set.
+MSHIP_AUTH = env_str("MSHIP_AUTH", "on").strip().lower() not in {"off", "0", "false", "no"}
+if not MSHIP_AUTH and not DEBUG:
+    raise ImproperlyConfigured("MSHIP_AUTH=off is for local development: set MSHIP_DEBUG=true")
+# A header a trusted proxy in front sets to name the caller (e.g. x-user-id); else the key.
+MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").strip().lower()
+MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
+MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
+MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
+MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))

@@ -55,6 +55,8 @@ class SimConfig:
     embedding_dim: int = 16
     # Memory really allocated (and touched) at start, to meet a container's memory limit.
     allocate_mib: int = 0
+    # Seconds before an inference request gets its answer's first byte (headers included).
+    first_token_delay_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:
@@ -121,6 +123,8 @@ class Inflight:
         self.state.running += 1
         # An access line per inference request, so an operator's log shows the traffic.
         print(f"{self.request.method} {self.request.path}", flush=True)
+        if self.state.config.first_token_delay_s:
+            await asyncio.sleep(self.state.config.first_token_delay_s)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

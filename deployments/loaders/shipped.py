@@ -48,6 +48,7 @@ class SimulatedLoader(ShippedEngineLoader):
             "ignore_sigterm",
             "embedding_dim",
             "allocate_mib",
+            "first_token_delay_s",
         }
     )
     usecases = frozenset({"generate", "embed", "transcription", "translation"})

@@ -1,0 +1,113 @@
+"""Who is calling: API keys (Bearer or x-api-key), identities, rate limits."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from openai_api.catalog import Key, Snapshot
+from openai_api.errors import GatewayError
+from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
+
+LAST_USED_EVERY_S = 60.0
+# Compared against when the prefix is unknown, so a miss costs what a hit costs.
+_DUMMY_HASH = hash_secret("not a key")
+
+
+@dataclass(frozen=True)
+class Caller:
+    key: Key | None
+    identity: str
+
+
+def presented_key(headers: dict[str, str]) -> str | None:
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip() or None
+    return headers.get("x-api-key") or None
+
+
+def invalid(message: str = "Incorrect API key provided.") -> GatewayError:
+    return GatewayError(401, message, "invalid_api_key")
+
+
+def authenticate(snapshot: Snapshot, headers: dict[str, str]) -> Caller:
+    trusted = settings.MSHIP_TRUSTED_IDENTITY_HEADER
+    if not settings.MSHIP_AUTH:
+        identity = headers.get(trusted, "") if trusted else ""
+        return Caller(None, identity or "anonymous")
+    raw = presented_key(headers)
+    if raw is None:
+        raise invalid("You didn't provide an API key (Authorization: Bearer or x-api-key).")
+    marker, _, rest = raw.partition("-")
+    prefix, _, secret = rest.partition("-")
+    key = snapshot.keys.get(prefix) if marker == KEY_PREFIX else None
+    expected = key.secret_hash if key is not None else _DUMMY_HASH
+    if not hmac.compare_digest(hash_secret(secret), expected) or key is None:
+        raise invalid()
+    if key.revoked:
+        raise invalid("This API key has been revoked.")
+    identity = headers.get(trusted, "") if trusted else ""
+    return Caller(key, identity or f"key:{key.id}")
+
+
+class RateLimiter:
+    """Requests per minute per key, in this process: a sliding window of arrival times."""
+
+    def __init__(self) -> None:
+        self.arrivals: dict[int, deque[float]] = {}
+
+    def check(self, key: Key) -> None:
+        limit = key.requests_per_minute
+        if not limit:
+            return
+        now = time.monotonic()
+        window = self.arrivals.setdefault(key.id, deque())
+        while window and now - window[0] >= 60.0:
+            window.popleft()
+        if len(window) >= limit:
+            retry = max(1, math.ceil(60.0 - (now - window[0])))
+            raise GatewayError(
+                429,
+                f"Rate limit reached: {limit} requests per minute for this key.",
+                "rate_limit_exceeded",
+                {"retry-after": str(retry)},
+            )
+        window.append(now)
+
+
+class LastUsed:
+    """Records a key's last use at most once a minute, off the request's path."""
+
+    def __init__(self) -> None:
+        self.written: dict[int, float] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def touch(self, key: Key) -> None:
+        now = time.monotonic()
+        if now - self.written.get(key.id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
+            return
+        self.written[key.id] = now
+        task = asyncio.create_task(sync_to_async(_write_last_used, thread_sensitive=False)(key.id))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def _write_last_used(key_id: int) -> None:
+    try:
+        ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
+    finally:
+        connection.close()
+
+
+rate_limiter = RateLimiter()
+last_used = LastUsed()

@@ -1,0 +1,145 @@
+"""The gateway's in-memory view of deployments and API keys.
+
+A request never queries the database: it reads the current snapshot. A background task
+reloads the snapshot every MSHIP_ROUTE_REFRESH_S (one query for deployments, one for keys)
+and swaps it whole, so a request sees one consistent view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from deployments.loaders import LOADERS, EngineSpec
+from deployments.models import Deployment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Route:
+    deployment_id: int
+    name: str
+    aliases: tuple[str, ...]
+    loader: str
+    usecase: str
+    endpoints: frozenset[str]
+    state: str
+    on_demand: bool
+    urls: tuple[str, ...]
+    created: int
+
+
+@dataclass(frozen=True)
+class Key:
+    id: int
+    name: str
+    prefix: str
+    secret_hash: str
+    revoked: bool
+    allowed_models: frozenset[str]
+    requests_per_minute: int | None
+
+    def may_use(self, route: Route) -> bool:
+        if not self.allowed_models:
+            return True
+        return bool(self.allowed_models & {route.name, *route.aliases})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    routes: dict[str, Route] = field(default_factory=dict)  # served name or alias -> route
+    models: tuple[Route, ...] = ()
+    keys: dict[str, Key] = field(default_factory=dict)  # prefix -> key
+    loaded_at: float = 0.0
+
+
+def load() -> Snapshot:
+    from openai_api.models import ApiKey
+
+    routes: dict[str, Route] = {}
+    models = []
+    try:
+        for d in Deployment.objects.all().order_by("name"):
+            loader = LOADERS.get(d.loader)
+            endpoints = loader.endpoints(EngineSpec.of(d)) if loader else ()
+            route = Route(
+                deployment_id=d.pk,
+                name=d.name,
+                aliases=tuple(d.aliases or ()),
+                loader=d.loader,
+                usecase=d.usecase,
+                endpoints=frozenset(endpoints),
+                state=d.state,
+                on_demand=d.is_on_demand,
+                urls=tuple(d.engine_urls or ()),
+                created=int(d.created.timestamp()),
+            )
+            models.append(route)
+            for served in (d.name, *route.aliases):
+                routes.setdefault(served, route)
+        keys = {
+            k.prefix: Key(
+                id=k.pk,
+                name=k.name,
+                prefix=k.prefix,
+                secret_hash=k.secret_hash,
+                revoked=k.revoked,
+                allowed_models=frozenset(k.allowed_models or ()),
+                requests_per_minute=k.requests_per_minute,
+            )
+            for k in ApiKey.objects.all()
+        }
+    finally:
+        # The refresher's thread holds no connection between loads.
+        connection.close()
+    return Snapshot(routes=routes, models=tuple(models), keys=keys, loaded_at=time.monotonic())
+
+
+class Catalog:
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._first: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def current(self) -> Snapshot:
+        if self.snapshot is None:
+            if self._first is None:
+                self._first = asyncio.Lock()
+            async with self._first:
+                if self.snapshot is None:
+                    self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+        if self._task is None or self._task.done():
+            self.loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._refresh())
+        return self.snapshot
+
+    def request_refresh(self) -> None:
+        """Reload soon rather than at the next interval (callable from any thread)."""
+        if self.loop is not None and self._wake is not None:
+            self.loop.call_soon_threadsafe(self._wake.set)
+
+    async def _refresh(self) -> None:
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), settings.MSHIP_ROUTE_REFRESH_S)
+            self._wake.clear()
+            try:
+                self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+            except Exception:  # a database hiccup keeps the last good view
+                log.exception("could not refresh the route table")
+                await sync_to_async(close_old_connections, thread_sensitive=False)()
+
+
+catalog = Catalog()

@@ -1,0 +1,253 @@
+"""The one streaming forwarder, shared by /v1 and /ondemand.
+
+One pooled aiohttp session per engine. The request goes up with the caller's secrets and
+hop-by-hop headers removed and `Accept-Encoding: identity`; the engine's status, headers
+(less hop-by-hop, Server and Date) and bytes come back chunk by chunk, unbuffered and
+unparsed. A caller that hangs up cancels the upstream request, so the engine sees its
+connection close. A streaming request whose engine has not answered within the keepalive
+interval gets its SSE headers and comment keepalives; an error after that point arrives as
+`data: {"error": ...}` then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from django.conf import settings
+
+from openai_api.errors import GatewayError, error_body
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+}
+# Never sent to an engine: the caller's secrets, its address as a proxy saw it, and ours.
+REQUEST_DROP = HOP_BY_HOP | {
+    "authorization",
+    "x-api-key",
+    "cookie",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-real-ip",
+}
+RESPONSE_DROP = HOP_BY_HOP | {"server", "date"}
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dict[str, str]:
+    named_in_connection = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    out: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1").lower()
+        if name in REQUEST_DROP or name in named_in_connection:
+            continue
+        out[name] = raw_value.decode("latin-1")
+    out["accept-encoding"] = "identity"
+    out["x-request-id"] = request_id
+    return out
+
+
+def downstream_headers(
+    response: aiohttp.ClientResponse, request_id: str
+) -> list[tuple[bytes, bytes]]:
+    named_in_connection = {
+        token.strip().lower() for token in response.headers.get("connection", "").split(",")
+    }
+    headers = [
+        (name.lower(), value)
+        for name, value in response.raw_headers
+        if name.decode("latin-1").lower() not in RESPONSE_DROP | named_in_connection
+        and name.lower() != b"x-request-id"
+    ]
+    headers.append((b"x-request-id", request_id.encode()))
+    return headers
+
+
+class Forwarder:
+    def __init__(self) -> None:
+        self.sessions: dict[str, aiohttp.ClientSession] = {}
+
+    def session(self, base_url: str) -> aiohttp.ClientSession:
+        session = self.sessions.get(base_url)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=256, limit_per_host=256, keepalive_timeout=30)
+            # connect: waiting for a pooled connection plus making one; no read timeout,
+            # since generation can be long.
+            timeout = aiohttp.ClientTimeout(total=None, connect=60, sock_connect=10)
+            session = aiohttp.ClientSession(
+                base_url=None, connector=connector, timeout=timeout, auto_decompress=False
+            )
+            self.sessions[base_url] = session
+        return session
+
+    async def forward(
+        self,
+        *,
+        receive: Receive,
+        send: Send,
+        method: str,
+        url: str,
+        base_url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        request_id: str,
+        streaming: bool,
+    ) -> None:
+        """Forward one request and its answer; returns when the answer is sent or the
+        caller has gone."""
+        relay = asyncio.ensure_future(
+            self._relay(send, method, url, base_url, body, headers, request_id, streaming)
+        )
+        hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({relay, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            if relay in done:
+                relay.result()  # surface its errors
+        finally:
+            for task in (relay, hangup):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(relay, hangup, return_exceptions=True)
+
+    async def _relay(
+        self,
+        send: Send,
+        method: str,
+        url: str,
+        base_url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        request_id: str,
+        streaming: bool,
+    ) -> None:
+        session = self.session(base_url)
+        pending = asyncio.ensure_future(
+            session.request(
+                method,
+                url,
+                data=body,
+                headers=upstream_headers(headers, request_id),
+                allow_redirects=False,
+            )
+        )
+        keepalive = settings.MSHIP_SSE_KEEPALIVE_S if streaming else None
+        committed = False  # SSE headers already sent, for keepalives
+        try:
+            while True:
+                try:
+                    response = await asyncio.wait_for(asyncio.shield(pending), keepalive)
+                    break
+                except TimeoutError:
+                    if not committed:
+                        start = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+                        await send({"type": "http.response.start", "status": 200, "headers": start})
+                        committed = True
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b": keepalive\n\n",
+                            "more_body": True,
+                        }
+                    )
+        except aiohttp.ClientError as exc:
+            message = f"The engine could not be reached: {exc.__class__.__name__}: {exc}"
+            if committed:
+                await _send_sse_error(send, 502, message, "upstream_error")
+                return
+            raise GatewayError(502, message, "upstream_error") from exc
+        except BaseException:
+            pending.cancel()
+            raise
+        try:
+            if committed:
+                await self._relay_after_keepalive(send, response)
+            else:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status,
+                        "headers": downstream_headers(response, request_id),
+                    }
+                )
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except aiohttp.ClientError as exc:
+            # The engine went away mid-answer: end the answer where it broke.
+            log.warning("engine stream broke: %s", exc)
+            response.close()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        except BaseException:
+            # The caller hung up: close the engine's connection so it stops generating.
+            response.close()
+            raise
+        response.release()
+
+    async def _relay_after_keepalive(self, send: Send, response: aiohttp.ClientResponse) -> None:
+        if response.status != 200:
+            raw = await response.read()
+            try:
+                message = json.loads(raw)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = raw.decode(errors="replace")[:500] or f"engine answered {response.status}"
+            await _send_sse_error(send, response.status, message, "upstream_error")
+            return
+        async for chunk in response.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def close(self) -> None:
+        for session in self.sessions.values():
+            await session.close()
+        self.sessions.clear()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _send_sse_error(send: Send, status: int, message: str, code: str) -> None:
+    payload = error_body(status, message, code)
+    await send(
+        {"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True}
+    )
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+forwarder = Forwarder()

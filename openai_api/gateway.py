@@ -1,0 +1,232 @@
+"""The public OpenAI-compatible gateway: a raw ASGI application for /v1 (and /rerank,
+/score), ahead of Django's middleware and URL stack.
+
+A request is authenticated and routed from the in-memory catalog (no query), then handed to
+the dispatcher for an engine and to the forwarder for the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from django.conf import settings
+
+from modelship_site.request_id import make_request_id
+from openai_api.auth import authenticate, last_used, rate_limiter
+from openai_api.catalog import Route, Snapshot, catalog
+from openai_api.dispatch import dispatcher
+from openai_api.errors import GatewayError
+from openai_api.forwarder import forwarder
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+# The inference endpoints, as paths under /v1.
+TRAFFIC = frozenset(
+    {
+        "chat/completions",
+        "completions",
+        "embeddings",
+        "messages",
+        "responses",
+        "audio/transcriptions",
+        "audio/translations",
+        "audio/speech",
+        "images/generations",
+        "images/edits",
+        "rerank",
+        "score",
+    }
+)
+UNVERSIONED = {"/rerank": "rerank", "/score": "score"}
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Exchange:
+    """One request's plumbing: its headers, its id, and whether its answer has started."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._send = send
+        self.raw_headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
+        self.headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers
+        }
+        self.request_id = make_request_id(self.headers.get("x-request-id"))
+        self.started = False
+        origin = self.headers.get("origin")
+        allowed = settings.MSHIP_CORS_ORIGINS
+        self.cors_origin = origin if origin and ("*" in allowed or origin in allowed) else None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            if self.cors_origin:
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *self.cors_headers()],
+                }
+        await self._send(message)
+
+    def cors_headers(self) -> list[tuple[bytes, bytes]]:
+        assert self.cors_origin is not None
+        return [
+            (b"access-control-allow-origin", self.cors_origin.encode()),
+            (b"access-control-expose-headers", b"x-request-id, retry-after"),
+            (b"vary", b"origin"),
+        ]
+
+    async def json(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", self.request_id.encode()),
+            *[(k.encode(), v.encode()) for k, v in (extra or {}).items()],
+        ]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def read_body(self) -> bytes:
+        limit = settings.MSHIP_MAX_BODY_BYTES
+        too_large = GatewayError(
+            413, f"The request body is larger than {limit} bytes.", "request_too_large"
+        )
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+
+async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    exchange = Exchange(scope, receive, send)
+    try:
+        await handle(exchange)
+    except GatewayError as exc:
+        if not exchange.started:
+            await exchange.json(exc.status, exc.body(), exc.headers)
+    except ClientGone:
+        pass
+
+
+async def handle(exchange: Exchange) -> None:
+    scope = exchange.scope
+    method, path = scope["method"], scope["path"]
+    if method == "OPTIONS":
+        return await preflight(exchange)
+    endpoint = UNVERSIONED.get(path) or (path[4:] if path.startswith("/v1/") else "")
+    snapshot = await catalog.current()
+    caller = authenticate(snapshot, exchange.headers)
+    if endpoint == "models" or endpoint.startswith("models/"):
+        if method not in ("GET", "HEAD"):
+            raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
+        return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
+    if endpoint not in TRAFFIC:
+        raise GatewayError(404, f"Unknown path {path}.", "not_found")
+    if method != "POST":
+        raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
+    body = await exchange.read_body()
+    name, streaming = requested_model(exchange.headers.get("content-type", ""), body)
+    route = snapshot.routes.get(name)
+    if route is None:
+        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
+    if caller.key is not None:
+        if not caller.key.may_use(route):
+            raise GatewayError(
+                403, f"This API key may not use the model {name!r}.", "model_not_allowed"
+            )
+        rate_limiter.check(caller.key)
+        last_used.touch(caller.key)
+    if endpoint not in route.endpoints:
+        raise GatewayError(
+            404,
+            f"The model {name!r} ({route.loader}, {route.usecase}) does not serve /v1/{endpoint}.",
+            "unsupported_endpoint",
+        )
+    query = scope.get("query_string", b"").decode("latin-1")
+    async with dispatcher.slot(route) as base_url:
+        await forwarder.forward(
+            receive=exchange.receive,
+            send=exchange.send,
+            method="POST",
+            url=base_url + path + (f"?{query}" if query else ""),
+            base_url=base_url,
+            body=body,
+            headers=exchange.raw_headers,
+            request_id=exchange.request_id,
+            streaming=streaming,
+        )
+
+
+def requested_model(content_type: str, body: bytes) -> tuple[str, bool]:
+    """The model a request names, and whether it asks for a stream."""
+    if content_type.startswith("multipart/form-data"):
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        )
+        for part in message.iter_parts():
+            if part.get_param("name", header="content-disposition") == "model":
+                return str(part.get_content()).strip(), False
+        raise GatewayError(400, "The form has no 'model' field.", "missing_model")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise GatewayError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+        raise GatewayError(400, "The body must be a JSON object with a 'model'.", "missing_model")
+    stream = data.get("stream") is True
+    return data["model"], stream
+
+
+async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) -> None:
+    visible = [r for r in snapshot.models if key is None or key.may_use(r)]
+
+    def card(route: Route, served: str) -> dict[str, Any]:
+        return {"id": served, "object": "model", "created": route.created, "owned_by": "modelship"}
+
+    if wanted:
+        route = snapshot.routes.get(wanted)
+        if route is None or route not in visible:
+            raise GatewayError(404, f"The model {wanted!r} does not exist.", "model_not_found")
+        body = card(route, wanted)
+    else:
+        data = [card(r, served) for r in visible for served in (r.name, *r.aliases)]
+        body = {"object": "list", "data": data}
+    await exchange.json(200, json.dumps(body).encode())
+
+
+async def preflight(exchange: Exchange) -> None:
+    if exchange.cors_origin is None:
+        raise GatewayError(403, "Cross-origin requests are not allowed here.", "cors_forbidden")
+    headers = [
+        (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+        (
+            b"access-control-allow-headers",
+            exchange.headers.get(
+                "access-control-request-headers", "authorization, content-type"
+            ).encode(),
+        ),
+        (b"access-control-max-age", b"600"),
+        (b"x-request-id", exchange.request_id.encode()),
+    ]
+    await exchange.send({"type": "http.response.start", "status": 204, "headers": headers})
+    await exchange.send({"type": "http.response.body", "body": b""})

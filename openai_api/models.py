@@ -1,0 +1,48 @@
+"""API keys of the public /v1 gateway."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+
+KEY_PREFIX = "msk"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """A client's key: stored hashed, shown once; its visible prefix finds it."""
+
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked = models.BooleanField(default=False)
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="Served names or aliases this key may call; empty: all."
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Empty: no limit."
+    )
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({KEY_PREFIX}-{self.prefix}-…)"
+
+    @classmethod
+    def issue(cls, name: str, **fields: object) -> tuple[ApiKey, str]:
+        """Make a key; returns it with the full secret, which is never stored."""
+        prefix = secrets.token_hex(4)
+        secret = secrets.token_urlsafe(32)
+        key = cls.objects.create(
+            name=name, prefix=prefix, secret_hash=hash_secret(secret), **fields
+        )
+        return key, f"{KEY_PREFIX}-{prefix}-{secret}"
