@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 
@@ -18,7 +18,7 @@ def make_request_id(incoming: str | None) -> str:
     """Keep a caller's id when it is sane, so logs correlate across a proxy; else make one."""
     if incoming and _VALID.match(incoming):
         return incoming
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as a uuid4, at a fraction of the cost
 
 
 class RequestIdMiddleware:

@@ -127,19 +127,26 @@ class Forwarder:
     ) -> None:
         """Forward one request and its answer; returns when the answer is sent or the
         caller has gone."""
-        relay = asyncio.ensure_future(
-            self._relay(send, method, url, base_url, body, headers, request_id, streaming)
-        )
-        hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
+        # The relay runs in this task; a watcher cancels it when the caller hangs up.
+        relay = asyncio.current_task()
+        assert relay is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            await _wait_for_disconnect(receive)
+            gone = True
+            relay.cancel()
+
+        watcher = asyncio.create_task(watch())
         try:
-            done, _ = await asyncio.wait({relay, hangup}, return_when=asyncio.FIRST_COMPLETED)
-            if relay in done:
-                relay.result()  # surface its errors
+            await self._relay(send, method, url, base_url, body, headers, request_id, streaming)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            relay.uncancel()  # the caller's hang-up, not ours: nothing left to do
         finally:
-            for task in (relay, hangup):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(relay, hangup, return_exceptions=True)
+            watcher.cancel()
 
     async def _relay(
         self,
@@ -153,43 +160,22 @@ class Forwarder:
         streaming: bool,
     ) -> None:
         session = self.session(base_url)
-        pending = asyncio.ensure_future(
-            session.request(
-                method,
-                url,
-                data=body,
-                headers=upstream_headers(headers, request_id),
-                allow_redirects=False,
-            )
+        request = session.request(
+            method,
+            url,
+            data=body,
+            headers=upstream_headers(headers, request_id),
+            allow_redirects=False,
         )
-        keepalive = settings.MSHIP_SSE_KEEPALIVE_S if streaming else None
-        committed = False  # SSE headers already sent, for keepalives
         try:
-            while True:
-                try:
-                    response = await asyncio.wait_for(asyncio.shield(pending), keepalive)
-                    break
-                except TimeoutError:
-                    if not committed:
-                        start = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
-                        await send({"type": "http.response.start", "status": 200, "headers": start})
-                        committed = True
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": b": keepalive\n\n",
-                            "more_body": True,
-                        }
-                    )
+            if streaming:
+                response, committed = await self._await_with_keepalives(request, send, request_id)
+                if response is None:
+                    return  # the engine failed after keepalives; the error went as an event
+            else:
+                response, committed = await request, False
         except aiohttp.ClientError as exc:
-            message = f"The engine could not be reached: {exc.__class__.__name__}: {exc}"
-            if committed:
-                await _send_sse_error(send, 502, message, "upstream_error")
-                return
-            raise GatewayError(502, message, "upstream_error") from exc
-        except BaseException:
-            pending.cancel()
-            raise
+            raise GatewayError(502, unreachable(exc), "upstream_error") from exc
         try:
             if committed:
                 await self._relay_after_keepalive(send, response)
@@ -216,6 +202,35 @@ class Forwarder:
             raise
         response.release()
 
+    async def _await_with_keepalives(
+        self, request: Any, send: Send, request_id: str
+    ) -> tuple[aiohttp.ClientResponse | None, bool]:
+        """The engine's response, and whether SSE keepalives were sent while it had not come
+        (they commit the answer to 200 and SSE). A failure before the first keepalive
+        raises; after it, it is sent as an error event and the response is None."""
+        pending = asyncio.ensure_future(request)
+        committed = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=settings.MSHIP_SSE_KEEPALIVE_S)
+                if done:
+                    return pending.result(), committed
+                if not committed:
+                    start = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+                    await send({"type": "http.response.start", "status": 200, "headers": start})
+                    committed = True
+                await send(
+                    {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
+                )
+        except aiohttp.ClientError as exc:
+            if not committed:
+                raise
+            await _send_sse_error(send, 502, unreachable(exc), "upstream_error")
+            return None, True
+        finally:
+            if not pending.done():
+                pending.cancel()
+
     async def _relay_after_keepalive(self, send: Send, response: aiohttp.ClientResponse) -> None:
         if response.status != 200:
             raw = await response.read()
@@ -233,6 +248,10 @@ class Forwarder:
         for session in self.sessions.values():
             await session.close()
         self.sessions.clear()
+
+
+def unreachable(exc: Exception) -> str:
+    return f"The engine could not be reached: {exc.__class__.__name__}: {exc}"
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

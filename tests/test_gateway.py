@@ -323,3 +323,22 @@ def test_it_sends_keepalives_until_a_slow_engine_answers(
     assert lines[0] == ": keepalive"
     assert lines[-1] == "data: [DONE]"
     assert any(line.startswith("data: {") for line in lines)
+
+
+def test_it_spreads_requests_over_replicas_by_outstanding_requests(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    deployment = serving("pair", num_replicas=2, config={"tokens_per_second": 20})
+    sdk = client(gateway_url, api_key())
+    streams = [
+        sdk.chat.completions.create(
+            model="pair", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=40
+        )
+        for _ in range(4)
+    ]
+    for stream in streams:  # every stream has started on an engine
+        next(iter(stream))
+    running = [httpx.get(url + "/sim/stats").json()["running"] for url in deployment.engine_urls]
+    assert running == [2, 2]
+    for stream in streams:
+        stream.close()

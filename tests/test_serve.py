@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from deployments.models import Deployment, State
@@ -39,6 +40,21 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
         login = httpx.get(base + "/admin/login/")
         assert login.status_code == 200 and "Modelship" in login.text
+        # The printed key works with the openai SDK, through daphne.
+        key = (tmp_path / "var" / "api_key").read_text().strip()
+        assert f"with the key {key}" in (tmp_path / "serve.log").read_text()
+        sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+        assert {m.id for m in sdk.models.list()} >= {"sim-chat", "chat", "sim-embed"}
+        answer = sdk.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content
+        stream = sdk.chat.completions.create(
+            model="sim-chat", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        vectors = sdk.embeddings.create(model="sim-embed", input=["a", "b"]).data
+        assert len(vectors[0].embedding) == 32
         pids = [
             h["pid"]
             for d in Deployment.objects.filter(state=State.READY)

@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -21,6 +22,7 @@ from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import ensure_admin
 from deployments.models import Deployment, Mode, State
+from openai_api.dev_key import ensure_dev_key
 
 CHILD_GRACE_S = 15
 
@@ -55,6 +57,10 @@ class Command(BaseCommand):
             self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
             if password:
                 self.stdout.write(f"Sign in as {username!r} with password {password!r}")
+            self.stdout.write(
+                f"OpenAI-compatible API: {url}/v1  with the key {ensure_dev_key()}"
+                + ("  (authentication is off)" if not settings.MSHIP_AUTH else "")
+            )
             if options["models"]:
                 try:
                     call_command("deploy", file=options["models"], stdout=self.stdout)

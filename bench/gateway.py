@@ -1,0 +1,282 @@
+"""Benchmark: the /v1 gateway against the engine called directly and against the yardstick
+(a minimal aiohttp pass-through, bench/yardstick.py), under daphne and under uvicorn.
+
+Everything runs on this machine in one run: one simulated engine (no token pacing), the
+gateway and the yardstick as ASGI servers in their own processes, and the load from this
+process. Non-streaming: requests per second and p50/p99 latency at concurrency 1, 32, 256.
+Streaming: tokens per second over 8 concurrent streams from an engine paced at 1,000 tokens
+per second per stream (a fast real engine: the proxy must not slow it), and time to first
+token.
+
+    .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_up(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+@contextmanager
+def process(argv: list[str], env: dict[str, str], probe: str) -> Iterator[None]:
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_up(probe)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def server_argv(server: str, app: str, port: int) -> list[str]:
+    if server == "uvicorn":
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app,
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
+    return [sys.executable, "-m", "daphne", "-p", str(port), app]
+
+
+async def load(
+    url: str, headers: dict[str, str], concurrency: int, seconds: float
+) -> dict[str, float]:
+    latencies: list[float] = []
+    stop = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while time.monotonic() < stop:
+                began = time.perf_counter()
+                async with session.post(url, json=CHAT, headers=headers) as answer:
+                    await answer.read()
+                    assert answer.status == 200, answer.status
+                latencies.append(time.perf_counter() - began)
+
+        began = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.monotonic() - began
+    latencies.sort()
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+    }
+
+
+async def stream(url: str, headers: dict[str, str], streams: int, tokens: int) -> dict[str, float]:
+    body = {**CHAT, "model": "bench-stream", "stream": True, "max_tokens": tokens}
+    ttfts: list[float] = []
+    counted = 0
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> None:
+            nonlocal counted
+            began = time.perf_counter()
+            first = True
+            async with session.post(url, json=body, headers=headers) as answer:
+                async for line in answer.content:
+                    if (
+                        line.startswith(b"data: {")
+                        and b'"content": "' in line
+                        and b'"content": ""' not in line
+                    ):
+                        if first:
+                            ttfts.append(time.perf_counter() - began)
+                            first = False
+                        counted += 1
+
+        began = time.monotonic()
+        await asyncio.gather(*(one() for _ in range(streams)))
+        elapsed = time.monotonic() - began
+    return {"tokens_per_s": counted / elapsed, "ttft_ms": 1000 * statistics.median(ttfts)}
+
+
+def prepare_site(workdir: Path, engine_url: str, stream_url: str) -> tuple[dict[str, str], str]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
+        "MSHIP_VAR_DIR": str(workdir),
+        "DJANGO_SETTINGS_MODULE": "modelship_site.settings",
+    }
+    script = (
+        "import django; django.setup()\n"
+        "from django.core.management import call_command; call_command('migrate', verbosity=0)\n"
+        "from deployments.models import Deployment\n"
+        "from openai_api.models import ApiKey\n"
+        f"Deployment.objects.create(name='bench', model='m', loader='simulated', memory_gib=1,"
+        f" state='ready', engine_urls=['{engine_url}'])\n"
+        f"Deployment.objects.create(name='bench-stream', model='m', loader='simulated',"
+        f" memory_gib=1, state='ready', engine_urls=['{stream_url}'])\n"
+        "print(ApiKey.issue('bench')[1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return env, done.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--servers", default="daphne,uvicorn")
+    parser.add_argument("--concurrency", default="1,32,256")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results: dict[str, Any] = {}
+    engine_port, stream_port = free_port(), free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    stream_url = f"http://127.0.0.1:{stream_port}"
+
+    def engine(port: int, rate: float) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "deployments.engines.simulated",
+            "--model",
+            "bench",
+            "--served-model-name",
+            "bench",
+            "bench-stream",
+            "--port",
+            str(port),
+            "--config",
+            json.dumps({"tokens_per_second": rate}),
+        ]
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        process(engine(engine_port, 0), dict(os.environ), engine_url + "/health"),
+        process(engine(stream_port, 1000), dict(os.environ), stream_url + "/health"),
+    ):
+        env, key = prepare_site(Path(tmp), engine_url, stream_url)
+        auth = {"authorization": f"Bearer {key}"}
+        targets: list[tuple[str, str, str]] = [("direct", "direct", "")]
+        for server in args.servers.split(","):
+            targets.append((f"yardstick/{server}", "yardstick", server))
+            targets.append((f"gateway/{server}", "gateway", server))
+        for label, kind, server in targets:
+            headers = auth if kind == "gateway" else {}
+            row: dict[str, Any] = {}
+            with serving(kind, server, env, engine_url) as url:
+                asyncio.run(load(url + "/v1/chat/completions", headers, 4, 1.0))  # warm up
+                for c in levels:
+                    row[c] = asyncio.run(
+                        load(url + "/v1/chat/completions", headers, c, args.seconds)
+                    )
+            # The yardstick knows one engine: the streaming one gets its own instance.
+            with serving(kind, server, env, stream_url) as url:
+                asyncio.run(stream(url + "/v1/chat/completions", headers, 1, 10))  # warm up
+                row["stream"] = asyncio.run(stream(url + "/v1/chat/completions", headers, 8, 1000))
+            results[label] = row
+            print(label, json.dumps(row), flush=True)
+    report(results, levels)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+@contextmanager
+def serving(kind: str, server: str, env: dict[str, str], upstream: str) -> Iterator[str]:
+    """The base URL of a target: the engine itself, or an ASGI server in front of it."""
+    if kind == "direct":
+        yield upstream
+        return
+    port = free_port()
+    app = "bench.yardstick:app" if kind == "yardstick" else "modelship_site.asgi:application"
+    with process(
+        server_argv(server, app, port),
+        {**env, "YARDSTICK_UPSTREAM": upstream},
+        f"http://127.0.0.1:{port}/v1/models",
+    ):
+        yield f"http://127.0.0.1:{port}"
+
+
+def report(results: dict[str, Any], levels: list[int]) -> None:
+    print()
+    print(
+        "| target | "
+        + " | ".join(f"c={c} req/s | p50 ms | p99 ms" for c in levels)
+        + " | stream tok/s | TTFT ms |"
+    )
+    print("| --- " * (1 + 3 * len(levels) + 2) + "|")
+    for label, row in results.items():
+        cells = []
+        for c in levels:
+            r = row[c]
+            cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}"]
+        cells += [f"{row['stream']['tokens_per_s']:.0f}", f"{row['stream']['ttft_ms']:.1f}"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+    for label in results:
+        if not label.startswith("gateway/"):
+            continue
+        server = label.split("/")[1]
+        yard, gate = results[f"yardstick/{server}"], results[label]
+        ratios = ", ".join(
+            f"c={c}: {gate[c]['rps'] / yard[c]['rps']:.2f}x req/s, "
+            f"p50 {gate[c]['p50_ms'] / yard[c]['p50_ms']:.2f}x"
+            for c in levels
+        )
+        direct = results["direct"]["stream"]["tokens_per_s"]
+        print(
+            f"gateway/{server} against yardstick/{server}: {ratios}; streamed tokens "
+            f"{gate['stream']['tokens_per_s'] / direct:.2f}x direct, TTFT +"
+            f"{gate['stream']['ttft_ms'] - results['direct']['stream']['ttft_ms']:.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
