@@ -1,0 +1,399 @@
+"""The on-demand controller: slots, starts shared by every waiter, make-room, the idle
+reaper and start-failure backoff, as the on-demand seed's Controller section says.
+
+It runs in the gateway's event loop and drives a deployer through an async interface, so
+that the same state machine serves the real deployer (in threads) and a test's fake one. Its
+counters, timers and queue live in memory: nothing is persisted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from deployments.engine_metrics import Load
+from deployments.memory import InsufficientMemory
+from ondemand import errors
+from ondemand.clock import Clock
+from openai_api.errors import GatewayError
+
+STARTABLE = ("planned", "stopped", "failed")
+SLEEPING = ("stopped", "asleep", "stopping")
+BACKOFF_FIRST_S = 60.0
+BACKOFF_MAX_S = 900.0
+SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
+POLL_S = 15.0  # a waiter looks again at least this often
+SAMPLE_MAX_AGE_S = 60.0
+
+
+@dataclass(frozen=True)
+class View:
+    """What the controller reads of a deployment."""
+
+    id: int
+    name: str
+    state: str
+    on_demand: bool
+    need_gib: float
+    idle_timeout_s: float
+    pending_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    capacity_gib: float  # what on-demand deployments can ever use
+    free_gib: float
+
+
+class Deployer(Protocol):
+    async def view(self, deployment_id: int) -> View | None: ...
+
+    async def views(self) -> list[View]: ...
+
+    async def restart(self, deployment_id: int) -> None:
+        """Start it and return once the start has ended; InsufficientMemory when it does
+        not fit."""
+        ...
+
+    async def wake(self, deployment_id: int) -> None: ...
+
+    async def stop(
+        self, deployment_id: int, precheck: Callable[[View], bool], reason: str
+    ) -> bool: ...
+
+    async def budget(self) -> Budget: ...
+
+    async def load(self, deployment_id: int) -> tuple[float, Load] | None:
+        """The engine's last load sample and when it was taken (clock time)."""
+        ...
+
+
+@dataclass
+class Entry:
+    """The controller's memory of one deployment."""
+
+    inflight: int = 0
+    waiting: int = 0
+    queued: int = 0
+    last_request_at: float | None = None  # wall time, for status
+    idle_since: float = 0.0  # clock time the idle timer last restarted
+    attempt: asyncio.Task[str] | None = None
+    starting_for_request: bool = False
+    backoff_s: float = 0.0
+    backoff_until: float = 0.0
+    failure: str = ""
+
+
+@dataclass
+class Slot:
+    deployment_id: int
+    released: bool = field(default=False)
+
+
+class Controller:
+    def __init__(
+        self,
+        deployer: Deployer,
+        clock: Clock | None = None,
+        *,
+        queue_timeout_s: float = 900.0,
+        max_queued: int = 1000,
+    ) -> None:
+        self.deployer = deployer
+        self.clock = clock or Clock()
+        self.queue_timeout_s = queue_timeout_s
+        self.max_queued = max_queued
+        self.entries: dict[int, Entry] = {}
+        self.lock = asyncio.Lock()
+        self.changed = asyncio.Event()
+        self.last_stop_at = float("-inf")  # the last on-demand stop, for the settle grace
+
+    # --- notifications ---------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """Something changed (a state, a stop, a removal, the queue): every waiter looks."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def entry(self, deployment_id: int) -> Entry:
+        if deployment_id not in self.entries:
+            self.entries[deployment_id] = Entry(idle_since=self.clock.now())
+        return self.entries[deployment_id]
+
+    def waiting_total(self) -> int:
+        return sum(e.waiting for e in self.entries.values())
+
+    # --- slots -----------------------------------------------------------------------------
+
+    async def acquire(self, deployment_id: int, on_queued: Callable[[], Any] | None = None) -> Slot:
+        entry = self.entry(deployment_id)
+        view = await self.deployer.view(deployment_id)
+        if view is None:
+            raise errors.not_found(str(deployment_id))
+        if view.state == "ready":
+            return self._grant(deployment_id, entry)
+        if self.waiting_total() >= self.max_queued:
+            raise errors.queue_full()
+        deadline = self.clock.now() + self.queue_timeout_s
+        notified_queue = False
+        entry.waiting += 1
+        try:
+            while True:
+                view = await self.deployer.view(deployment_id)
+                if view is None:
+                    if entry.starting_for_request:
+                        raise errors.stopped(str(deployment_id))
+                    raise errors.not_found(str(deployment_id))
+                if view.state == "ready":
+                    return self._grant(deployment_id, entry)
+                now = self.clock.now()
+                if now >= deadline:
+                    raise errors.queue_timeout(view.name)
+                if now < entry.backoff_until:
+                    raise errors.start_failed(view.name, entry.failure)
+                if entry.attempt is None and (view.state in STARTABLE or view.state == "asleep"):
+                    entry.starting_for_request = True
+                    entry.attempt = asyncio.create_task(self._attempt(view))
+                if entry.attempt is None:
+                    # Starting by hand, stopping, switched: wait without starting it.
+                    await self.clock.wait(self.changed, min(POLL_S, deadline - now))
+                    continue
+                attempt = entry.attempt
+                try:
+                    outcome = await self._await_attempt(attempt, deadline - now)
+                finally:
+                    if attempt.done() and entry.attempt is attempt:
+                        entry.attempt = None
+                if outcome is None:
+                    continue  # still running: look again
+                if outcome == "failed":
+                    raise errors.start_failed(view.name, entry.failure)
+                if outcome == "stopped":
+                    entry.starting_for_request = False
+                    raise errors.stopped(view.name)
+                if outcome == "queued":
+                    if not notified_queue and on_queued is not None:
+                        notified_queue = True
+                        on_queued()
+                    entry.queued += 1
+                    try:
+                        # Until something changes (a stop, a state, the queue) or a while.
+                        timeout = min(POLL_S, deadline - self.clock.now())
+                        await self.clock.wait(self.changed, timeout)
+                    finally:
+                        entry.queued -= 1
+        finally:
+            entry.waiting -= 1
+            if entry.waiting == 0:
+                entry.starting_for_request = False
+
+    async def _await_attempt(self, attempt: asyncio.Task[str], timeout: float) -> str | None:
+        """The attempt's outcome once it ends; None when a change or the poll interval came
+        first. The attempt is shielded: a waiter that gives up never cancels it half-way."""
+        if not attempt.done():
+            finished: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(attempt))
+            woke: asyncio.Future[Any] = asyncio.ensure_future(
+                self.clock.wait(self.changed, min(POLL_S, timeout))
+            )
+            try:
+                await asyncio.wait({finished, woke}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woke.cancel()
+                if not finished.done():
+                    finished.cancel()
+            if not attempt.done():
+                return None
+        exc = attempt.exception()
+        if exc is not None:
+            raise exc
+        return attempt.result()
+
+    def _grant(self, deployment_id: int, entry: Entry) -> Slot:
+        entry.inflight += 1
+        entry.last_request_at = time.time()
+        entry.idle_since = self.clock.now()
+        entry.backoff_s, entry.backoff_until = 0.0, 0.0
+        return Slot(deployment_id)
+
+    def release(self, slot: Slot) -> None:
+        if slot.released:
+            return
+        slot.released = True
+        entry = self.entry(slot.deployment_id)
+        entry.inflight -= 1
+        entry.idle_since = self.clock.now()
+
+    # --- starts ----------------------------------------------------------------------------
+
+    async def _attempt(self, view: View) -> str:
+        """One start of a deployment, shared by all its waiters: ready, failed, stopped or
+        queued (no memory now); raises does_not_fit."""
+        entry = self.entry(view.id)
+        stopped_a_victim = False
+        try:
+            async with self.lock:
+                for _ in range(3):
+                    current = await self.deployer.view(view.id)
+                    if current is None:
+                        return "stopped"
+                    if current.state == "ready":
+                        return "ready"
+                    if entry.waiting == 0:
+                        return "nobody"  # everyone left: start nothing
+                    try:
+                        if current.state == "asleep":
+                            await self.deployer.wake(view.id)
+                        elif current.state in STARTABLE:
+                            await self.deployer.restart(view.id)
+                        else:
+                            return "stopped" if current.state == "stopping" else "queued"
+                    except InsufficientMemory as exc:
+                        made_room = await self._make_room(current, exc, stopped_a_victim)
+                        if not made_room:
+                            return "queued"
+                        stopped_a_victim = True
+                        continue
+                    return self._start_ended(view, await self.deployer.view(view.id))
+                return "queued"
+        finally:
+            self.notify()
+
+    def _start_ended(self, view: View, after: View | None) -> str:
+        entry = self.entry(view.id)
+        if after is None or after.state in ("stopped", "stopping"):
+            return "stopped"  # stopped or removed while starting: no backoff
+        if after.state == "ready":
+            entry.backoff_s, entry.backoff_until = 0.0, 0.0
+            entry.idle_since = self.clock.now()
+            return "ready"
+        if after.state == "failed":
+            entry.backoff_s = (
+                BACKOFF_FIRST_S if not entry.backoff_s else min(entry.backoff_s * 2, BACKOFF_MAX_S)
+            )
+            entry.backoff_until = self.clock.now() + entry.backoff_s
+            entry.failure = "the engine failed to start"
+            return "failed"
+        return "queued"
+
+    def reset_backoff(self, deployment_id: int) -> None:
+        """A mode switch or a changed configuration: start failures are forgiven."""
+        entry = self.entry(deployment_id)
+        entry.backoff_s, entry.backoff_until = 0.0, 0.0
+
+    # --- make room -------------------------------------------------------------------------
+
+    async def _make_room(self, view: View, exc: InsufficientMemory, after_victim: bool) -> bool:
+        """Stop idle on-demand deployments, least recently used first, until the shortfall
+        is covered; False (queue) when they cannot cover it. does_not_fit when the model
+        needs more than on-demand deployments can ever use."""
+        budget = await self.deployer.budget()
+        settling = self.clock.now() - self.last_stop_at < SETTLE_S
+        if view.need_gib > budget.capacity_gib + 1e-9 and not settling and not after_victim:
+            raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
+        victims = await self._victims(view.id, exc.shortfall_gib)
+        if victims is None:
+            return False
+        stopped = 0
+        for victim in victims:
+            if await self.deployer.stop(
+                victim.id, self._still_idle, f"Put to sleep to make room for {view.name}"
+            ):
+                stopped += 1
+                self.last_stop_at = self.clock.now()
+        self.notify()
+        if not stopped:
+            return False
+        # Freed memory may take a moment to show (a driver releasing it).
+        deadline = self.clock.now() + SETTLE_S
+        while (await self.deployer.budget()).free_gib + 1e-9 < view.need_gib:
+            if self.clock.now() >= deadline:
+                break
+            await self.clock.wait(asyncio.Event(), 1.0)
+        return True
+
+    async def _victims(self, for_id: int, shortfall: float) -> list[View] | None:
+        candidates = []
+        for other in await self.deployer.views():
+            if other.id != for_id and await self._idle(other):
+                candidates.append(other)
+        candidates.sort(key=lambda v: self.entry(v.id).idle_since)  # least recently used
+        chosen, covered = [], 0.0
+        for candidate in candidates:
+            if covered + 1e-9 >= shortfall:
+                break
+            if candidate.state == "asleep":
+                continue  # an asleep engine already holds nothing against the budget
+            chosen.append(candidate)
+            covered += candidate.need_gib
+        return chosen if covered + 1e-9 >= shortfall else None
+
+    async def _idle(self, view: View) -> bool:
+        """Idle by the seed's rules: on demand, ready or asleep, no slot in flight, idle for
+        its whole timeout, and a fresh load sample showing nothing running or waiting."""
+        if not self._still_idle(view):
+            return False
+        if view.state == "asleep":
+            return True
+        sample = await self.deployer.load(view.id)
+        if sample is None:
+            return False
+        taken_at, load = sample
+        return self.clock.now() - taken_at < SAMPLE_MAX_AGE_S and load.idle
+
+    def _still_idle(self, view: View) -> bool:
+        """The part of the idle rules the deployer's precheck re-checks on the fresh row,
+        with no await between it and the stop."""
+        entry = self.entry(view.id)
+        return (
+            view.on_demand
+            and view.pending_mode is None
+            and view.state in ("ready", "asleep")
+            and entry.inflight == 0
+            and entry.waiting == 0
+            and self.clock.now() - entry.idle_since >= view.idle_timeout_s
+        )
+
+    # --- reaper and status -----------------------------------------------------------------
+
+    async def reap_once(self) -> list[str]:
+        """Stop every on-demand deployment that is idle; returns the names stopped."""
+        stopped = []
+        for view in await self.deployer.views():
+            if view.state != "ready" or not await self._idle(view):
+                continue
+            minutes = round(view.idle_timeout_s / 60)
+            if await self.deployer.stop(
+                view.id, self._still_idle, f"Put to sleep after {minutes} min idle"
+            ):
+                stopped.append(view.name)
+                self.last_stop_at = self.clock.now()
+        if stopped:
+            self.notify()
+        return stopped
+
+    def status(self, view: View | None, deployment_id: int) -> dict[str, Any]:
+        entry = self.entry(deployment_id)
+        if entry.queued:
+            phase = "queued"
+        elif entry.attempt is not None and not entry.attempt.done():
+            phase = "starting_for_request"
+        elif entry.inflight:
+            phase = "serving"
+        elif view is None or view.state == "failed":
+            phase = "failed"
+        elif view.state in SLEEPING:
+            phase = "sleeping"
+        else:
+            phase = "idle"
+        return {
+            "inflight": entry.inflight,
+            "queued": entry.queued,
+            "last_request_at": entry.last_request_at,
+            "phase": phase,
+        }
+
+
+__all__ = ["Budget", "Controller", "Deployer", "GatewayError", "Slot", "View"]

@@ -1,0 +1,366 @@
+"""The on-demand controller as a state machine, against a fake deployer and a fake clock:
+every branch in seconds, with no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from deployments.engine_metrics import Load
+from deployments.memory import InsufficientMemory
+from ondemand.controller import Budget, Controller, Slot, View
+from openai_api.errors import GatewayError
+
+HOLDING = ("starting", "ready", "stopping")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleepers: list[tuple[float, asyncio.Future[Any]]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+        if event.is_set():
+            return True
+        timer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.sleepers.append((self.t + max(timeout, 0), timer))
+        woken: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
+        try:
+            done, _ = await asyncio.wait({timer, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            timer.cancel()
+        return woken in done and not woken.cancelled()
+
+    async def advance(self, seconds: float) -> None:
+        self.t += seconds
+        for at, timer in list(self.sleepers):
+            if at <= self.t and not timer.done():
+                timer.set_result(None)
+        self.sleepers = [(at, f) for at, f in self.sleepers if not f.done()]
+        await settle()
+
+
+async def settle() -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+class FakeDeployer:
+    """Deployments with states, a memory budget, and starts the test finishes by hand."""
+
+    def __init__(self, clock: FakeClock, capacity: float = 10.0) -> None:
+        self.clock = clock
+        self.capacity = capacity
+        self.rows: dict[int, View] = {}
+        self.always_on: set[int] = set()
+        self.gates: dict[int, asyncio.Future[str]] = {}
+        self.starts: list[str] = []
+        self.stops: list[tuple[str, str]] = []
+        self.loads: dict[int, tuple[float, Load]] = {}
+
+    def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
+        view = View(
+            id=id,
+            name=name,
+            state=state,
+            on_demand=kw.pop("on_demand", True),
+            need_gib=need,
+            idle_timeout_s=kw.pop("idle_timeout_s", 600.0),
+            **kw,
+        )
+        self.rows[id] = view
+        return view
+
+    def set_state(self, id: int, state: str) -> None:
+        self.rows[id] = replace(self.rows[id], state=state)
+
+    def held(self) -> float:
+        return sum(v.need_gib for v in self.rows.values() if v.state in HOLDING)
+
+    async def view(self, deployment_id: int) -> View | None:
+        return self.rows.get(deployment_id)
+
+    async def views(self) -> list[View]:
+        return list(self.rows.values())
+
+    async def restart(self, deployment_id: int) -> None:
+        await self._start(deployment_id)
+
+    async def wake(self, deployment_id: int) -> None:
+        await self._start(deployment_id)
+
+    async def _start(self, deployment_id: int) -> None:
+        view = self.rows[deployment_id]
+        free = self.capacity - self.held()
+        if view.need_gib > free:
+            raise InsufficientMemory(view.name, view.need_gib, free, self.capacity)
+        self.starts.append(view.name)
+        self.set_state(deployment_id, "starting")
+        gate = self.gates[deployment_id] = asyncio.get_running_loop().create_future()
+        outcome = await gate
+        if deployment_id in self.rows and self.rows[deployment_id].state == "starting":
+            self.set_state(deployment_id, outcome)
+
+    def finish(self, deployment_id: int, outcome: str = "ready") -> None:
+        self.gates.pop(deployment_id).set_result(outcome)
+
+    async def stop(self, deployment_id: int, precheck: Any, reason: str) -> bool:
+        view = self.rows[deployment_id]
+        if not precheck(view):
+            return False
+        self.set_state(deployment_id, "stopped")
+        self.stops.append((view.name, reason))
+        return True
+
+    async def budget(self) -> Budget:
+        pinned = sum(
+            v.need_gib for i, v in self.rows.items() if i in self.always_on and v.state in HOLDING
+        )
+        return Budget(capacity_gib=self.capacity - pinned, free_gib=self.capacity - self.held())
+
+    async def load(self, deployment_id: int) -> tuple[float, Load] | None:
+        return self.loads.get(deployment_id, (self.clock.now(), Load(0.0, 0.0)))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def deployer(clock: FakeClock) -> FakeDeployer:
+    return FakeDeployer(clock)
+
+
+@pytest.fixture
+def controller(deployer: FakeDeployer, clock: FakeClock) -> Controller:
+    return Controller(deployer, clock, queue_timeout_s=900, max_queued=100)  # type: ignore[arg-type]
+
+
+def acquiring(controller: Controller, id: int, **kw: Any) -> asyncio.Task[Slot]:
+    return asyncio.ensure_future(controller.acquire(id, **kw))
+
+
+async def code_of(task: asyncio.Task[Any]) -> str:
+    with pytest.raises(GatewayError) as failure:
+        await task
+    return failure.value.code
+
+
+async def test_it_grants_a_slot_at_once_when_ready(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    view = deployer.add(1, "a", 2, state="ready")
+    slot = await controller.acquire(1)
+    assert controller.status(view, 1)["phase"] == "serving"
+    controller.release(slot)
+    controller.release(slot)  # twice is harmless
+    assert controller.status(view, 1) | {"last_request_at": None} == {
+        "inflight": 0,
+        "queued": 0,
+        "last_request_at": None,
+        "phase": "idle",
+    }
+
+
+async def test_it_starts_a_model_once_for_a_burst_of_first_requests(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "a", 2)
+    waiters = [acquiring(controller, 1) for _ in range(50)]
+    await settle()
+    assert deployer.starts == ["a"]
+    assert controller.status(deployer.rows[1], 1)["phase"] == "starting_for_request"
+    deployer.finish(1)
+    slots = await asyncio.gather(*waiters)
+    assert len(slots) == 50 and deployer.starts == ["a"]
+    assert controller.entry(1).inflight == 50
+
+
+async def test_it_wakes_an_asleep_model(controller: Controller, deployer: FakeDeployer) -> None:
+    deployer.add(1, "a", 2, state="asleep")
+    waiter = acquiring(controller, 1)
+    await settle()
+    deployer.finish(1)
+    assert isinstance(await waiter, Slot)
+
+
+async def test_it_fails_waiters_and_backs_off_after_a_failed_start(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "a", 2)
+    waiters = [acquiring(controller, 1) for _ in range(3)]
+    await settle()
+    deployer.finish(1, "failed")
+    assert [await code_of(w) for w in waiters] == ["start_failed"] * 3
+    # Refused at once for 60 s, without a new start.
+    assert await code_of(acquiring(controller, 1)) == "start_failed"
+    assert deployer.starts == ["a"]
+    await clock.advance(61)
+    again = acquiring(controller, 1)
+    await settle()
+    deployer.finish(1, "failed")
+    assert await code_of(again) == "start_failed"
+    assert controller.entry(1).backoff_s == 120  # doubled
+    await clock.advance(121)
+    third = acquiring(controller, 1)
+    await settle()
+    deployer.finish(1)
+    await third
+    assert controller.entry(1).backoff_s == 0  # a success resets it
+
+
+async def test_it_tells_waiters_when_the_model_is_stopped_while_it_starts(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "a", 2)
+    waiter = acquiring(controller, 1)
+    await settle()
+    deployer.set_state(1, "stopped")  # an administrator's Stop
+    deployer.finish(1)
+    assert await code_of(waiter) == "ondemand_stopped"
+    assert controller.entry(1).backoff_s == 0  # not a start failure
+    retry = acquiring(controller, 1)
+    await settle()
+    assert deployer.starts == ["a", "a"]
+    deployer.finish(1)
+    await retry
+
+
+async def test_it_refuses_beyond_the_queue_limit(deployer: FakeDeployer, clock: FakeClock) -> None:
+    controller = Controller(deployer, clock, max_queued=2)  # type: ignore[arg-type]
+    deployer.add(1, "a", 2)
+    first, second = acquiring(controller, 1), acquiring(controller, 1)
+    await settle()
+    refused = acquiring(controller, 1)
+    assert await code_of(refused) == "ondemand_queue_full"
+    deployer.finish(1)
+    await asyncio.gather(first, second)
+
+
+async def test_it_says_does_not_fit_at_once_for_a_model_bigger_than_the_budget(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "pinned", 4, state="ready", on_demand=False)
+    deployer.always_on.add(1)
+    deployer.add(2, "huge", 7)
+    assert await code_of(acquiring(controller, 2)) == "does_not_fit"
+    assert deployer.starts == []
+
+
+async def test_it_makes_room_by_stopping_the_least_recently_used_idle_model(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "older", 4, state="ready")
+    deployer.add(2, "newer", 4, state="ready")
+    deployer.add(3, "busy", 2, state="ready")
+    controller.release(await controller.acquire(1))
+    await clock.advance(10)
+    controller.release(await controller.acquire(2))
+    busy = await controller.acquire(3)  # in flight: never a victim
+    await clock.advance(700)  # everyone idle past the timeout
+    deployer.add(4, "new", 4)
+    waiter = acquiring(controller, 4)
+    await settle()
+    assert deployer.stops == [("older", "Put to sleep to make room for new")]
+    deployer.finish(4)
+    await waiter
+    controller.release(busy)
+
+
+async def test_it_never_picks_a_model_that_is_not_idle_by_every_rule(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "recent", 3, state="ready")
+    deployer.add(2, "loaded", 3, state="ready")
+    deployer.add(3, "stale-sample", 3, state="ready")
+    await clock.advance(700)
+    controller.release(await controller.acquire(1))  # its idle timer restarts now
+    deployer.loads[2] = (clock.now(), Load(running=1, waiting=0))
+    deployer.loads[3] = (clock.now() - 120, Load(0, 0))  # older than 60 s
+    deployer.add(4, "new", 3)
+    queued: list[int] = []
+    waiter = acquiring(controller, 4, on_queued=lambda: queued.append(1))
+    await settle()
+    assert deployer.stops == [] and queued == [1]
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+
+
+async def test_it_queues_until_memory_is_freed_and_notifies_once(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "serving", 8, state="ready")
+    busy = await controller.acquire(1)
+    deployer.add(2, "waiting", 4)
+    notices: list[int] = []
+    waiter = acquiring(controller, 2, on_queued=lambda: notices.append(1))
+    await settle()
+    assert controller.status(deployer.rows[2], 2)["phase"] == "queued"
+    await clock.advance(15)  # it looks again, still no room
+    assert notices == [1] and not waiter.done()
+    controller.release(busy)
+    deployer.set_state(1, "stopped")  # an operator stops it; the change wakes the waiter
+    controller.notify()
+    await settle()
+    deployer.finish(2)
+    await waiter
+    assert notices == [1]
+
+
+async def test_it_times_out_a_request_that_waits_too_long(
+    deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    controller = Controller(deployer, clock, queue_timeout_s=60)  # type: ignore[arg-type]
+    deployer.add(1, "serving", 8, state="ready")
+    await controller.acquire(1)
+    deployer.add(2, "waiting", 4)
+    waiter = acquiring(controller, 2)
+    await settle()
+    for _ in range(5):
+        await clock.advance(15)
+    assert await code_of(waiter) == "ondemand_queue_timeout"
+
+
+async def test_it_starts_nothing_when_the_waiter_hung_up(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "first", 2)
+    deployer.add(2, "second", 2)
+    first = acquiring(controller, 1)
+    await settle()  # the first start holds the controller lock
+    second = acquiring(controller, 2)
+    await settle()  # the second's attempt waits for the lock
+    assert controller.entry(2).attempt is not None
+    second.cancel()  # its only waiter hangs up
+    with contextlib.suppress(asyncio.CancelledError):
+        await second
+    deployer.finish(1)
+    await first
+    await settle()
+    assert deployer.starts == ["first"]  # the abandoned attempt started nothing
+
+
+async def test_it_reaps_idle_models_and_leaves_busy_ones(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "idle", 2, state="ready", idle_timeout_s=300)
+    deployer.add(2, "busy", 2, state="ready", idle_timeout_s=300)
+    deployer.add(3, "pinned", 2, state="ready", on_demand=False, idle_timeout_s=300)
+    slot = await controller.acquire(2)
+    assert await controller.reap_once() == []  # nobody idle long enough yet
+    await clock.advance(301)
+    assert await controller.reap_once() == ["idle"]
+    assert deployer.stops == [("idle", "Put to sleep after 5 min idle")]
+    controller.release(slot)
+    await clock.advance(301)
+    assert await controller.reap_once() == ["busy"]
