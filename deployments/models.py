@@ -103,6 +103,10 @@ class Deployment(models.Model):
     engine_urls = models.JSONField(default=list, blank=True)
     runtime_handle = models.JSONField(default=dict, blank=True)
     running_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # The on-demand lease: a gateway that holds or just released slots keeps this in the
+    # future, and no stop of an on-demand deployment is approved before it passes. It is
+    # extended ahead of time, not per request, and a gateway that dies simply lets it lapse.
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

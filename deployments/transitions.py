@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,6 +39,14 @@ def transition(
             "updated": timezone.now(),
             **fields,
         }
+        if to == State.READY:
+            # The on-demand idle timer restarts when a deployment becomes ready.
+            idle = (
+                Deployment.objects.filter(pk=deployment.pk)
+                .values_list("idle_timeout_s", flat=True)
+                .first()
+            ) or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
+            updates.setdefault("lease_until", timezone.now() + timedelta(seconds=idle))
         if to in (State.READY, State.FAILED, State.STOPPED):
             # A mode switch that waited for this start is applied with the state it waited for.
             pending = (

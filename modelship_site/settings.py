@@ -140,7 +140,8 @@ REDIS_URL = env_str("REDIS_URL", "")
 
 Q_CLUSTER: dict[str, Any] = {
     "name": env_str("MSHIP_Q_NAME", "modelship"),
-    "workers": int(env_float("MSHIP_Q_WORKERS", 2)),
+    # One worker is mostly the on-demand reaper's (a pass every 15 s); the others start engines.
+    "workers": int(env_float("MSHIP_Q_WORKERS", 3)),
     # A start waits for the engine's health, so a task may run as long as the start timeout.
     "timeout": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 120,
     "retry": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 300,

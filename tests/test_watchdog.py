@@ -71,4 +71,5 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
         Schedule.MINUTES,
         1,
     )
-    assert Schedule.objects.count() == 1
+    assert Schedule.objects.get(name="modelship-ondemand-reaper").func == "ondemand.tasks.reap"
+    assert Schedule.objects.count() == 2

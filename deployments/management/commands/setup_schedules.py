@@ -11,6 +11,7 @@ from django_q.models import Schedule
 # is the finest interval it keeps reliably.
 SCHEDULES: dict[str, tuple[str, int]] = {
     "modelship-watchdog": ("deployments.tasks.watchdog", 1),
+    "modelship-ondemand-reaper": ("ondemand.tasks.reap", 1),
 }
 
 

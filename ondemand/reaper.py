@@ -1,0 +1,63 @@
+"""The idle reaper, as it runs in the django-q cluster: stops every on-demand deployment
+that is idle by the seed's rules, each stop approved under the row's lock only once the
+gateways' lease has lapsed."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+from django.utils import timezone
+
+from deployments import audit, deployer
+from deployments.engine_metrics import read_load
+from deployments.loaders import get_loader
+from deployments.models import Deployment, Mode, State
+from deployments.runtimes import EngineUnreachable
+from ondemand.lease import lapsed
+
+log = logging.getLogger(__name__)
+ACTOR = "ondemand"
+
+
+def idle_by_load(client: httpx.Client, deployment: Deployment) -> bool:
+    """Every replica's engine reports nothing running or waiting (a sample taken now)."""
+    loader = get_loader(deployment.loader)
+    for url in deployment.engine_urls:
+        load = read_load(client, url, loader)
+        if load is None or not load.idle:
+            return False
+    return bool(deployment.engine_urls)
+
+
+def approve(row: Deployment) -> bool:
+    """The precheck, on the freshly read, locked row: still on demand, ready, no mode switch
+    waiting, and no gateway's lease."""
+    return (
+        row.effective_mode == Mode.ON_DEMAND
+        and row.state == State.READY
+        and row.pending_mode is None
+        and lapsed(row, timezone.now())
+    )
+
+
+def reap_once() -> list[str]:
+    stopped = []
+    candidates = Deployment.objects.filter(
+        mode=Mode.ON_DEMAND, system=False, state=State.READY, pending_mode__isnull=True
+    )
+    with httpx.Client(timeout=5.0) as client:
+        for deployment in candidates:
+            if not lapsed(deployment) or not idle_by_load(client, deployment):
+                continue
+            minutes = round(deployment.effective_idle_timeout_s / 60)
+            text = f"Put to sleep after {minutes} min idle"
+            try:
+                if not deployer.stop(deployment.pk, precheck=approve, actor=ACTOR, reason=text):
+                    continue
+            except EngineUnreachable as exc:
+                log.warning("%s: not reaped: %s", deployment.name, exc)
+                continue
+            audit.record("ondemand_sleep", deployment, actor=ACTOR, text=text)
+            stopped.append(deployment.name)
+    return stopped

@@ -1,0 +1,144 @@
+"""The reaper in a process of its own against the lease a gateway holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from deployments import deployer
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from ondemand.lease import extend
+from tests.conftest import REPO, env_for_subprocess, in_thread
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def reap(site: Any) -> str:
+    env = env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR))
+    done = subprocess.run(
+        [sys.executable, "manage.py", "reap_ondemand"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout.strip()
+
+
+def test_it_waits_for_the_lease_then_puts_an_idle_model_to_sleep(
+    make_deployment: Any, site: Any
+) -> None:
+    lazy = make_deployment("lazy", mode="on_demand", idle_timeout_s=60)
+    deployer.restart(lazy.pk)
+    lazy.refresh_from_db()
+    # Becoming ready restarted the idle timer: a full timeout of lease.
+    assert lazy.lease_until is not None
+    assert lazy.lease_until > timezone.now() + timedelta(seconds=55)
+    assert reap(site) == "stopped: -"
+    Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now())
+    assert reap(site) == "stopped: lazy"
+    lazy.refresh_from_db()
+    assert lazy.state == State.STOPPED
+    event = DeploymentEvent.objects.filter(deployment=lazy, kind="stopped").get()
+    assert (event.text, event.actor) == ("Put to sleep after 1 min idle", "ondemand")
+    entry = AuditEntry.objects.get(action="ondemand_sleep")
+    assert (entry.actor, entry.user, entry.text) == (
+        "ondemand",
+        None,
+        "Put to sleep after 1 min idle",
+    )
+
+
+def test_it_leaves_a_model_whose_engine_is_busy_or_that_is_always_on(
+    make_deployment: Any, site: Any
+) -> None:
+    busy = make_deployment("busy", mode="on_demand", config={"tokens_per_second": 10})
+    pinned = make_deployment("pinned")
+    for deployment in (busy, pinned):
+        deployer.restart(deployment.pk)
+    Deployment.objects.update(lease_until=timezone.now())
+    busy.refresh_from_db()
+    body = {
+        "model": "busy",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "max_tokens": 100,
+    }
+    with httpx.stream("POST", busy.engine_url + "/v1/chat/completions", json=body) as answer:
+        lines = answer.iter_lines()
+        next(lines)
+        assert reap(site) == "stopped: -"
+    assert Deployment.objects.get(pk=busy.pk).state == State.READY
+    assert Deployment.objects.get(pk=pinned.pk).state == State.READY
+
+
+def test_it_refuses_a_lease_once_a_stop_was_approved(make_deployment: Any) -> None:
+    lazy = make_deployment("lazy", mode="on_demand")
+    deployer.restart(lazy.pk)
+    assert extend(lazy.pk, 60) is not None
+    deployer.stop(lazy.pk)
+    assert extend(lazy.pk, 60) is None
+
+
+def test_it_never_stops_an_engine_while_a_gateway_holds_its_lease(
+    make_deployment: Any, site: Any
+) -> None:
+    """Stress, across processes: a gateway loop takes short leases and uses the engine while
+    each is held; a reaper process reaps as fast as it can. No request inside a lease fails,
+    and the reaper does get its stops in between."""
+    lazy = make_deployment("stress", mode="on_demand", idle_timeout_s=60)
+    deployer.restart(lazy.pk)
+    env = env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR))
+    script = (
+        "import django, time; django.setup()\n"
+        "from ondemand.reaper import reap_once\n"
+        "stops, end = 0, time.monotonic() + 6\n"
+        "while time.monotonic() < end:\n"
+        "    stops += len(reap_once())\n"
+        "print(stops)\n"
+    )
+    reaper = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**env, "DJANGO_SETTINGS_MODULE": "modelship_site.settings"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    grants, failures, restarts, checked = 0, [], 0, 0
+    end = time.monotonic() + 6
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < end:
+            taken = time.monotonic()
+            until = extend(lazy.pk, 0.5)
+            if until is None:
+                # Stopped between two leases: start it again, as a request would.
+                worker = in_thread(deployer.restart, lazy.pk)
+                worker.join()
+                restarts += 1
+                continue
+            grants += 1
+            url = Deployment.objects.get(pk=lazy.pk).engine_url
+            # The engine idles inside the lease (its gauges say so), then serves again
+            # before the lease ends: only the lease keeps the reaper away meanwhile.
+            for pause in (0.0, 0.25):
+                time.sleep(pause)
+                if time.monotonic() - taken > 0.4:
+                    break  # too close to the end of the lease to prove anything
+                try:
+                    client.post(url + "/v1/completions", json={"model": "stress", "prompt": "x"})
+                    checked += 1
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc))
+            time.sleep(0.4)  # let the lease lapse so the reaper gets its chance
+    stops = int(reaper.communicate(timeout=60)[0].strip())
+    assert failures == []
+    assert grants > 3 and checked > grants and stops > 0 and restarts > 0
