@@ -248,6 +248,10 @@ MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
 MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
+# A request for a stopped on-demand model waits at most this long (its start included), and
+# at most this many requests wait at once.
+MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
+MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = Path(env_str("MSHIP_RUN_DIR", str(VAR_DIR / "run")))

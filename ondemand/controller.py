@@ -40,6 +40,7 @@ class View:
     need_gib: float
     idle_timeout_s: float
     pending_mode: str | None = None
+    urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Deployer(Protocol):
         """The engine's last load sample and when it was taken (clock time)."""
         ...
 
+    async def hold(self, deployment_id: int, seconds: float) -> bool:
+        """Hold the deployment's lease for `seconds` while it is ready; False when a stop
+        was approved first (see ondemand/lease.py)."""
+        ...
+
 
 @dataclass
 class Entry:
@@ -85,12 +91,18 @@ class Entry:
     backoff_s: float = 0.0
     backoff_until: float = 0.0
     failure: str = ""
+    lease_until: float = float("-inf")  # clock time our lease on the row runs out
 
 
 @dataclass
 class Slot:
     deployment_id: int
+    urls: tuple[str, ...] = ()
     released: bool = field(default=False)
+
+
+LEASE_EXTRA_S = 30.0  # a lease runs this long past the idle timeout
+LEASE_RENEW_S = 15.0  # and is renewed when less than this is left of that extra
 
 
 class Controller:
@@ -128,13 +140,27 @@ class Controller:
 
     # --- slots -----------------------------------------------------------------------------
 
-    async def acquire(self, deployment_id: int, on_queued: Callable[[], Any] | None = None) -> Slot:
+    async def acquire(
+        self,
+        deployment_id: int,
+        on_queued: Callable[[], Any] | None = None,
+        hint: View | None = None,
+    ) -> Slot:
+        """A slot on a ready deployment: at once, or after starting it, making room for it
+        or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
+        table): while our lease holds, a ready hint is granted with no database access."""
         entry = self.entry(deployment_id)
+        if hint is not None and hint.state == "ready":
+            slot = await self._grant(hint, entry)
+            if slot is not None:
+                return slot
         view = await self.deployer.view(deployment_id)
         if view is None:
             raise errors.not_found(str(deployment_id))
         if view.state == "ready":
-            return self._grant(deployment_id, entry)
+            slot = await self._grant(view, entry)
+            if slot is not None:
+                return slot
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
         deadline = self.clock.now() + self.queue_timeout_s
@@ -148,7 +174,10 @@ class Controller:
                         raise errors.stopped(str(deployment_id))
                     raise errors.not_found(str(deployment_id))
                 if view.state == "ready":
-                    return self._grant(deployment_id, entry)
+                    slot = await self._grant(view, entry)
+                    if slot is not None:
+                        return slot
+                    continue  # a stop was approved first: look again
                 now = self.clock.now()
                 if now >= deadline:
                     raise errors.queue_timeout(view.name)
@@ -211,12 +240,36 @@ class Controller:
             raise exc
         return attempt.result()
 
-    def _grant(self, deployment_id: int, entry: Entry) -> Slot:
+    async def _grant(self, view: View, entry: Entry) -> Slot | None:
+        """A slot, once the lease covers the idle timeout that starts now; None when the
+        lease was refused (a stop of this deployment was approved first)."""
+        if not await self._hold(view, entry):
+            return None
         entry.inflight += 1
         entry.last_request_at = time.time()
         entry.idle_since = self.clock.now()
         entry.backoff_s, entry.backoff_until = 0.0, 0.0
-        return Slot(deployment_id)
+        return Slot(view.id, view.urls)
+
+    async def _hold(self, view: View, entry: Entry) -> bool:
+        needed = self.clock.now() + view.idle_timeout_s + LEASE_EXTRA_S - LEASE_RENEW_S
+        if entry.lease_until >= needed:
+            return True  # no database write: the lease already covers it
+        seconds = view.idle_timeout_s + LEASE_EXTRA_S
+        now = self.clock.now()
+        if not await self.deployer.hold(view.id, seconds):
+            entry.lease_until = float("-inf")
+            return False
+        entry.lease_until = now + seconds
+        return True
+
+    async def renew_leases(self) -> None:
+        """For slots that outlast their lease (long streams): run every LEASE_RENEW_S / 2."""
+        for deployment_id, entry in list(self.entries.items()):
+            if entry.inflight and entry.lease_until < self.clock.now() + LEASE_EXTRA_S:
+                view = await self.deployer.view(deployment_id)
+                if view is not None and view.state == "ready":
+                    await self._hold(view, entry)
 
     def release(self, slot: Slot) -> None:
         if slot.released:

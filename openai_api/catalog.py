@@ -35,6 +35,7 @@ class Route:
     on_demand: bool
     urls: tuple[str, ...]
     created: int
+    idle_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def load() -> Snapshot:
                 on_demand=d.is_on_demand,
                 urls=tuple(d.engine_urls or ()),
                 created=int(d.created.timestamp()),
+                idle_timeout_s=float(d.effective_idle_timeout_s),
             )
             models.append(route)
             for served in (d.name, *route.aliases):

@@ -21,6 +21,10 @@ class Dispatcher:
     @asynccontextmanager
     async def slot(self, route: Route) -> AsyncIterator[str]:
         """An engine base URL to send one request to, held until the answer is sent."""
+        if route.on_demand:
+            async with self.on_demand_slot(route) as url:
+                yield url
+            return
         if route.state != "ready" or not route.urls:
             kind = "on-demand" if route.on_demand else "always-on"
             raise GatewayError(
@@ -28,12 +32,47 @@ class Dispatcher:
                 f"The model {route.name!r} is not ready: the {kind} deployment is {route.state}.",
                 "model_not_ready",
             )
-        url = min(route.urls, key=lambda u: self.outstanding.get(u, 0))
+        async with self.replica(route.urls) as url:
+            yield url
+
+    @asynccontextmanager
+    async def replica(self, urls: tuple[str, ...]) -> AsyncIterator[str]:
+        """The replica with the fewest requests outstanding from this process."""
+        url = min(urls, key=lambda u: self.outstanding.get(u, 0))
         self.outstanding[url] = self.outstanding.get(url, 0) + 1
         try:
             yield url
         finally:
             self.outstanding[url] -= 1
+
+    @asynccontextmanager
+    async def on_demand_slot(self, route: Route) -> AsyncIterator[str]:
+        """A slot from the on-demand controller: it may start the model, make room for it
+        or queue; the slot is released after the last byte, on every path."""
+        from ondemand.controller import View
+        from ondemand.runtime import controller
+
+        hint = View(
+            id=route.deployment_id,
+            name=route.name,
+            state=route.state,
+            on_demand=True,
+            need_gib=0.0,
+            idle_timeout_s=route.idle_timeout_s,
+            urls=route.urls,
+        )
+        ctl = controller()
+        slot = await ctl.acquire(route.deployment_id, hint=hint)
+        try:
+            urls = slot.urls or route.urls
+            if not urls:
+                raise GatewayError(
+                    503, f"{route.name} has no engine address yet.", "model_not_ready"
+                )
+            async with self.replica(urls) as url:
+                yield url
+        finally:
+            ctl.release(slot)
 
 
 dispatcher = Dispatcher()

@@ -65,6 +65,7 @@ class FakeDeployer:
         self.starts: list[str] = []
         self.stops: list[tuple[str, str]] = []
         self.loads: dict[int, tuple[float, Load]] = {}
+        self.holds: list[int] = []
 
     def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
         view = View(
@@ -128,6 +129,11 @@ class FakeDeployer:
 
     async def load(self, deployment_id: int) -> tuple[float, Load] | None:
         return self.loads.get(deployment_id, (self.clock.now(), Load(0.0, 0.0)))
+
+    async def hold(self, deployment_id: int, seconds: float) -> bool:
+        self.holds.append(deployment_id)
+        view = self.rows.get(deployment_id)
+        return view is not None and view.state == "ready"
 
 
 @pytest.fixture

@@ -1,0 +1,119 @@
+"""The controller's deployer, for real: the deployments app, driven from the event loop.
+
+Reads and the deployer's blocking calls run in threads; none of it is on a granted
+request's path except the lease renewal, which the controller does ahead of time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.db import connection
+
+from deployments import audit, deployer
+from deployments.engine_metrics import Load, read_load
+from deployments.loaders import get_loader
+from deployments.memory import host_summary, need_gib
+from deployments.models import Deployment
+from ondemand import lease
+from ondemand.controller import Budget, View
+
+ACTOR = "ondemand"
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def run() -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+def view_of(row: Deployment) -> View:
+    return View(
+        id=row.pk,
+        name=row.name,
+        state=row.state,
+        on_demand=row.is_on_demand,
+        need_gib=need_gib(row),
+        idle_timeout_s=float(row.effective_idle_timeout_s),
+        pending_mode=row.pending_mode,
+        urls=tuple(row.engine_urls or ()),
+    )
+
+
+def _read(deployment_id: int) -> View | None:
+    row = Deployment.objects.filter(pk=deployment_id).first()
+    return None if row is None else view_of(row)
+
+
+def _budget() -> Budget:
+    host = host_summary()
+    return Budget(capacity_gib=host["on_demand_capacity_gib"], free_gib=host["free_gib"])
+
+
+def _restart(deployment_id: int) -> None:
+    row = deployer.restart(deployment_id, actor=ACTOR)
+    audit.record("ondemand_start", row, actor=ACTOR, text=f"started for a request: {row.state}")
+
+
+def _stop(deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
+    stopped = deployer.stop(
+        deployment_id, precheck=lambda row: precheck(view_of(row)), actor=ACTOR, reason=reason
+    )
+    if stopped:
+        row = Deployment.objects.filter(pk=deployment_id).first()
+        audit.record("ondemand_sleep", row, actor=ACTOR, text=reason)
+    return stopped
+
+
+class DjangoDeployer:
+    async def view(self, deployment_id: int) -> View | None:
+        return await in_thread(_read, deployment_id)
+
+    async def views(self) -> list[View]:
+        return await in_thread(lambda: [view_of(r) for r in Deployment.objects.all()])
+
+    async def restart(self, deployment_id: int) -> None:
+        await in_thread(_restart, deployment_id)
+
+    async def wake(self, deployment_id: int) -> None:
+        await in_thread(deployer.wake, deployment_id, actor=ACTOR)
+
+    async def stop(self, deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
+        return await in_thread(_stop, deployment_id, precheck, reason)
+
+    async def budget(self) -> Budget:
+        return await in_thread(_budget)
+
+    async def load(self, deployment_id: int) -> tuple[float, Load] | None:
+        view = await self.view(deployment_id)
+        if view is None or not view.urls:
+            return None
+        row_loader = await in_thread(
+            lambda: Deployment.objects.values_list("loader", flat=True).get(pk=deployment_id)
+        )
+
+        def sample() -> Load | None:
+            with httpx.Client(timeout=5.0) as client:
+                loads = [read_load(client, url, get_loader(row_loader)) for url in view.urls]
+            if any(load is None for load in loads):
+                return None
+            return Load(
+                running=sum(load.running for load in loads if load),
+                waiting=sum(load.waiting for load in loads if load),
+            )
+
+        taken = time.monotonic()
+        load = await sync_to_async(sample, thread_sensitive=False)()
+        return None if load is None else (taken, load)
+
+    async def hold(self, deployment_id: int, seconds: float) -> bool:
+        return await in_thread(lease.extend, deployment_id, seconds) is not None

@@ -1,0 +1,108 @@
+"""On-demand deployments called by name through /v1, with the official openai SDK: started
+by the first request, once for a burst, refused with the seed's codes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from tests.gateway_support import api_key, gateway_url, seen_by_gateway
+
+__all__ = ["api_key", "gateway_url"]  # fixtures
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+def on_demand(make_deployment: Any, site: Any, name: str, **fields: Any) -> Deployment:
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    deployment: Deployment = make_deployment(name, mode="on_demand", idle_timeout_s=60, **fields)
+    seen_by_gateway(lambda s: name in s.routes)
+    return deployment
+
+
+def sdk(gateway_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def ask(client: openai.OpenAI, model: str) -> str:
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}]
+    )
+    return str(answer.choices[0].message.content)
+
+
+def test_it_starts_a_stopped_model_on_its_first_request(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    lazy = on_demand(
+        make_deployment, site, "lazy", config={"reply": "woke up", "startup_delay_s": 0.5}
+    )
+    assert ask(sdk(gateway_url, api_key()), "lazy") == "woke up"
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+    assert lazy.lease_until is not None
+    start = AuditEntry.objects.get(action="ondemand_start")
+    assert (start.actor, start.user) == ("ondemand", None)
+    assert DeploymentEvent.objects.filter(
+        deployment=lazy, kind="starting", actor="ondemand"
+    ).exists()
+
+
+def test_it_starts_once_for_fifty_concurrent_first_requests(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    burst = on_demand(make_deployment, site, "burst", config={"startup_delay_s": 1})
+    client = sdk(gateway_url, api_key())
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        replies = list(pool.map(lambda _: ask(client, "burst"), range(50)))
+    assert len(replies) == 50 and all(replies)
+    assert DeploymentEvent.objects.filter(deployment=burst, kind="starting").count() == 1
+
+
+def test_it_refuses_a_model_that_cannot_fit_at_all(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    on_demand(make_deployment, site, "huge", memory_gib=9)  # the site has 8 GiB
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(sdk(gateway_url, api_key()), "huge")
+    assert (refused.value.status_code, refused.value.code) == (503, "does_not_fit")
+    assert Deployment.objects.get(name="huge").state == State.PLANNED
+
+
+def test_it_backs_off_after_a_failed_start(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    broken = on_demand(make_deployment, site, "broken", config={"fail_at_start": True})
+    client = sdk(gateway_url, api_key())
+    for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as failed:
+            ask(client, "broken")
+        assert (failed.value.status_code, failed.value.code) == (503, "start_failed")
+    # The second was refused by the backoff, without another start.
+    assert DeploymentEvent.objects.filter(deployment=broken, kind="starting").count() == 1
+
+
+def test_it_makes_room_by_putting_an_idle_model_to_sleep(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    from django.utils import timezone
+
+    first = on_demand(make_deployment, site, "first", memory_gib=5)
+    on_demand(make_deployment, site, "second", memory_gib=5)
+    client = sdk(gateway_url, api_key())
+    assert ask(client, "first")
+    # Long idle: in the controller's memory and on the row's lease.
+    from ondemand.runtime import _controllers
+
+    for ctl in _controllers.values():
+        ctl.entry(first.pk).idle_since -= 3600
+    Deployment.objects.filter(pk=first.pk).update(lease_until=timezone.now())
+    assert ask(client, "second")
+    first.refresh_from_db()
+    assert first.state == State.STOPPED
+    assert first.state_reason == "Put to sleep to make room for second"
