@@ -55,6 +55,12 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         vectors = sdk.embeddings.create(model="sim-embed", input=["a", "b"]).data
         assert len(vectors[0].embedding) == 32
+        # The on-demand example starts on its first request, through daphne.
+        lazy = sdk.chat.completions.create(
+            model="sim-on-demand", messages=[{"role": "user", "content": "hi"}], timeout=60
+        )
+        assert lazy.choices[0].message.content
+        assert Deployment.objects.get(name="sim-on-demand").state == State.READY
         pids = [
             h["pid"]
             for d in Deployment.objects.filter(state=State.READY)
