@@ -50,6 +50,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "usecase",
         "runtime",
         "mode_label",
+        "phase",
         "need",
         "engine",
         "state_changed_at",
@@ -94,6 +95,15 @@ class DeploymentAdmin(admin.ModelAdmin):
     def mode_label(self, obj: Deployment) -> str:
         label = "system" if obj.system else obj.effective_mode.replace("_", " ")
         return f"{label} → {obj.pending_mode.replace('_', ' ')}" if obj.pending_mode else label
+
+    @admin.display(description="on demand")
+    def phase(self, obj: Deployment) -> str:
+        from ondemand.status import status_of
+
+        status = status_of(obj)
+        if status is None:
+            return "—"
+        return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
 
     @admin.display(description="memory (GiB)")
     def need(self, obj: Deployment) -> str:

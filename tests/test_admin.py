@@ -27,6 +27,7 @@ def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: 
     assert "shown" in html
     assert ">planned</span>" in html
     assert "on demand" in html
+    assert "sleeping (0 in flight, 0 queued)" in html
     assert "Memory: 0.0 of 8.0 GiB held, 8.0 GiB free" in " ".join(html.split())
 
 

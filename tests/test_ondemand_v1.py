@@ -46,6 +46,13 @@ def test_it_starts_a_stopped_model_on_its_first_request(
     lazy.refresh_from_db()
     assert lazy.state == State.READY
     assert lazy.lease_until is not None
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+
+    staff = APIClient()
+    staff.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
+    shown = staff.get(f"/api/deployments/{lazy.pk}/").json()["ondemand"]
+    assert shown["phase"] == "idle" and shown["inflight"] == 0 and shown["last_request_at"]
     start = AuditEntry.objects.get(action="ondemand_start")
     assert (start.actor, start.user) == ("ondemand", None)
     assert DeploymentEvent.objects.filter(

@@ -28,6 +28,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     config_current = serializers.SerializerMethodField(
         help_text="False while the running engine has an older configuration."
     )
+    ondemand = serializers.SerializerMethodField(
+        help_text="On-demand deployments: inflight, queued, last_request_at and phase."
+    )
 
     class Meta:
         model = Deployment
@@ -40,12 +43,18 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "system",
             "need_gib",
             "config_current",
+            "ondemand",
             *STATE_FIELDS,
         )
         read_only_fields = STATE_FIELDS
 
     def get_need_gib(self, obj: Deployment) -> float:
         return round(need_gib(obj), 3)
+
+    def get_ondemand(self, obj: Deployment) -> dict[str, Any] | None:
+        from ondemand.status import status_of
+
+        return status_of(obj)
 
     def get_config_current(self, obj: Deployment) -> bool:
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)
