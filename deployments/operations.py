@@ -6,9 +6,12 @@ django-q cluster after the transaction commits; the caller answers without waiti
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from deployments import audit, tasks
 from deployments.deployer import CannotSleep
@@ -83,8 +86,14 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
         if needs_start and old == Mode.ON_DEMAND:
             Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
         else:
-            Deployment.objects.filter(pk=deployment.pk).update(mode=mode, pending_mode=None)
+            changes: dict[str, Any] = {"mode": mode, "pending_mode": None}
+            if mode == Mode.ON_DEMAND:
+                # The idle timer restarts when a deployment is switched to on demand.
+                idle = deployment.idle_timeout_s or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
+                changes["lease_until"] = timezone.now() + timedelta(seconds=idle)
+            Deployment.objects.filter(pk=deployment.pk).update(**changes)
         deployment.refresh_from_db()
+        forgive_start_failures(deployment.pk)
         audit.record(
             "ondemand_mode",
             deployment,
@@ -96,6 +105,15 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
             task = "wake" if deployment.state == State.ASLEEP else "start"
             tasks.enqueue(task, deployment.pk, audit.actor_of(user, None))
     return deployment
+
+
+def forgive_start_failures(deployment_id: int) -> None:
+    """A mode switch or a changed configuration resets the on-demand start backoff of the
+    controller in this process (the gateway's, when Modelship runs as one server)."""
+    from ondemand.runtime import _controllers
+
+    for controller in list(_controllers.values()):
+        controller.reset_backoff(deployment_id)
 
 
 def request_remove(deployment: Deployment, user: Any) -> str:

@@ -113,3 +113,29 @@ def test_it_makes_room_by_putting_an_idle_model_to_sleep(
     first.refresh_from_db()
     assert first.state == State.STOPPED
     assert first.state_reason == "Put to sleep to make room for second"
+
+
+def test_it_forgives_start_failures_after_a_mode_switch(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+
+    broken = on_demand(make_deployment, site, "flaky", config={"fail_at_start": True})
+    client = sdk(gateway_url, api_key())
+    with pytest.raises(openai.APIStatusError):
+        ask(client, "flaky")
+    # Fixed, and switched back and forth: the backoff no longer holds the next start.
+    Deployment.objects.filter(pk=broken.pk).update(config={"reply": "fixed"})
+    staff = APIClient()
+    staff.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
+    for mode in ("always_on", "on_demand"):
+        assert (
+            staff.patch(
+                f"/api/deployments/{broken.pk}/mode/", {"mode": mode}, format="json"
+            ).status_code
+            == 200
+        )
+    Deployment.objects.filter(pk=broken.pk).update(state="stopped", pending_mode=None)
+    seen_by_gateway(lambda s: s.routes["flaky"].state == "stopped")
+    assert ask(client, "flaky") == "fixed"

@@ -53,6 +53,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
                 before=before,
                 after=deployment.snapshot(),
             )
+            operations.forgive_start_failures(deployment.pk)
             running = deployment.running_fingerprint
             if running and running != deployment_fingerprint(deployment):
                 tasks.enqueue(
