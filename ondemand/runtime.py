@@ -10,6 +10,7 @@ from django.conf import settings
 
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import LEASE_RENEW_S, Controller
+from openai_api.catalog import catalog
 
 log = logging.getLogger(__name__)
 _controllers: dict[asyncio.AbstractEventLoop, Controller] = {}
@@ -18,6 +19,12 @@ _renewers: set[asyncio.Task[None]] = set()
 
 def controller() -> Controller:
     loop = asyncio.get_running_loop()
+    if loop in _controllers:
+        ctl = _controllers[loop]
+        # Settings are read per request, so a changed limit applies without a restart.
+        ctl.queue_timeout_s = settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S
+        ctl.max_queued = settings.MSHIP_ONDEMAND_MAX_QUEUED
+        return ctl
     if loop not in _controllers:
         ctl = Controller(
             DjangoDeployer(),
@@ -25,6 +32,9 @@ def controller() -> Controller:
             max_queued=settings.MSHIP_ONDEMAND_MAX_QUEUED,
         )
         _controllers[loop] = ctl
+        # A state change the route table sees (an operator's stop, a start elsewhere) wakes
+        # the requests waiting for memory or for a start.
+        catalog.listeners.append(ctl.notify)
         task = loop.create_task(_renew(ctl))
         _renewers.add(task)
         task.add_done_callback(_renewers.discard)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -105,6 +106,10 @@ def load() -> Snapshot:
     return Snapshot(routes=routes, models=tuple(models), keys=keys, loaded_at=time.monotonic())
 
 
+def states(snapshot: Snapshot) -> dict[int, tuple[str, tuple[str, ...]]]:
+    return {r.deployment_id: (r.state, r.urls) for r in snapshot.models}
+
+
 class Catalog:
     def __init__(self) -> None:
         self.snapshot: Snapshot | None = None
@@ -112,6 +117,9 @@ class Catalog:
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
+        # Called when a reload shows a deployment's state changed (the on-demand controller
+        # wakes its waiters on it).
+        self.listeners: list[Callable[[], None]] = []
 
     async def current(self) -> Snapshot:
         if self.snapshot is None:
@@ -138,7 +146,11 @@ class Catalog:
                 await asyncio.wait_for(self._wake.wait(), settings.MSHIP_ROUTE_REFRESH_S)
             self._wake.clear()
             try:
+                before = self.snapshot
                 self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                if before is None or states(before) != states(self.snapshot):
+                    for listener in list(self.listeners):
+                        listener()
             except Exception:  # a database hiccup keeps the last good view
                 log.exception("could not refresh the route table")
                 await sync_to_async(close_old_connections, thread_sensitive=False)()

@@ -7,8 +7,9 @@ on-demand deployments with the controller's acquire and release.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from openai_api.catalog import Route
 from openai_api.errors import GatewayError
@@ -19,10 +20,13 @@ class Dispatcher:
         self.outstanding: dict[str, int] = {}
 
     @asynccontextmanager
-    async def slot(self, route: Route) -> AsyncIterator[str]:
-        """An engine base URL to send one request to, held until the answer is sent."""
+    async def slot(
+        self, route: Route, on_queued: Callable[[], Any] | None = None
+    ) -> AsyncIterator[str]:
+        """An engine base URL to send one request to, held until the answer is sent.
+        `on_queued` is called once if the request has to wait for memory."""
         if route.on_demand:
-            async with self.on_demand_slot(route) as url:
+            async with self.on_demand_slot(route, on_queued) as url:
                 yield url
             return
         if route.state != "ready" or not route.urls:
@@ -46,7 +50,9 @@ class Dispatcher:
             self.outstanding[url] -= 1
 
     @asynccontextmanager
-    async def on_demand_slot(self, route: Route) -> AsyncIterator[str]:
+    async def on_demand_slot(
+        self, route: Route, on_queued: Callable[[], Any] | None = None
+    ) -> AsyncIterator[str]:
         """A slot from the on-demand controller: it may start the model, make room for it
         or queue; the slot is released after the last byte, on every path."""
         from ondemand.controller import View
@@ -62,7 +68,7 @@ class Dispatcher:
             urls=route.urls,
         )
         ctl = controller()
-        slot = await ctl.acquire(route.deployment_id, hint=hint)
+        slot = await ctl.acquire(route.deployment_id, on_queued=on_queued, hint=hint)
         try:
             urls = slot.urls or route.urls
             if not urls:

@@ -124,9 +124,13 @@ class Forwarder:
         headers: list[tuple[bytes, bytes]],
         request_id: str,
         streaming: bool,
+        committed: bool = False,
+        transform: Callable[[bytes], bytes] | None = None,
     ) -> None:
         """Forward one request and its answer; returns when the answer is sent or the
-        caller has gone."""
+        caller has gone. `committed`: SSE headers already went out (the engine's bytes
+        follow them; its errors become SSE error events). `transform`: the whole answer is
+        read, rewritten and sent with its new length (the queued notice)."""
         # The relay runs in this task; a watcher cancels it when the caller hangs up.
         relay = asyncio.current_task()
         assert relay is not None
@@ -140,7 +144,18 @@ class Forwarder:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self._relay(send, method, url, base_url, body, headers, request_id, streaming)
+            await self._relay(
+                send,
+                method,
+                url,
+                base_url,
+                body,
+                headers,
+                request_id,
+                streaming,
+                committed,
+                transform,
+            )
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -158,6 +173,8 @@ class Forwarder:
         headers: list[tuple[bytes, bytes]],
         request_id: str,
         streaming: bool,
+        committed: bool = False,
+        transform: Callable[[bytes], bytes] | None = None,
     ) -> None:
         session = self.session(base_url)
         request = session.request(
@@ -169,16 +186,20 @@ class Forwarder:
         )
         try:
             if streaming:
-                response, committed = await self._await_with_keepalives(request, send, request_id)
+                response, committed = await self._await_with_keepalives(
+                    request, send, request_id, committed
+                )
                 if response is None:
                     return  # the engine failed after keepalives; the error went as an event
             else:
-                response, committed = await request, False
+                response = await request
         except aiohttp.ClientError as exc:
             raise GatewayError(502, unreachable(exc), "upstream_error") from exc
         try:
             if committed:
                 await self._relay_after_keepalive(send, response)
+            elif transform is not None:
+                await self._relay_transformed(send, response, request_id, transform)
             else:
                 await send(
                     {
@@ -203,13 +224,12 @@ class Forwarder:
         response.release()
 
     async def _await_with_keepalives(
-        self, request: Any, send: Send, request_id: str
+        self, request: Any, send: Send, request_id: str, committed: bool
     ) -> tuple[aiohttp.ClientResponse | None, bool]:
         """The engine's response, and whether SSE keepalives were sent while it had not come
         (they commit the answer to 200 and SSE). A failure before the first keepalive
         raises; after it, it is sent as an error event and the response is None."""
         pending = asyncio.ensure_future(request)
-        committed = False
         try:
             while True:
                 done, _ = await asyncio.wait({pending}, timeout=settings.MSHIP_SSE_KEEPALIVE_S)
@@ -225,11 +245,29 @@ class Forwarder:
         except aiohttp.ClientError as exc:
             if not committed:
                 raise
-            await _send_sse_error(send, 502, unreachable(exc), "upstream_error")
+            await send_sse_error(send, 502, unreachable(exc), "upstream_error")
             return None, True
         finally:
             if not pending.done():
                 pending.cancel()
+
+    async def _relay_transformed(
+        self,
+        send: Send,
+        response: aiohttp.ClientResponse,
+        request_id: str,
+        transform: Callable[[bytes], bytes],
+    ) -> None:
+        raw = await response.read()
+        body = transform(raw) if response.status == 200 else raw
+        headers = [
+            (name, value)
+            for name, value in downstream_headers(response, request_id)
+            if name != b"content-length"
+        ]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay_after_keepalive(self, send: Send, response: aiohttp.ClientResponse) -> None:
         if response.status != 200:
@@ -238,7 +276,7 @@ class Forwarder:
                 message = json.loads(raw)["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = raw.decode(errors="replace")[:500] or f"engine answered {response.status}"
-            await _send_sse_error(send, response.status, message, "upstream_error")
+            await send_sse_error(send, response.status, message, "upstream_error")
             return
         async for chunk in response.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -261,7 +299,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def _send_sse_error(send: Send, status: int, message: str, code: str) -> None:
+async def send_sse_error(send: Send, status: int, message: str, code: str) -> None:
     payload = error_body(status, message, code)
     await send(
         {"type": "http.response.body", "body": b"data: " + payload + b"\n\n", "more_body": True}

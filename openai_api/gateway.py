@@ -16,11 +16,13 @@ from typing import Any
 from django.conf import settings
 
 from modelship_site.request_id import make_request_id
+from ondemand.notice import QueuedNotice
+from ondemand.notice import eligible as notice_eligible
 from openai_api.auth import authenticate, last_used, rate_limiter
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import forwarder
+from openai_api.forwarder import forwarder, send_sse_error
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -145,7 +147,7 @@ async def handle(exchange: Exchange) -> None:
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
     body = await exchange.read_body()
-    name, streaming = requested_model(exchange.headers.get("content-type", ""), body)
+    name, streaming, data = requested_model(exchange.headers.get("content-type", ""), body)
     route = snapshot.routes.get(name)
     if route is None:
         raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
@@ -163,29 +165,45 @@ async def handle(exchange: Exchange) -> None:
             "unsupported_endpoint",
         )
     query = scope.get("query_string", b"").decode("latin-1")
-    async with dispatcher.slot(route) as base_url:
-        await forwarder.forward(
-            receive=exchange.receive,
-            send=exchange.send,
-            method="POST",
-            url=base_url + path + (f"?{query}" if query else ""),
-            base_url=base_url,
-            body=body,
-            headers=exchange.raw_headers,
-            request_id=exchange.request_id,
-            streaming=streaming,
-        )
+    notice = None
+    if route.on_demand and notice_eligible(endpoint, data, streaming):
+        notice = QueuedNotice(exchange.send, endpoint, route.name, streaming, exchange.request_id)
+    try:
+        async with dispatcher.slot(route, notice.on_queued if notice else None) as base_url:
+            if notice is not None:
+                await notice.sent()  # the notice goes out before any byte of the engine's
+            await forwarder.forward(
+                receive=exchange.receive,
+                send=exchange.send,
+                method="POST",
+                url=base_url + path + (f"?{query}" if query else ""),
+                base_url=base_url,
+                body=body,
+                headers=exchange.raw_headers,
+                request_id=exchange.request_id,
+                streaming=streaming,
+                committed=notice is not None and notice.committed,
+                transform=notice.transform() if notice is not None else None,
+            )
+    except GatewayError as exc:
+        if notice is None:
+            raise
+        await notice.sent()
+        if not notice.committed:
+            raise
+        # The notice already opened the stream: the error comes as its last events.
+        await send_sse_error(exchange.send, exc.status, exc.message, exc.code)
 
 
-def requested_model(content_type: str, body: bytes) -> tuple[str, bool]:
-    """The model a request names, and whether it asks for a stream."""
+def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str, Any] | None]:
+    """The model a request names, whether it asks for a stream, and its JSON body."""
     if content_type.startswith("multipart/form-data"):
         message = BytesParser(policy=HTTP).parsebytes(
             b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
         )
         for part in message.iter_parts():
             if part.get_param("name", header="content-disposition") == "model":
-                return str(part.get_content()).strip(), False
+                return str(part.get_content()).strip(), False, None
         raise GatewayError(400, "The form has no 'model' field.", "missing_model")
     try:
         data = json.loads(body)
@@ -194,7 +212,7 @@ def requested_model(content_type: str, body: bytes) -> tuple[str, bool]:
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
         raise GatewayError(400, "The body must be a JSON object with a 'model'.", "missing_model")
     stream = data.get("stream") is True
-    return data["model"], stream
+    return data["model"], stream, data
 
 
 async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) -> None:

@@ -1,0 +1,142 @@
+"""The queued notice: a request that has to wait for memory is told so, where its client
+can take it, as the on-demand seed says.
+
+A streaming chat/completions or completions request gets 200 with SSE headers and one chunk
+(`id: "ondemand-queued"`, the served name, the notice as the assistant's content) as soon as
+it queues; the engine's SSE bytes follow unchanged, and a later error arrives as
+`data: {"error": ...}` then `data: [DONE]`. A non-streaming answer of a request that queued
+gets the notice prepended to its text. Responses and Anthropic messages streams, other
+endpoints and requests asking for structured output never get one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from openai_api.forwarder import SSE_HEADERS, Send
+
+STREAMED = {"chat/completions", "completions"}
+PLAIN = {"chat/completions", "completions", "responses"}
+STRUCTURED = (
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "structured_outputs",
+)
+
+
+def structured(data: dict[str, Any]) -> bool:
+    if any(data.get(key) is not None for key in STRUCTURED):
+        return True
+    if any(key.startswith("guided_") and value is not None for key, value in data.items()):
+        return True
+    text_format = (
+        (data.get("text") or {}).get("format") if isinstance(data.get("text"), dict) else None
+    )
+    return isinstance(text_format, dict) and text_format.get("type", "text") != "text"
+
+
+def eligible(endpoint: str, data: dict[str, Any] | None, streaming: bool) -> bool:
+    if data is None or structured(data):
+        return False
+    return endpoint in (STREAMED if streaming else PLAIN)
+
+
+def text_for(name: str) -> str:
+    return (
+        f"[{name} had to wait for memory to start; it is starting now and its answer follows.]\n\n"
+    )
+
+
+def chunk(endpoint: str, name: str) -> bytes:
+    created = int(time.time())
+    if endpoint == "completions":
+        body: dict[str, Any] = {
+            "id": "ondemand-queued",
+            "object": "text_completion",
+            "created": created,
+            "model": name,
+            "choices": [{"index": 0, "text": text_for(name), "finish_reason": None}],
+        }
+    else:
+        body = {
+            "id": "ondemand-queued",
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": text_for(name)},
+                    "finish_reason": None,
+                }
+            ],
+        }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def prepend(endpoint: str, name: str, raw: bytes) -> bytes:
+    """The engine's non-streaming answer with the notice in front of its text, or as it was
+    where there is no text to put it in front of."""
+    try:
+        body = json.loads(raw)
+        notice = text_for(name)
+        if endpoint == "chat/completions":
+            message = body["choices"][0]["message"]
+            if not isinstance(message.get("content"), str):
+                return raw  # a tool-call answer with null content is left alone
+            message["content"] = notice + message["content"]
+        elif endpoint == "completions":
+            body["choices"][0]["text"] = notice + body["choices"][0]["text"]
+        else:
+            item = next(i for i in body["output"] if i.get("type") == "message")
+            part = next(p for p in item["content"] if p.get("type") == "output_text")
+            part["text"] = notice + part["text"]
+    except (ValueError, KeyError, IndexError, TypeError, StopIteration):
+        return raw
+    return json.dumps(body).encode()
+
+
+class QueuedNotice:
+    """One request's notice: sent (streaming) or remembered (not) when it queues."""
+
+    def __init__(self, send: Send, endpoint: str, name: str, streaming: bool, request_id: str):
+        self.send = send
+        self.endpoint = endpoint
+        self.name = name
+        self.streaming = streaming
+        self.request_id = request_id
+        self.queued = False
+        self.committed = False  # SSE headers and the chunk are out
+        self.task: asyncio.Task[None] | None = None
+
+    def on_queued(self) -> None:
+        self.queued = True
+        if self.streaming and self.task is None:
+            self.task = asyncio.ensure_future(self._send_chunk())
+
+    async def _send_chunk(self) -> None:
+        start = [*SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
+        await self.send({"type": "http.response.start", "status": 200, "headers": start})
+        self.committed = True
+        await self.send(
+            {
+                "type": "http.response.body",
+                "body": chunk(self.endpoint, self.name),
+                "more_body": True,
+            }
+        )
+
+    async def sent(self) -> None:
+        if self.task is not None:
+            await self.task
+
+    def transform(self) -> Any:
+        if self.streaming or not self.queued:
+            return None
+        return lambda raw: prepend(self.endpoint, self.name, raw)
