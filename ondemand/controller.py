@@ -122,6 +122,8 @@ class Controller:
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()
         self.last_stop_at = float("-inf")  # the last on-demand stop, for the settle grace
+        # Called with a deployment's id when its in-flight or queued count changes.
+        self.on_counts: Callable[[int], None] | None = None
 
     # --- notifications ---------------------------------------------------------------------
 
@@ -129,6 +131,10 @@ class Controller:
         """Something changed (a state, a stop, a removal, the queue): every waiter looks."""
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def _counted(self, deployment_id: int) -> None:
+        if self.on_counts is not None:
+            self.on_counts(deployment_id)
 
     def entry(self, deployment_id: int) -> Entry:
         if deployment_id not in self.entries:
@@ -208,12 +214,14 @@ class Controller:
                         notified_queue = True
                         on_queued()
                     entry.queued += 1
+                    self._counted(deployment_id)
                     try:
                         # Until something changes (a stop, a state, the queue) or a while.
                         timeout = min(POLL_S, deadline - self.clock.now())
                         await self.clock.wait(self.changed, timeout)
                     finally:
                         entry.queued -= 1
+                        self._counted(deployment_id)
         finally:
             entry.waiting -= 1
             if entry.waiting == 0:
@@ -246,6 +254,7 @@ class Controller:
         if not await self._hold(view, entry):
             return None
         entry.inflight += 1
+        self._counted(view.id)
         entry.last_request_at = time.time()
         entry.idle_since = self.clock.now()
         entry.backoff_s, entry.backoff_until = 0.0, 0.0
@@ -278,6 +287,7 @@ class Controller:
         entry = self.entry(slot.deployment_id)
         entry.inflight -= 1
         entry.idle_since = self.clock.now()
+        self._counted(slot.deployment_id)
 
     # --- starts ----------------------------------------------------------------------------
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from django.conf import settings
 
 from ondemand.adapter import DjangoDeployer
-from ondemand.controller import LEASE_RENEW_S, Controller
+from ondemand.controller import LEASE_RENEW_S, Controller, View
+from ondemand.counters import CounterPublisher, channel_publisher
 from openai_api.catalog import catalog
 
 log = logging.getLogger(__name__)
@@ -35,10 +37,34 @@ def controller() -> Controller:
         # A state change the route table sees (an operator's stop, a start elsewhere) wakes
         # the requests waiting for memory or for a start.
         catalog.listeners.append(ctl.notify)
+        publisher = CounterPublisher(channel_publisher(lambda i: _status(ctl, i)))
+        ctl.on_counts = publisher.changed
         task = loop.create_task(_renew(ctl))
         _renewers.add(task)
         task.add_done_callback(_renewers.discard)
     return _controllers[loop]
+
+
+def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
+    route = next(
+        (
+            r
+            for r in (catalog.snapshot.models if catalog.snapshot else ())
+            if r.deployment_id == deployment_id
+        ),
+        None,
+    )
+    view = None
+    if route is not None:
+        view = View(
+            id=route.deployment_id,
+            name=route.name,
+            state=route.state,
+            on_demand=True,
+            need_gib=0.0,
+            idle_timeout_s=route.idle_timeout_s,
+        )
+    return ctl.status(view, deployment_id)
 
 
 async def _renew(ctl: Controller) -> None:

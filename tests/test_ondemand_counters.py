@@ -1,0 +1,45 @@
+"""Live on-demand counters on the channel layer: at most one message a second per
+deployment, the first at once, later changes folded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.layers import InMemoryChannelLayer
+
+from ondemand.counters import GROUP, CounterPublisher
+from tests.fake_clock import FakeClock, settle
+
+
+async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> None:
+    layer = InMemoryChannelLayer()
+    channel = await layer.new_channel()
+    await layer.group_add(GROUP, channel)
+    counts = {"inflight": 0}
+
+    async def publish(deployment_id: int) -> None:
+        await layer.group_send(
+            GROUP, {"type": "deployment.ondemand", "id": deployment_id, "ondemand": dict(counts)}
+        )
+
+    clock = FakeClock()
+    publisher = CounterPublisher(publish, clock)  # type: ignore[arg-type]
+    counts["inflight"] = 1
+    publisher.changed(7)
+    await settle()
+    first = await layer.receive(channel)
+    assert (first["id"], first["ondemand"]) == (7, {"inflight": 1})
+    for n in (2, 3, 4):  # three changes within the second: one message, with the last counts
+        counts["inflight"] = n
+        publisher.changed(7)
+    await clock.advance(0.5)
+    assert publisher.pending  # nothing sent yet
+    await clock.advance(0.5)
+    folded: dict[str, Any] = await layer.receive(channel)
+    assert folded["ondemand"] == {"inflight": 4}
+    assert not publisher.pending
+    await clock.advance(5)
+    counts["inflight"] = 0
+    publisher.changed(7)  # a second after the last: at once again
+    await settle()
+    assert (await layer.receive(channel))["ondemand"] == {"inflight": 0}
