@@ -12,7 +12,7 @@ from django.conf import settings
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import LEASE_RENEW_S, Controller, View
 from ondemand.counters import CounterPublisher, channel_publisher
-from openai_api.catalog import catalog
+from openai_api.catalog import Route, catalog
 
 log = logging.getLogger(__name__)
 _controllers: dict[asyncio.AbstractEventLoop, Controller] = {}
@@ -45,26 +45,23 @@ def controller() -> Controller:
     return _controllers[loop]
 
 
-def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
-    route = next(
-        (
-            r
-            for r in (catalog.snapshot.models if catalog.snapshot else ())
-            if r.deployment_id == deployment_id
-        ),
-        None,
+def view_of_route(route: Route) -> View:
+    """The controller's view of a deployment, from the gateway's route table (no query)."""
+    return View(
+        id=route.deployment_id,
+        name=route.name,
+        state=route.state,
+        on_demand=route.on_demand,
+        need_gib=0.0,  # only starts and make-room read it, and they read the row
+        idle_timeout_s=route.idle_timeout_s,
+        urls=route.urls,
     )
-    view = None
-    if route is not None:
-        view = View(
-            id=route.deployment_id,
-            name=route.name,
-            state=route.state,
-            on_demand=True,
-            need_gib=0.0,
-            idle_timeout_s=route.idle_timeout_s,
-        )
-    return ctl.status(view, deployment_id)
+
+
+def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
+    routes = catalog.snapshot.models if catalog.snapshot else ()
+    route = next((r for r in routes if r.deployment_id == deployment_id), None)
+    return ctl.status(None if route is None else view_of_route(route), deployment_id)
 
 
 async def _renew(ctl: Controller) -> None:

@@ -55,18 +55,9 @@ class Dispatcher:
     ) -> AsyncIterator[str]:
         """A slot from the on-demand controller: it may start the model, make room for it
         or queue; the slot is released after the last byte, on every path."""
-        from ondemand.controller import View
-        from ondemand.runtime import controller
+        from ondemand.runtime import controller, view_of_route
 
-        hint = View(
-            id=route.deployment_id,
-            name=route.name,
-            state=route.state,
-            on_demand=True,
-            need_gib=0.0,
-            idle_timeout_s=route.idle_timeout_s,
-            urls=route.urls,
-        )
+        hint = view_of_route(route)
         ctl = controller()
         slot = await ctl.acquire(route.deployment_id, on_queued=on_queued, hint=hint)
         try:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -95,6 +96,26 @@ def downstream_headers(
     return headers
 
 
+@dataclass(frozen=True)
+class Call:
+    """One request to forward.
+
+    `committed`: SSE headers already went out (the engine's bytes follow them; its errors
+    become SSE error events). `transform`: the whole answer is read, rewritten and sent with
+    its new length (the queued notice).
+    """
+
+    method: str
+    url: str
+    base_url: str
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    request_id: str
+    streaming: bool
+    committed: bool = False
+    transform: Callable[[bytes], bytes] | None = None
+
+
 class Forwarder:
     def __init__(self) -> None:
         self.sessions: dict[str, aiohttp.ClientSession] = {}
@@ -112,25 +133,9 @@ class Forwarder:
             self.sessions[base_url] = session
         return session
 
-    async def forward(
-        self,
-        *,
-        receive: Receive,
-        send: Send,
-        method: str,
-        url: str,
-        base_url: str,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]],
-        request_id: str,
-        streaming: bool,
-        committed: bool = False,
-        transform: Callable[[bytes], bytes] | None = None,
-    ) -> None:
+    async def forward(self, call: Call, receive: Receive, send: Send) -> None:
         """Forward one request and its answer; returns when the answer is sent or the
-        caller has gone. `committed`: SSE headers already went out (the engine's bytes
-        follow them; its errors become SSE error events). `transform`: the whole answer is
-        read, rewritten and sent with its new length (the queued notice)."""
+        caller has gone."""
         # The relay runs in this task; a watcher cancels it when the caller hangs up.
         relay = asyncio.current_task()
         assert relay is not None
@@ -144,18 +149,7 @@ class Forwarder:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self._relay(
-                send,
-                method,
-                url,
-                base_url,
-                body,
-                headers,
-                request_id,
-                streaming,
-                committed,
-                transform,
-            )
+            await self._relay(call, send)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -163,29 +157,18 @@ class Forwarder:
         finally:
             watcher.cancel()
 
-    async def _relay(
-        self,
-        send: Send,
-        method: str,
-        url: str,
-        base_url: str,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]],
-        request_id: str,
-        streaming: bool,
-        committed: bool = False,
-        transform: Callable[[bytes], bytes] | None = None,
-    ) -> None:
-        session = self.session(base_url)
+    async def _relay(self, call: Call, send: Send) -> None:
+        request_id, committed = call.request_id, call.committed
+        session = self.session(call.base_url)
         request = session.request(
-            method,
-            url,
-            data=body,
-            headers=upstream_headers(headers, request_id),
+            call.method,
+            call.url,
+            data=call.body,
+            headers=upstream_headers(call.headers, request_id),
             allow_redirects=False,
         )
         try:
-            if streaming:
+            if call.streaming:
                 response, committed = await self._await_with_keepalives(
                     request, send, request_id, committed
                 )
@@ -198,8 +181,8 @@ class Forwarder:
         try:
             if committed:
                 await self._relay_after_keepalive(send, response)
-            elif transform is not None:
-                await self._relay_transformed(send, response, request_id, transform)
+            elif call.transform is not None:
+                await self._relay_transformed(send, response, request_id, call.transform)
             else:
                 await send(
                     {

@@ -22,7 +22,7 @@ from openai_api.auth import authenticate, last_used, rate_limiter
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import forwarder, send_sse_error
+from openai_api.forwarder import Call, forwarder, send_sse_error
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -172,9 +172,7 @@ async def handle(exchange: Exchange) -> None:
         async with dispatcher.slot(route, notice.on_queued if notice else None) as base_url:
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's
-            await forwarder.forward(
-                receive=exchange.receive,
-                send=exchange.send,
+            call = Call(
                 method="POST",
                 url=base_url + path + (f"?{query}" if query else ""),
                 base_url=base_url,
@@ -185,6 +183,7 @@ async def handle(exchange: Exchange) -> None:
                 committed=notice is not None and notice.committed,
                 transform=notice.transform() if notice is not None else None,
             )
+            await forwarder.forward(call, exchange.receive, exchange.send)
     except GatewayError as exc:
         if notice is None:
             raise

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from tests.conftest import wait_until
 from tests.gateway_support import api_key, gateway_url, seen_by_gateway
 
 __all__ = ["api_key", "gateway_url"]  # fixtures
@@ -106,6 +107,8 @@ def test_it_makes_room_by_putting_an_idle_model_to_sleep(
     # Long idle: in the controller's memory and on the row's lease.
     from ondemand.runtime import _controllers
 
+    # The slot is released after the last byte, which the client may read first.
+    wait_until(lambda: all(c.entry(first.pk).inflight == 0 for c in _controllers.values()))
     for ctl in _controllers.values():
         ctl.entry(first.pk).idle_since -= 3600
     Deployment.objects.filter(pk=first.pk).update(lease_until=timezone.now())
