@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -259,8 +260,15 @@ def test_it_makes_no_database_query_while_it_streams(
     original = utils.CursorWrapper.execute
 
     def counting(self: Any, sql: str, params: Any = None) -> Any:
-        with lock:
-            queries.append(sql)
+        # The route table's reload runs beside requests, on its own timer, never in one: a
+        # reload already under way when the interval changed may still land in the window.
+        reload = any(
+            frame.name == "load" and frame.filename.endswith("openai_api/catalog.py")
+            for frame in traceback.extract_stack()
+        )
+        if not reload:
+            with lock:
+                queries.append(sql)
         return original(self, sql, params)
 
     monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
