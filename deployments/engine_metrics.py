@@ -37,6 +37,17 @@ def parse_gauges(text: str, names: set[str]) -> dict[str, float]:
     return found
 
 
+def replicas_load(client: httpx.Client, urls: list[str], loader: Loader) -> Load | None:
+    """The load of every replica together; None when one of them cannot be read."""
+    loads = [read_load(client, url, loader) for url in urls]
+    if not loads or any(load is None for load in loads):
+        return None
+    return Load(
+        running=sum(load.running for load in loads if load),
+        waiting=sum(load.waiting for load in loads if load),
+    )
+
+
 def read_load(client: httpx.Client, url: str, loader: Loader) -> Load | None:
     """The engine's running and waiting requests; None when it has no gauges or no answer."""
     if not loader.running_gauge:

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from deployments import audit, deployer
-from deployments.engine_metrics import Load, read_load
+from deployments.engine_metrics import Load, replicas_load
 from deployments.loaders import get_loader
 from deployments.memory import host_summary, need_gib
 from deployments.models import Deployment
@@ -64,6 +64,16 @@ def _restart(deployment_id: int) -> None:
     audit.record("ondemand_start", row, actor=ACTOR, text=f"started for a request: {row.state}")
 
 
+def _sample(deployment_id: int) -> Load | None:
+    """A load sample of the deployment's engines, taken now: one read of the row, then
+    their metrics."""
+    row = Deployment.objects.filter(pk=deployment_id).first()
+    if row is None:
+        return None
+    with httpx.Client(timeout=5.0) as client:
+        return replicas_load(client, list(row.engine_urls), get_loader(row.loader))
+
+
 def _stop(deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
     stopped = deployer.stop(
         deployment_id, precheck=lambda row: precheck(view_of(row)), actor=ACTOR, reason=reason
@@ -94,25 +104,8 @@ class DjangoDeployer:
         return await in_thread(_budget)
 
     async def load(self, deployment_id: int) -> tuple[float, Load] | None:
-        view = await self.view(deployment_id)
-        if view is None or not view.urls:
-            return None
-        row_loader = await in_thread(
-            lambda: Deployment.objects.values_list("loader", flat=True).get(pk=deployment_id)
-        )
-
-        def sample() -> Load | None:
-            with httpx.Client(timeout=5.0) as client:
-                loads = [read_load(client, url, get_loader(row_loader)) for url in view.urls]
-            if any(load is None for load in loads):
-                return None
-            return Load(
-                running=sum(load.running for load in loads if load),
-                waiting=sum(load.waiting for load in loads if load),
-            )
-
         taken = time.monotonic()
-        load = await sync_to_async(sample, thread_sensitive=False)()
+        load = await in_thread(_sample, deployment_id)
         return None if load is None else (taken, load)
 
     async def hold(self, deployment_id: int, seconds: float) -> bool:

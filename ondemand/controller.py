@@ -21,7 +21,7 @@ from ondemand.clock import Clock
 from openai_api.errors import GatewayError
 
 STARTABLE = ("planned", "stopped", "failed")
-SLEEPING = ("stopped", "asleep", "stopping")
+SLEEPING = ("planned", "stopped", "asleep", "stopping")  # no engine serves
 BACKOFF_FIRST_S = 60.0
 BACKOFF_MAX_S = 900.0
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
@@ -438,25 +438,30 @@ class Controller:
         return stopped
 
     def status(self, view: View | None, deployment_id: int) -> dict[str, Any]:
-        entry = self.entry(deployment_id)
-        if entry.queued:
-            phase = "queued"
-        elif entry.attempt is not None and not entry.attempt.done():
-            phase = "starting_for_request"
-        elif entry.inflight:
-            phase = "serving"
-        elif view is None or view.state == "failed":
-            phase = "failed"
-        elif view.state in SLEEPING:
-            phase = "sleeping"
-        else:
-            phase = "idle"
-        return {
-            "inflight": entry.inflight,
-            "queued": entry.queued,
-            "last_request_at": entry.last_request_at,
-            "phase": phase,
-        }
+        return describe(self.entry(deployment_id), None if view is None else view.state)
+
+
+def describe(entry: Entry, state: str | None) -> dict[str, Any]:
+    """The seed's status: counts and the phase, in its order of precedence (a removed
+    deployment, state None, reads as failed)."""
+    if entry.queued:
+        phase = "queued"
+    elif entry.attempt is not None and not entry.attempt.done():
+        phase = "starting_for_request"
+    elif entry.inflight:
+        phase = "serving"
+    elif state is None or state == "failed":
+        phase = "failed"
+    elif state in SLEEPING:
+        phase = "sleeping"
+    else:
+        phase = "idle"
+    return {
+        "inflight": entry.inflight,
+        "queued": entry.queued,
+        "last_request_at": entry.last_request_at,
+        "phase": phase,
+    }
 
 
 __all__ = ["Budget", "Controller", "Deployer", "GatewayError", "Slot", "View"]

@@ -10,7 +10,7 @@ import httpx
 from django.utils import timezone
 
 from deployments import audit, deployer
-from deployments.engine_metrics import read_load
+from deployments.engine_metrics import replicas_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable
@@ -22,12 +22,8 @@ ACTOR = "ondemand"
 
 def idle_by_load(client: httpx.Client, deployment: Deployment) -> bool:
     """Every replica's engine reports nothing running or waiting (a sample taken now)."""
-    loader = get_loader(deployment.loader)
-    for url in deployment.engine_urls:
-        load = read_load(client, url, loader)
-        if load is None or not load.idle:
-            return False
-    return bool(deployment.engine_urls)
+    load = replicas_load(client, list(deployment.engine_urls), get_loader(deployment.loader))
+    return load is not None and load.idle
 
 
 def approve(row: Deployment) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.models import Deployment
-from ondemand.controller import SLEEPING, View
+from ondemand.controller import Entry, describe
 
 
 def status_of(deployment: Deployment) -> dict[str, Any] | None:
@@ -14,21 +14,12 @@ def status_of(deployment: Deployment) -> dict[str, Any] | None:
         return None
     from ondemand.runtime import _controllers
 
-    view = View(
-        id=deployment.pk,
-        name=deployment.name,
-        state=deployment.state,
-        on_demand=True,
-        need_gib=0.0,
-        idle_timeout_s=float(deployment.effective_idle_timeout_s),
+    entry = next(
+        (
+            c.entries[deployment.pk]
+            for c in list(_controllers.values())
+            if deployment.pk in c.entries
+        ),
+        Entry(),
     )
-    for controller in list(_controllers.values()):
-        if deployment.pk in controller.entries:
-            return controller.status(view, deployment.pk)
-    if deployment.state == "failed":
-        phase = "failed"
-    elif deployment.state in SLEEPING or deployment.state == "planned":
-        phase = "sleeping"
-    else:
-        phase = "idle"
-    return {"inflight": 0, "queued": 0, "last_request_at": None, "phase": phase}
+    return describe(entry, deployment.state)
