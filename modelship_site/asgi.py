@@ -1,6 +1,7 @@
 """ASGI entry point. Channels routes the public /v1 gateway (and /rerank, /score) to its raw
 ASGI handler, ahead of Django's middleware and URL stack; everything else (the admin, /api,
-/health) goes to Django's ASGI application. /ondemand joins with the on-demand gateway."""
+/health) goes to Django's ASGI application. /ondemand/{id}/v1/... is the on-demand gateway
+that LiteLLM calls, behind its peer guard."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from ondemand.gateway import application as ondemand_gateway  # noqa: E402
 from openai_api.gateway import application as openai_gateway  # noqa: E402
 
 # URLRouter routes to ASGI applications; django-stubs type re_path for views only.
 routes = [
     re_path(r"^v1(/|$)", openai_gateway),  # type: ignore[arg-type]
     re_path(r"^(rerank|score)$", openai_gateway),  # type: ignore[arg-type]
+    re_path(r"^ondemand(/|$)", ondemand_gateway),  # type: ignore[arg-type]
     re_path(r"", django_asgi_app),  # type: ignore[arg-type]
 ]
 application = ProtocolTypeRouter({"http": URLRouter(routes)})

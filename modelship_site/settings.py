@@ -252,6 +252,13 @@ MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 6
 # at most this many requests wait at once.
 MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
 MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
+# The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
+# it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
+# own container is attached to; nobody when it runs outside Docker) or a list of networks.
+MSHIP_ONDEMAND_KEY_FILE = Path(env_str("MSHIP_ONDEMAND_KEY_FILE", str(VAR_DIR / "ondemand_key")))
+MSHIP_ONDEMAND_ALLOWED_CIDRS = env_str("MSHIP_ONDEMAND_ALLOWED_CIDRS", "auto")
+# The Docker network of the system (decision) deployments: never allowed on /ondemand.
+MSHIP_DECIDER_NETWORK = env_str("MSHIP_DECIDER_NETWORK", "")
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = Path(env_str("MSHIP_RUN_DIR", str(VAR_DIR / "run")))

@@ -122,6 +122,9 @@ class Controller:
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()
         self.last_stop_at = float("-inf")  # the last on-demand stop, for the settle grace
+        # Deployments waiting for memory, in order of first arrival, with what each needs:
+        # the head's memory is reserved for it.
+        self.queue: dict[int, float] = {}
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
 
@@ -189,7 +192,9 @@ class Controller:
                     raise errors.queue_timeout(view.name)
                 if now < entry.backoff_until:
                     raise errors.start_failed(view.name, entry.failure)
-                if entry.attempt is None and (view.state in STARTABLE or view.state == "asleep"):
+                startable = view.state in STARTABLE or view.state == "asleep"
+                # While set_mode starts it (pending always_on), the request waits for that.
+                if entry.attempt is None and startable and view.pending_mode is None:
                     entry.starting_for_request = True
                     entry.attempt = asyncio.create_task(self._attempt(view))
                 if entry.attempt is None:
@@ -213,6 +218,7 @@ class Controller:
                     if not notified_queue and on_queued is not None:
                         notified_queue = True
                         on_queued()
+                    self.queue.setdefault(deployment_id, view.need_gib)
                     entry.queued += 1
                     self._counted(deployment_id)
                     try:
@@ -226,6 +232,8 @@ class Controller:
             entry.waiting -= 1
             if entry.waiting == 0:
                 entry.starting_for_request = False
+                if self.queue.pop(deployment_id, None) is not None:
+                    self.notify()  # the next entry may be the head now
 
     async def _await_attempt(self, attempt: asyncio.Task[str], timeout: float) -> str | None:
         """The attempt's outcome once it ends; None when a change or the poll interval came
@@ -306,6 +314,8 @@ class Controller:
                         return "ready"
                     if entry.waiting == 0:
                         return "nobody"  # everyone left: start nothing
+                    if not await self._may_start(current):
+                        return "queued"
                     try:
                         if current.state == "asleep":
                             await self.deployer.wake(view.id)
@@ -323,6 +333,15 @@ class Controller:
                 return "queued"
         finally:
             self.notify()
+
+    async def _may_start(self, view: View) -> bool:
+        """A deployment behind the head of the queue starts only within the memory free
+        beyond what the head needs (and makes no room): the head's memory is its own."""
+        head = next(iter(self.queue), None)
+        if head is None or head == view.id or self.entry(head).waiting == 0:
+            return True
+        budget = await self.deployer.budget()
+        return budget.free_gib - self.queue[head] + 1e-9 >= view.need_gib
 
     def _start_ended(self, view: View, after: View | None) -> str:
         entry = self.entry(view.id)

@@ -59,8 +59,7 @@ def view_of_route(route: Route) -> View:
 
 
 def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
-    routes = catalog.snapshot.models if catalog.snapshot else ()
-    route = next((r for r in routes if r.deployment_id == deployment_id), None)
+    route = catalog.snapshot.by_id(deployment_id) if catalog.snapshot else None
     return ctl.status(None if route is None else view_of_route(route), deployment_id)
 
 

@@ -37,6 +37,7 @@ class Route:
     urls: tuple[str, ...]
     created: int
     idle_timeout_s: float = 600.0
+    system: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class Snapshot:
     keys: dict[str, Key] = field(default_factory=dict)  # prefix -> key
     loaded_at: float = 0.0
 
+    def by_id(self, deployment_id: int) -> Route | None:
+        return next((r for r in self.models if r.deployment_id == deployment_id), None)
+
 
 def load() -> Snapshot:
     from openai_api.models import ApiKey
@@ -84,6 +88,7 @@ def load() -> Snapshot:
                 urls=tuple(d.engine_urls or ()),
                 created=int(d.created.timestamp()),
                 idle_timeout_s=float(d.effective_idle_timeout_s),
+                system=d.system,
             )
             models.append(route)
             for served in (d.name, *route.aliases):

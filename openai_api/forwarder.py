@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ REQUEST_DROP = HOP_BY_HOP | {
     "x-forwarded-proto",
     "x-forwarded-port",
     "x-real-ip",
+    "x-modelship-health-check",  # a probe is answered by the on-demand gateway, never sent
 }
 RESPONSE_DROP = HOP_BY_HOP | {"server", "date"}
 SSE_HEADERS = [
@@ -114,11 +116,14 @@ class Call:
     streaming: bool
     committed: bool = False
     transform: Callable[[bytes], bytes] | None = None
+    unreachable_code: str = "upstream_error"
 
 
 class Forwarder:
     def __init__(self) -> None:
         self.sessions: dict[str, aiohttp.ClientSession] = {}
+        self.active: dict[str, int] = {}  # streams in flight per engine
+        self.retired: set[str] = set()  # engines to close once their last stream ends
 
     def session(self, base_url: str) -> aiohttp.ClientSession:
         session = self.sessions.get(base_url)
@@ -133,29 +138,34 @@ class Forwarder:
             self.sessions[base_url] = session
         return session
 
-    async def forward(self, call: Call, receive: Receive, send: Send) -> None:
-        """Forward one request and its answer; returns when the answer is sent or the
-        caller has gone."""
-        # The relay runs in this task; a watcher cancels it when the caller hangs up.
-        relay = asyncio.current_task()
-        assert relay is not None
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            await _wait_for_disconnect(receive)
-            gone = True
-            relay.cancel()
-
-        watcher = asyncio.create_task(watch())
+    async def forward(self, call: Call, send: Send) -> None:
+        """Forward one request and send its answer. The caller watches for hang-ups (see
+        `cancel_on_hangup`): a cancellation closes the engine's connection."""
+        self.active[call.base_url] = self.active.get(call.base_url, 0) + 1
         try:
             await self._relay(call, send)
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            relay.uncancel()  # the caller's hang-up, not ours: nothing left to do
         finally:
-            watcher.cancel()
+            self.active[call.base_url] -= 1
+            if not self.active[call.base_url]:
+                del self.active[call.base_url]
+                if call.base_url in self.retired:
+                    await self._close(call.base_url)
+
+    async def retire(self, live: set[str]) -> None:
+        """Close the sessions of engines no route points at any more (a restart on a new
+        address); one still streaming is closed when its last stream ends."""
+        for base_url in [u for u in self.sessions if u not in live]:
+            if self.active.get(base_url):
+                self.retired.add(base_url)
+            else:
+                await self._close(base_url)
+        self.retired &= set(self.sessions) - live
+
+    async def _close(self, base_url: str) -> None:
+        self.retired.discard(base_url)
+        session = self.sessions.pop(base_url, None)
+        if session is not None:
+            await session.close()
 
     async def _relay(self, call: Call, send: Send) -> None:
         request_id, committed = call.request_id, call.committed
@@ -170,14 +180,14 @@ class Forwarder:
         try:
             if call.streaming:
                 response, committed = await self._await_with_keepalives(
-                    request, send, request_id, committed
+                    request, send, request_id, committed, call.unreachable_code
                 )
                 if response is None:
                     return  # the engine failed after keepalives; the error went as an event
             else:
                 response = await request
         except aiohttp.ClientError as exc:
-            raise GatewayError(502, unreachable(exc), "upstream_error") from exc
+            raise GatewayError(502, unreachable(exc), call.unreachable_code) from exc
         try:
             if committed:
                 await self._relay_after_keepalive(send, response)
@@ -207,7 +217,7 @@ class Forwarder:
         response.release()
 
     async def _await_with_keepalives(
-        self, request: Any, send: Send, request_id: str, committed: bool
+        self, request: Any, send: Send, request_id: str, committed: bool, code: str
     ) -> tuple[aiohttp.ClientResponse | None, bool]:
         """The engine's response, and whether SSE keepalives were sent while it had not come
         (they commit the answer to 200 and SSE). A failure before the first keepalive
@@ -228,7 +238,7 @@ class Forwarder:
         except aiohttp.ClientError as exc:
             if not committed:
                 raise
-            await send_sse_error(send, 502, unreachable(exc), "upstream_error")
+            await send_sse_error(send, 502, unreachable(exc), code)
             return None, True
         finally:
             if not pending.done():
@@ -269,17 +279,38 @@ class Forwarder:
         for session in self.sessions.values():
             await session.close()
         self.sessions.clear()
+        self.retired.clear()
 
 
 def unreachable(exc: Exception) -> str:
     return f"The engine could not be reached: {exc.__class__.__name__}: {exc}"
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+@asynccontextmanager
+async def cancel_on_hangup(receive: Receive) -> AsyncIterator[None]:
+    """Cancel the body of the block when the caller hangs up: a pending acquire leaves the
+    queue, a forwarded request closes its engine connection. The hang-up ends the block
+    quietly; the request's body must have been read before."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()  # the caller's hang-up, not ours: nothing left to do
+    finally:
+        watcher.cancel()
 
 
 async def send_sse_error(send: Send, status: int, message: str, code: str) -> None:

@@ -16,13 +16,11 @@ from typing import Any
 from django.conf import settings
 
 from modelship_site.request_id import make_request_id
-from ondemand.notice import QueuedNotice
-from ondemand.notice import eligible as notice_eligible
 from openai_api.auth import authenticate, last_used, rate_limiter
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import Call, forwarder, send_sse_error
+from openai_api.relay import Traffic, relay
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -119,15 +117,21 @@ class Exchange:
                 return b"".join(chunks)
 
 
-async def application(scope: Scope, receive: Receive, send: Send) -> None:
-    exchange = Exchange(scope, receive, send)
-    try:
-        await handle(exchange)
-    except GatewayError as exc:
-        if not exchange.started:
-            await exchange.json(exc.status, exc.body(), exc.headers)
-    except ClientGone:
-        pass
+def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """An ASGI application of a handler: its errors answered OpenAI-style while nothing of
+    the answer went out yet, a caller's hang-up ending it quietly."""
+
+    async def application(scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = Exchange(scope, receive, send)
+        try:
+            await handler(exchange)
+        except GatewayError as exc:
+            if not exchange.started:
+                await exchange.json(exc.status, exc.body(), exc.headers)
+        except ClientGone:
+            pass
+
+    return application
 
 
 async def handle(exchange: Exchange) -> None:
@@ -164,34 +168,11 @@ async def handle(exchange: Exchange) -> None:
             f"The model {name!r} ({route.loader}, {route.usecase}) does not serve /v1/{endpoint}.",
             "unsupported_endpoint",
         )
-    query = scope.get("query_string", b"").decode("latin-1")
-    notice = None
-    if route.on_demand and notice_eligible(endpoint, data, streaming):
-        notice = QueuedNotice(exchange.send, endpoint, route.name, streaming, exchange.request_id)
-    try:
-        async with dispatcher.slot(route, notice.on_queued if notice else None) as base_url:
-            if notice is not None:
-                await notice.sent()  # the notice goes out before any byte of the engine's
-            call = Call(
-                method="POST",
-                url=base_url + path + (f"?{query}" if query else ""),
-                base_url=base_url,
-                body=body,
-                headers=exchange.raw_headers,
-                request_id=exchange.request_id,
-                streaming=streaming,
-                committed=notice is not None and notice.committed,
-                transform=notice.transform() if notice is not None else None,
-            )
-            await forwarder.forward(call, exchange.receive, exchange.send)
-    except GatewayError as exc:
-        if notice is None:
-            raise
-        await notice.sent()
-        if not notice.committed:
-            raise
-        # The notice already opened the stream: the error comes as its last events.
-        await send_sse_error(exchange.send, exc.status, exc.message, exc.code)
+    traffic = Traffic(route, endpoint, path, body, streaming, data)
+    await relay(exchange, traffic, lambda on_queued: dispatcher.slot(route, on_queued))
+
+
+application = asgi(handle)
 
 
 def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str, Any] | None]:

@@ -336,3 +336,47 @@ async def test_it_reaps_idle_models_and_leaves_busy_ones(
     controller.release(slot)
     await clock.advance(301)
     assert await controller.reap_once() == ["busy"]
+
+
+async def test_it_keeps_the_memory_freed_for_the_head_of_the_queue(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """Capacity 10: a busy 7 GiB model; 6 GiB queues first, then 2 GiB. When the busy one
+    stops, 3 + 7 = 10 GiB are free: the head (6) starts, and the small one only within what
+    is free beyond the head's 6 GiB (4 ≥ 2), never ahead of it."""
+    deployer.add(1, "busy", 7, state="ready")
+    busy = await controller.acquire(1)
+    deployer.add(2, "big", 6)
+    deployer.add(3, "small", 2)
+    big = acquiring(controller, 2)
+    await settle()
+    small = acquiring(controller, 3)
+    await settle()
+    # 3 GiB are free: the small one would fit, but the head's memory is reserved for it.
+    assert list(controller.queue) == [2, 3] and deployer.starts == []
+    controller.release(busy)
+    deployer.set_state(1, "stopped")
+    controller.notify()
+    await settle()
+    assert deployer.starts[0] == "big"
+    deployer.finish(2)
+    await big
+    await settle()
+    assert deployer.starts == ["big", "small"]  # 4 GiB free beyond the head's: it fits
+    deployer.finish(3)
+    await small
+    assert controller.queue == {}
+
+
+async def test_it_waits_for_a_start_that_a_switch_to_always_on_runs(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "switching", 2, pending_mode="always_on")
+    waiter = acquiring(controller, 1)
+    await settle()
+    await clock.advance(15)
+    assert deployer.starts == [] and not waiter.done()  # set_mode's start, not ours
+    deployer.rows[1] = replace(deployer.rows[1], state="ready", pending_mode=None)
+    controller.notify()
+    slot = await waiter
+    controller.release(slot)

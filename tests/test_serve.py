@@ -55,6 +55,11 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         vectors = sdk.embeddings.create(model="sim-embed", input=["a", "b"]).data
         assert len(vectors[0].embedding) == 32
+        # The on-demand gateway's key was made for LiteLLM; this machine is no peer of it.
+        key_file = tmp_path / "var" / "ondemand_key"
+        assert key_file.read_text().startswith("odk-") and key_file.stat().st_mode & 0o77 == 0
+        refused = httpx.get(f"{base}/ondemand/1/v1/models")
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
         # The on-demand example starts on its first request, through daphne.
         lazy = sdk.chat.completions.create(
             model="sim-on-demand", messages=[{"role": "user", "content": "hi"}], timeout=60

@@ -42,12 +42,16 @@ def error(
 def models_handler(served_names: list[str], owner: str) -> Any:
     created = int(time.time())
 
+    def card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": owner}
+
     async def models(request: web.Request) -> web.Response:
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": owner}
-            for name in served_names
-        ]
-        return web.json_response({"object": "list", "data": data})
+        wanted = request.match_info.get("model")
+        if wanted is None:
+            return web.json_response({"object": "list", "data": [card(n) for n in served_names]})
+        if wanted not in served_names:
+            return error(404, f"The model {wanted!r} does not exist.", "model_not_found")
+        return web.json_response(card(wanted))
 
     return models
 
@@ -69,12 +73,13 @@ async def json_body(request: web.Request) -> dict[str, Any] | web.Response:
 def engine_app(
     served_names: list[str], routes: list[web.RouteDef], owner: str = "modelship", **options: Any
 ) -> web.Application:
-    """An engine's app: its own routes plus /v1/models and /health."""
+    """An engine's app: its own routes plus /v1/models (and one model's card) and /health."""
     app = web.Application(**options)
     app.add_routes(
         [
             *routes,
             web.get("/v1/models", models_handler(served_names, owner)),
+            web.get("/v1/models/{model:.+}", models_handler(served_names, owner)),
             web.get("/health", health),
         ]
     )

@@ -25,7 +25,11 @@ class AttachedNetwork:
 
 
 def in_container() -> bool:
-    return Path("/.dockerenv").exists() or os.environ.get("MSHIP_IN_CONTAINER") == "1"
+    """MSHIP_IN_CONTAINER=1 or 0 says so; else Docker's marker file tells."""
+    said = os.environ.get("MSHIP_IN_CONTAINER", "")
+    if said in ("0", "1"):
+        return said == "1"
+    return Path("/.dockerenv").exists()
 
 
 def own_container(client: Any) -> Any | None:

@@ -22,6 +22,7 @@ from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import ensure_admin
 from deployments.models import Deployment, Mode, State
+from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
 CHILD_GRACE_S = 15
@@ -42,6 +43,9 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop_event.set())
 
         username, password = ensure_admin()
+        key_file = settings.MSHIP_ONDEMAND_KEY_FILE
+        if ensure_key_file(key_file):
+            self.stdout.write(f"made the on-demand gateway's key (for LiteLLM): {key_file}")
         call_command("setup_schedules", stdout=self.stdout)
         outcome = adopt_all()
         if outcome["adopted"]:

@@ -1,0 +1,157 @@
+"""Benchmark: what Modelship adds to an on-demand cold start.
+
+Baseline: the engine's own start-up as a script would see it: spawn its command line, poll
+its health every 50 ms, then send one streaming chat request and wait for its first byte.
+Modelship: the same request sent to a stopped on-demand deployment through the gateway (a
+uvicorn process serving `modelship_site.asgi:application`), once by name on /v1 with an API
+key and once on /ondemand/{id}/v1 with the on-demand key; the first byte comes after the
+controller started the engine (fit check, start-up gate, health wait). Runs alternate, and
+the deployment is stopped again between them.
+
+    .venv/bin/python bench/cold_start.py [--runs 8]
+
+The overhead is (first byte through the gateway) minus (the direct spawn's first byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from gateway import wait_up  # noqa: E402
+from start_to_ready import setup_django, wait_healthy  # noqa: E402
+
+PEER = "127.0.0.2"
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
+
+
+def first_byte(client: httpx.Client, url: str, body: dict[str, object], began: float) -> float:
+    with client.stream("POST", url, json=body) as answer:
+        assert answer.status_code == 200, answer.read()
+        for _ in answer.iter_bytes():
+            return time.perf_counter() - began
+    raise RuntimeError("empty answer")
+
+
+def direct(argv: list[str], name: str) -> float:
+    from deployments.runtimes.process import free_port
+
+    port = free_port("127.0.0.1")
+    argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)) for a in argv]
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base)
+        with httpx.Client(timeout=120) as client:
+            return first_byte(client, base + "/v1/chat/completions", {**CHAT, "model": name}, began)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def through_gateway(client: httpx.Client, url: str, body: dict[str, object], pk: int) -> float:
+    from deployments import deployer
+
+    began = time.perf_counter()
+    elapsed = first_byte(client, url, body, began)
+    deployer.stop(pk)
+    time.sleep(1.0)  # the gateway's route table sees the stop (it reloads every 0.5 s)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        setup_django(workdir)
+        from deployments.loaders import EngineSpec, get_loader
+        from deployments.models import Deployment
+        from deployments.runtimes.process import free_port
+        from openai_api.models import ApiKey
+
+        deployment = Deployment.objects.create(
+            name="cold",
+            model="simulated",
+            loader="simulated",
+            memory_gib=1,
+            mode="on_demand",
+            idle_timeout_s=600,
+        )
+        argv = get_loader("simulated").argv(EngineSpec.of(deployment), "{host}", "{port}")
+        _, api_key = ApiKey.issue("bench")
+        ondemand_key = secrets.token_hex(16)
+        (workdir / "ondemand_key").write_text(ondemand_key)
+        port = free_port("127.0.0.1")
+        env = {
+            **os.environ,
+            "MSHIP_ONDEMAND_KEY_FILE": str(workdir / "ondemand_key"),
+            "MSHIP_ONDEMAND_ALLOWED_CIDRS": f"{PEER}/32",
+            "MSHIP_IN_CONTAINER": "0",
+        }
+        server = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "uvicorn", "modelship_site.asgi:application"),
+                *("--port", str(port), "--log-level", "warning", "--lifespan", "off"),
+            ],
+            cwd=REPO,
+            env=env,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_up(base + "/health")
+            v1 = httpx.Client(timeout=120, headers={"authorization": f"Bearer {api_key}"})
+            od = httpx.Client(
+                timeout=120,
+                headers={"authorization": f"Bearer {ondemand_key}"},
+                transport=httpx.HTTPTransport(local_address=PEER),
+            )
+            rows: dict[str, list[float]] = {"direct": [], "/v1": [], "/ondemand": []}
+            runs: dict[str, Callable[[], float]] = {
+                "direct": lambda: direct(argv, "cold"),
+                "/v1": lambda: through_gateway(
+                    v1, base + "/v1/chat/completions", {**CHAT, "model": "cold"}, deployment.pk
+                ),
+                "/ondemand": lambda: through_gateway(
+                    od,
+                    f"{base}/ondemand/{deployment.pk}/v1/chat/completions",
+                    {**CHAT, "model": "cold"},
+                    deployment.pk,
+                ),
+            }
+            for _ in range(args.runs):
+                for name, run in runs.items():
+                    rows[name].append(run())
+        finally:
+            server.terminate()
+            server.wait()
+    print({k: [round(x, 3) for x in v] for k, v in rows.items()}, file=sys.stderr)
+    baseline = statistics.median(rows["direct"])
+    print("| path | first byte, median of", args.runs, "(s) | overhead (ms) | ratio |")
+    print("| --- | --- | --- | --- |")
+    for name, values in rows.items():
+        median = statistics.median(values)
+        print(
+            f"| {name} | {median:.3f} | {(median - baseline) * 1000:+.0f} | "
+            f"{median / baseline:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

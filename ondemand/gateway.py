@@ -1,0 +1,152 @@
+"""The on-demand gateway: /ondemand/{id}/v1/..., the address LiteLLM calls for an on-demand
+deployment instead of its engine, as the on-demand seed says.
+
+Checks in the seed's order: the peer guard (middleware), a clean path, a configured key, the
+failed-attempt limit, the key, the body size, then the deployment. Traffic takes a slot from
+the controller (which may start the model, make room or queue) and goes through the same
+forwarder as /v1. Health-check probes are answered here and never reach an engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+
+from ondemand import health_probe
+from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
+from ondemand.peers import PeerGuard
+from openai_api.catalog import Route, catalog
+from openai_api.dispatch import dispatcher
+from openai_api.errors import GatewayError
+from openai_api.forwarder import Call, cancel_on_hangup, forwarder
+from openai_api.gateway import Exchange, asgi
+from openai_api.relay import Traffic, relay
+
+# The inference endpoints of the pinned vLLM under /v1 (llama.cpp's are a subset).
+TRAFFIC = frozenset(
+    {
+        "chat/completions",
+        "completions",
+        "embeddings",
+        "responses",
+        "messages",
+        "chat/completions/batch",
+        "audio/transcriptions",
+        "audio/translations",
+        "rerank",
+        "score",
+    }
+)
+UNREACHABLE = "ondemand_upstream_error"
+
+keyfile = KeyFile(lambda: Path(settings.MSHIP_ONDEMAND_KEY_FILE))
+failures = FailedAttempts()
+keyfile.on_change.append(failures.clear)
+
+
+def not_found(path: str) -> GatewayError:
+    return GatewayError(404, f"Unknown path {path}.", "not_found")
+
+
+def not_on_demand(route: Route) -> GatewayError:
+    return GatewayError(
+        503, f"{route.name} is not an on-demand deployment ({route.state}).", "not_on_demand"
+    )
+
+
+async def handle(exchange: Exchange) -> None:
+    scope = exchange.scope
+    method, path = scope["method"], scope["path"]
+    segments = checked_segments(scope.get("raw_path") or path.encode())
+    peer = (scope.get("client") or ("", 0))[0]
+    check_key(keyfile, failures, peer, offered_key(exchange.headers))
+    if len(segments) < 3 or segments[1] != "v1":
+        raise not_found(path)
+    endpoint = "/".join(segments[2:])
+    if method == "POST" and endpoint in TRAFFIC:
+        kind = "traffic"
+    elif method == "GET" and endpoint == "models":
+        kind = "models"
+    elif method in ("GET", "HEAD") and endpoint.startswith("models/"):
+        kind = "model"
+    else:
+        raise not_found(path)  # the engine's admin and helper endpoints stay unreachable
+    body = await exchange.read_body() if kind == "traffic" else b""
+    snapshot = await catalog.current()
+    route = snapshot.by_id(int(segments[0])) if segments[0].isdigit() else None
+    if route is None:
+        raise not_found(path)
+    if route.system:
+        raise not_on_demand(route)
+    upstream_path = "/v1/" + "/".join(quote(s, safe="-._~:@!$&'()*+,;=") for s in segments[2:])
+    if kind == "models":
+        return await models(exchange, route)
+    if kind == "model":
+        return await model(exchange, route, method, upstream_path)
+    streaming, data = _peek(body, exchange.headers.get("content-type", ""))
+    if exchange.headers.get(health_probe.HEADER, "").strip() == "1":
+        return await probe(exchange, route, endpoint, streaming)
+    traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
+    if route.on_demand:
+        await relay(exchange, traffic, lambda q: dispatcher.on_demand_slot(route, q), UNREACHABLE)
+    elif route.state == "ready" and route.urls:
+        # Switched to always on while LiteLLM still points here: forwarded, never started.
+        await relay(exchange, traffic, lambda _: dispatcher.replica(route.urls), UNREACHABLE)
+    else:
+        raise not_on_demand(route)
+
+
+application = PeerGuard(asgi(handle))
+
+
+def _peek(body: bytes, content_type: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a JSON body asks for a stream, and the body; the engine judges the rest."""
+    if not content_type.startswith("application/json") and not body.startswith(b"{"):
+        return False, None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False, None
+    if not isinstance(data, dict):
+        return False, None
+    return data.get("stream") is True, data
+
+
+async def models(exchange: Exchange, route: Route) -> None:
+    """From the deployment record: never wakes the model."""
+    card = {"id": route.name, "object": "model", "created": route.created, "owned_by": "modelship"}
+    await exchange.json(200, json.dumps({"object": "list", "data": [card]}).encode())
+
+
+async def model(exchange: Exchange, route: Route, method: str, upstream_path: str) -> None:
+    if route.state != "ready" or not route.urls:
+        raise GatewayError(503, f"{route.name} is not ready ({route.state}).", "ondemand_not_ready")
+    async with cancel_on_hangup(exchange.receive), dispatcher.replica(route.urls) as base_url:
+        query = exchange.scope.get("query_string", b"").decode("latin-1")
+        call = Call(
+            method=method,
+            url=base_url + upstream_path + (f"?{query}" if query else ""),
+            base_url=base_url,
+            body=b"",
+            headers=exchange.raw_headers,
+            request_id=exchange.request_id,
+            streaming=False,
+            unreachable_code=UNREACHABLE,
+        )
+        await forwarder.forward(call, exchange.send)
+
+
+async def probe(exchange: Exchange, route: Route, endpoint: str, streaming: bool) -> None:
+    body, content_type = health_probe.answer(endpoint, route, streaming)
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", exchange.request_id.encode()),
+        (health_probe.STATE_HEADER.encode(), route.state.encode()),
+    ]
+    await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+    await exchange.send({"type": "http.response.body", "body": body})

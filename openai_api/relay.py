@@ -1,0 +1,91 @@
+"""One traffic request from a checked route to its engine and back, shared by /v1 and
+/ondemand: a slot (which may start the model or queue for memory), the queued notice where
+the client can take one, the forwarder, and a hang-up watcher over all of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ondemand.notice import QueuedNotice
+from ondemand.notice import eligible as notice_eligible
+from openai_api.catalog import Route, catalog
+from openai_api.errors import GatewayError
+from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
+
+if TYPE_CHECKING:
+    from openai_api.gateway import Exchange
+
+SlotFactory = Callable[[Callable[[], Any] | None], AbstractAsyncContextManager[str]]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A checked traffic request: where it goes on the engine and what it carries."""
+
+    route: Route
+    endpoint: str  # e.g. "chat/completions"
+    upstream_path: str  # e.g. "/v1/chat/completions"
+    body: bytes
+    streaming: bool
+    data: dict[str, Any] | None
+
+
+async def relay(
+    exchange: Exchange,
+    traffic: Traffic,
+    slot: SlotFactory,
+    unreachable_code: str = "upstream_error",
+) -> None:
+    route = traffic.route
+    query = exchange.scope.get("query_string", b"").decode("latin-1")
+    notice = None
+    if route.on_demand and notice_eligible(traffic.endpoint, traffic.data, traffic.streaming):
+        notice = QueuedNotice(
+            exchange.send, traffic.endpoint, route.name, traffic.streaming, exchange.request_id
+        )
+    try:
+        async with (
+            cancel_on_hangup(exchange.receive),
+            slot(notice.on_queued if notice else None) as base_url,
+        ):
+            if notice is not None:
+                await notice.sent()  # the notice goes out before any byte of the engine's
+            call = Call(
+                method="POST",
+                url=base_url + traffic.upstream_path + (f"?{query}" if query else ""),
+                base_url=base_url,
+                body=traffic.body,
+                headers=exchange.raw_headers,
+                request_id=exchange.request_id,
+                streaming=traffic.streaming,
+                committed=notice is not None and notice.committed,
+                transform=notice.transform() if notice is not None else None,
+                unreachable_code=unreachable_code,
+            )
+            await forwarder.forward(call, exchange.send)
+    except GatewayError as exc:
+        if notice is None:
+            raise
+        await notice.sent()
+        if not notice.committed:
+            raise
+        # The notice already opened the stream: the error comes as its last events.
+        await send_sse_error(exchange.send, exc.status, exc.message, exc.code)
+
+
+def _retire_replaced_engines() -> None:
+    """A route table that changed may have moved an engine: its old session goes."""
+    snapshot = catalog.snapshot
+    if snapshot is not None:
+        live = {url for route in snapshot.models for url in route.urls}
+        _retiring.add(asyncio.ensure_future(forwarder.retire(live)))
+        for task in [t for t in _retiring if t.done()]:
+            _retiring.discard(task)
+
+
+_retiring: set[asyncio.Future[None]] = set()
+catalog.listeners.append(_retire_replaced_engines)

@@ -1,0 +1,468 @@
+"""The on-demand gateway, /ondemand/{id}/v1/..., called for real over TCP from a peer address
+of the loopback network (127.0.0.2), with the seed's checks in their order."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import httpx2
+import openai
+import pytest
+
+from deployments import deployer
+from deployments.models import Deployment, State
+from tests.conftest import in_thread, wait_until
+from tests.gateway_support import gateway_url, seen_by_gateway
+
+__all__ = ["gateway_url"]  # fixtures
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+PEER = "127.0.0.2"  # an allowed peer: the test's explicit list names it
+OTHER = "127.0.0.3"  # on the loopback network too, but not in the list
+
+
+@dataclass
+class OnDemandSite:
+    url: str
+    key: str
+    key_file: Path
+
+    def client(self, deployment: Deployment, source: str = PEER, **headers: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.url}/ondemand/{deployment.pk}/v1",
+            headers={"authorization": f"Bearer {self.key}", **headers},
+            transport=httpx.HTTPTransport(local_address=source),
+            timeout=60,
+        )
+
+    def sdk(self, deployment: Deployment, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/ondemand/{deployment.pk}/v1",
+            api_key=key or self.key,
+            max_retries=0,
+            # The SDK's own HTTP client, from the allowed peer address.
+            http_client=openai.DefaultHttpxClient(
+                transport=httpx2.HTTPTransport(local_address=PEER)
+            ),
+        )
+
+    def raw(self, method: str, path: str, source: str = PEER, **headers: str) -> tuple[int, str]:
+        """A request whose path goes out byte for byte (no client-side normalisation)."""
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(
+            parts.hostname or "", parts.port, timeout=30, source_address=(source, 0)
+        )
+        conn.request(
+            method, path, body=b"{}", headers={"authorization": f"Bearer {self.key}", **headers}
+        )
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        return response.status, (json.loads(body)["error"]["code"] if body else "")
+
+
+def reread_guard() -> None:
+    """The gateway reads its peer policy and key file again on the next request (they are
+    otherwise read every 30 s and at most once a second)."""
+    from ondemand import gateway
+
+    gateway.application.policy = None
+    gateway.application.read_at = float("-inf")
+    gateway.keyfile.checked_at = float("-inf")
+    gateway.failures.clear()
+
+
+@pytest.fixture
+def ondemand_site(
+    gateway_url: str, site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[OnDemandSite]:
+    # The test machine may itself be a container, but not one the test's Docker daemon (if
+    # any) runs: the gateway has no Docker networks of its own here.
+    monkeypatch.setenv("MSHIP_IN_CONTAINER", "0")
+    key_file = tmp_path / "ondemand_key"
+    key = "odk-" + secrets.token_hex(16)
+    key_file.write_text(key + "\n")
+    site.MSHIP_ONDEMAND_KEY_FILE = key_file
+    site.MSHIP_ONDEMAND_ALLOWED_CIDRS = f"{PEER}/32"
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    reread_guard()
+    yield OnDemandSite(gateway_url, key, key_file)
+    reread_guard()
+
+
+def deploy(make_deployment: Any, name: str, **fields: Any) -> Deployment:
+    fields.setdefault("mode", "on_demand")
+    fields.setdefault("idle_timeout_s", 60)
+    deployment: Deployment = make_deployment(name, **fields)
+    seen_by_gateway(lambda s: name in s.routes)
+    return deployment
+
+
+def started(deployment: Deployment) -> Deployment:
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY, deployment.state_reason
+    seen_by_gateway(lambda s: s.routes[deployment.name].state == "ready")
+    return deployment
+
+
+def engine_stats(deployment: Deployment) -> dict[str, Any]:
+    deployment.refresh_from_db()
+    stats: dict[str, Any] = httpx.get(deployment.engine_urls[0] + "/sim/stats").json()
+    return stats
+
+
+def error_of(response: httpx.Response) -> tuple[int, str]:
+    return response.status_code, response.json()["error"]["code"]
+
+
+CHAT = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
+
+
+# --- traffic --------------------------------------------------------------------------------
+
+
+def test_it_starts_the_model_on_the_first_request_and_returns_its_answer(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    lazy = deploy(make_deployment, "od-lazy", config={"reply": "from the engine"})
+    answer = ondemand_site.sdk(lazy).chat.completions.create(
+        model="od-lazy", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "from the engine"
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+    stream = ondemand_site.sdk(lazy).chat.completions.create(
+        model="od-lazy", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "from the engine"
+
+
+def test_it_forwards_to_an_always_on_deployment_only_while_ready_and_never_starts_it(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    steady = deploy(make_deployment, "od-steady", mode=None, config={"reply": "steady"})
+    with ondemand_site.client(steady) as client:
+        refused = client.post("/chat/completions", json=CHAT)
+        assert error_of(refused) == (503, "not_on_demand")
+        steady.refresh_from_db()
+        assert steady.state == State.PLANNED  # the gateway never starts it
+        started(steady)
+        answer = client.post("/chat/completions", json=CHAT)
+        assert answer.status_code == 200
+        assert answer.json()["choices"][0]["message"]["content"] == "steady"
+
+
+def test_it_answers_502_when_the_engine_cannot_be_reached(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    from deployments.runtimes.process import free_port
+
+    gone = deploy(make_deployment, "od-gone", mode=None)
+    Deployment.objects.filter(pk=gone.pk).update(
+        state="ready", engine_urls=[f"http://127.0.0.1:{free_port('127.0.0.1')}"]
+    )
+    seen_by_gateway(lambda s: s.routes["od-gone"].state == "ready")
+    with ondemand_site.client(gone) as client:
+        assert error_of(client.post("/chat/completions", json=CHAT)) == (
+            502,
+            "ondemand_upstream_error",
+        )
+
+
+# --- check 1: the peer guard ------------------------------------------------------------------
+
+
+def test_it_lets_only_allowed_peers_without_forwarding_headers_pass(
+    ondemand_site: OnDemandSite, make_deployment: Any, site: Any
+) -> None:
+    dep = deploy(make_deployment, "od-peer")
+    with ondemand_site.client(dep) as client:
+        assert client.get("/models").status_code == 200
+    with ondemand_site.client(dep, source=OTHER) as stranger:
+        assert error_of(stranger.get("/models")) == (404, "not_found")
+    for header in ("x-forwarded-for", "forwarded", "x-real-ip"):
+        with ondemand_site.client(dep, **{header: "10.1.2.3"}) as proxied:
+            assert error_of(proxied.get("/models")) == (404, "not_found")
+    # The refusal comes before any other check: a bad path or key from a stranger is 404 too.
+    assert ondemand_site.raw("GET", f"/ondemand/{dep.pk}/v1/../x", source=OTHER) == (
+        404,
+        "not_found",
+    )
+    # Outside Docker, "auto" allows nobody.
+    site.MSHIP_ONDEMAND_ALLOWED_CIDRS = "auto"
+    reread_guard()
+    with ondemand_site.client(dep) as client:
+        assert error_of(client.get("/models")) == (404, "not_found")
+    site.MSHIP_ONDEMAND_ALLOWED_CIDRS = "127.0.0.0/8"
+    reread_guard()
+    with ondemand_site.client(dep, source=OTHER) as neighbour:
+        assert neighbour.get("/models").status_code == 200
+
+
+# --- check 2: the path ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "/v1/./models",
+        "/v1/../v1/models",
+        "/v1//models",
+        "/v1/models/",
+        "/v1/models%2Fx",
+        "/v1/models%5Cx",
+        "/v1/models%23x",
+        "/v1/models%3Fx",
+        "/v1/models%00x",
+        "/v1/models%0Ax",
+        "/v1/models\\x",
+    ],
+)
+def test_it_refuses_an_unclean_path_with_400(
+    ondemand_site: OnDemandSite, make_deployment: Any, tail: str
+) -> None:
+    dep = deploy(make_deployment, "od-path")
+    assert ondemand_site.raw("GET", f"/ondemand/{dep.pk}{tail}") == (400, "invalid_path")
+
+
+# --- checks 3 to 5: the key -----------------------------------------------------------------
+
+
+def test_it_answers_503_without_a_key_file_and_reads_a_new_one(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-nokey")
+    ondemand_site.key_file.unlink()
+    reread_guard()
+    with ondemand_site.client(dep) as client:
+        assert error_of(client.get("/models")) == (503, "ondemand_not_configured")
+        ondemand_site.key_file.write_text("")  # empty: still closed
+        time.sleep(1.1)  # the file is looked at no more than once a second
+        assert error_of(client.get("/models")) == (503, "ondemand_not_configured")
+        ondemand_site.key_file.write_text(ondemand_site.key)
+        wait_until(lambda: client.get("/models").status_code == 200, 5)
+
+
+def test_it_refuses_a_wrong_key_and_locks_out_a_peer_after_twenty_failures(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-key")
+    with ondemand_site.client(dep, authorization="Bearer wrong") as bad:
+        for _ in range(20):
+            assert error_of(bad.get("/models")) == (401, "invalid_api_key")
+        locked = bad.get("/models")
+        assert error_of(locked) == (429, "rate_limited")
+        assert locked.headers["retry-after"] == "60"
+    with ondemand_site.client(dep) as good:
+        assert error_of(good.get("/models")) == (429, "rate_limited")  # even with the key
+    with ondemand_site.client(dep, authorization="") as anonymous:
+        anonymous.headers.pop("authorization")
+        assert error_of(anonymous.get("/models")) == (429, "rate_limited")
+
+
+def test_it_takes_a_rotated_key_and_refuses_the_old_one_without_counting_it(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-rotate")
+    with ondemand_site.client(dep, authorization="Bearer wrong") as bad:
+        for _ in range(19):
+            bad.get("/models")
+    new_key = "odk-" + secrets.token_hex(16)
+    fresh = ondemand_site.key_file.with_name("key.new")
+    fresh.write_text(new_key)
+    os.replace(fresh, ondemand_site.key_file)  # a new inode, as a rotation writes it
+    with ondemand_site.client(dep, authorization=f"Bearer {new_key}") as rotated:
+        wait_until(lambda: rotated.get("/models").status_code == 200, 5)
+    with ondemand_site.client(dep) as old:
+        for _ in range(25):  # LiteLLM keeps the old key until its next sync
+            assert error_of(old.get("/models")) == (401, "invalid_api_key")
+    # Neither the 19 failures before the rotation nor the old key counted.
+    with ondemand_site.client(dep, authorization=f"Bearer {new_key}") as rotated:
+        assert rotated.get("/models").status_code == 200
+
+
+# --- check 6: the body ----------------------------------------------------------------------
+
+
+def test_it_refuses_a_body_over_16_mib(ondemand_site: OnDemandSite, make_deployment: Any) -> None:
+    dep = deploy(make_deployment, "od-big")
+    big = b'{"model": "x", "prompt": "' + b"a" * (16 * 2**20) + b'"}'
+    with ondemand_site.client(dep) as client:
+        answer = client.post(
+            "/completions", content=big, headers={"content-type": "application/json"}
+        )
+        assert error_of(answer) == (413, "request_too_large")
+    dep.refresh_from_db()
+    assert dep.state == State.PLANNED
+
+
+# --- check 7 and the routes -----------------------------------------------------------------
+
+
+def test_it_refuses_unknown_and_system_deployments_and_unknown_routes(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-routes")
+    decider = deploy(make_deployment, "od-decider", mode=None, system=True)
+    with ondemand_site.client(dep) as client:
+        missing = client.post(f"{ondemand_site.url}/ondemand/999999/v1/chat/completions", json=CHAT)
+        assert error_of(missing) == (404, "not_found")
+        named = client.post(
+            f"{ondemand_site.url}/ondemand/od-routes/v1/chat/completions", json=CHAT
+        )
+        assert error_of(named) == (404, "not_found")
+        for method, tail in [
+            ("POST", "/tokenize"),
+            ("POST", "/messages/count_tokens"),
+            ("GET", "/responses/resp_1"),
+            ("GET", "/chat/completions"),
+            ("POST", "/../sleep"),
+        ]:
+            answer = client.request(method, tail, json=CHAT)
+            assert answer.status_code in (400, 404), (method, tail)
+        for tail in ("/sleep", "/metrics", "/health", "/wake_up"):
+            answer = client.post(f"{ondemand_site.url}/ondemand/{dep.pk}{tail}", json=CHAT)
+            assert error_of(answer) == (404, "not_found")
+    with ondemand_site.client(decider) as client:
+        assert error_of(client.post("/chat/completions", json=CHAT)) == (503, "not_on_demand")
+    dep.refresh_from_db()
+    assert dep.state == State.PLANNED  # none of it started the model
+
+
+def test_it_lists_models_from_the_record_and_one_model_only_from_a_ready_engine(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-models", aliases=["odm"])
+    with ondemand_site.client(dep) as client:
+        listed = client.get("/models").json()
+        assert [(m["id"], m["owned_by"]) for m in listed["data"]] == [("od-models", "modelship")]
+        assert error_of(client.get("/models/od-models")) == (503, "ondemand_not_ready")
+        dep.refresh_from_db()
+        assert dep.state == State.PLANNED  # listing never wakes it
+        started(dep)
+        card = client.get("/models/od-models")
+        assert card.status_code == 200 and card.json()["id"] == "od-models"
+        assert client.head("/models/od-models").status_code == 200
+        assert client.get("/models/nope").status_code == 404  # the engine's own answer
+
+
+# --- health probes --------------------------------------------------------------------------
+
+
+def test_it_answers_health_probes_without_the_engine(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    dep = deploy(make_deployment, "od-probe", config={"embedding_dim": 4})
+    probe = {"x-modelship-health-check": "1"}
+    with ondemand_site.client(dep, **probe) as client:
+        chat = client.post("/chat/completions", json=CHAT)
+        assert chat.status_code == 200
+        assert chat.headers["x-modelship-ondemand-state"] == "planned"
+        assert chat.json()["choices"][0]["message"] == {"role": "assistant", "content": ""}
+        streamed = client.post("/chat/completions", json={**CHAT, "stream": True})
+        assert streamed.headers["content-type"] == "text/event-stream"
+        assert streamed.text.endswith("data: [DONE]\n\n")
+        assert client.post("/completions", json={"prompt": "x"}).json()["object"] == (
+            "text_completion"
+        )
+        assert client.post("/embeddings", json={"input": "x"}).json()["object"] == "list"
+        assert client.post("/responses", json={"input": "x"}).json()["object"] == "response"
+        assert client.post("/messages", json={"max_tokens": 1}).json()["type"] == "message"
+        unsupported = client.post("/audio/transcriptions", content=b"x")
+        assert error_of(unsupported) == (503, "ondemand_health_unsupported")
+    dep.refresh_from_db()
+    assert dep.state == State.PLANNED  # a probe starts nothing
+    started(dep)
+    with ondemand_site.client(dep, **probe) as client:
+        answer = client.post("/chat/completions", json=CHAT)
+        assert answer.headers["x-modelship-ondemand-state"] == "ready"
+    assert engine_stats(dep)["served"] == 0  # never forwarded, even to a ready engine
+    with ondemand_site.client(dep, **probe, authorization="Bearer wrong") as client:
+        assert error_of(client.post("/chat/completions", json=CHAT)) == (401, "invalid_api_key")
+    Deployment.objects.filter(pk=dep.pk).update(state="failed")
+    seen_by_gateway(lambda s: s.routes["od-probe"].state == "failed")
+    with ondemand_site.client(dep, **probe) as client:
+        assert error_of(client.post("/chat/completions", json=CHAT)) == (
+            503,
+            "ondemand_not_ready",
+        )
+
+
+# --- hang-ups -------------------------------------------------------------------------------
+
+
+def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    from ondemand.runtime import _controllers
+
+    started(deploy(make_deployment, "od-busy", memory_gib=6))  # idle for less than its timeout
+    waiting = deploy(make_deployment, "od-waiting", memory_gib=4)
+    queued = threading.Event()
+
+    def call() -> None:
+        with (
+            ondemand_site.client(waiting) as client,
+            client.stream("POST", "/chat/completions", json={**CHAT, "stream": True}) as answer,
+        ):
+            for line in answer.iter_lines():
+                if "ondemand-queued" in line:
+                    queued.set()
+                    return  # the client hangs up while its request waits for memory
+
+    thread = in_thread(call)
+    assert queued.wait(30)
+    thread.join(10)
+    [ctl] = list(_controllers.values())
+    wait_until(lambda: ctl.entry(waiting.pk).waiting == 0 and not ctl.queue, 10)
+    waiting.refresh_from_db()
+    assert waiting.state == State.PLANNED
+
+
+def test_it_closes_a_replaced_engines_session_after_its_last_stream(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    from openai_api.forwarder import forwarder
+
+    dep = started(deploy(make_deployment, "od-moved", mode=None, config={"tokens_per_second": 20}))
+    old_url = dep.engine_urls[0]
+    first_chunk = threading.Event()
+    text: list[str] = []
+
+    def stream() -> None:
+        with (
+            ondemand_site.client(dep) as client,
+            client.stream(
+                "POST", "/chat/completions", json={**CHAT, "stream": True, "max_tokens": 40}
+            ) as answer,
+        ):
+            for line in answer.iter_lines():
+                first_chunk.set()
+                if line:
+                    text.append(line)
+
+    thread = in_thread(stream)
+    assert first_chunk.wait(30)
+    assert old_url in forwarder.sessions
+    # Another address for the same deployment (a replacement), while the stream runs.
+    Deployment.objects.filter(pk=dep.pk).update(engine_urls=["http://127.0.0.1:9"])
+    seen_by_gateway(lambda s: s.routes["od-moved"].urls == ("http://127.0.0.1:9",))
+    wait_until(lambda: old_url in forwarder.retired, 5)
+    assert not forwarder.sessions[old_url].closed  # still streaming
+    thread.join(30)
+    assert text[-1] == "data: [DONE]"
+    wait_until(lambda: old_url not in forwarder.sessions, 5)
