@@ -84,6 +84,13 @@ def _stop(deployment_id: int, precheck: Callable[[View], bool], reason: str) -> 
     return stopped
 
 
+def _queue_timed_out(deployment_id: int, waited_s: float) -> None:
+    row = Deployment.objects.filter(pk=deployment_id).first()
+    if row is not None:
+        text = f"a request waited {waited_s:.0f} s for memory to start {row.name} and gave up"
+        audit.record("ondemand_queue_timeout", row, actor=ACTOR, text=text)
+
+
 class DjangoDeployer:
     async def view(self, deployment_id: int) -> View | None:
         return await in_thread(_read, deployment_id)
@@ -110,3 +117,6 @@ class DjangoDeployer:
 
     async def hold(self, deployment_id: int, seconds: float) -> bool:
         return await in_thread(lease.extend, deployment_id, seconds) is not None
+
+    async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
+        await in_thread(_queue_timed_out, deployment_id, waited_s)

@@ -76,6 +76,10 @@ class Deployer(Protocol):
         was approved first (see ondemand/lease.py)."""
         ...
 
+    async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
+        """Record that requests gave up waiting (the audit's ondemand_queue_timeout)."""
+        ...
+
 
 @dataclass
 class Entry:
@@ -92,6 +96,7 @@ class Entry:
     backoff_until: float = 0.0
     failure: str = ""
     lease_until: float = float("-inf")  # clock time our lease on the row runs out
+    timeout_recorded_at: float = float("-inf")
 
 
 @dataclass
@@ -125,6 +130,7 @@ class Controller:
         # Deployments waiting for memory, in order of first arrival, with what each needs:
         # the head's memory is reserved for it.
         self.queue: dict[int, float] = {}
+        self._background: set[asyncio.Future[None]] = set()
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
 
@@ -189,6 +195,7 @@ class Controller:
                     continue  # a stop was approved first: look again
                 now = self.clock.now()
                 if now >= deadline:
+                    self._record_timeout(entry, deployment_id)
                     raise errors.queue_timeout(view.name)
                 if now < entry.backoff_until:
                     raise errors.start_failed(view.name, entry.failure)
@@ -234,6 +241,17 @@ class Controller:
                 entry.starting_for_request = False
                 if self.queue.pop(deployment_id, None) is not None:
                     self.notify()  # the next entry may be the head now
+
+    def _record_timeout(self, entry: Entry, deployment_id: int) -> None:
+        """One audit row per deployment and minute, however many requests time out."""
+        now = self.clock.now()
+        if now - entry.timeout_recorded_at < 60:
+            return
+        entry.timeout_recorded_at = now
+        waited = self.queue_timeout_s
+        task = asyncio.ensure_future(self.deployer.queue_timed_out(deployment_id, waited))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _await_attempt(self, attempt: asyncio.Task[str], timeout: float) -> str | None:
         """The attempt's outcome once it ends; None when a change or the poll interval came

@@ -32,6 +32,7 @@ class FakeDeployer:
         self.stops: list[tuple[str, str]] = []
         self.loads: dict[int, tuple[float, Load]] = {}
         self.holds: list[int] = []
+        self.timeouts: list[tuple[int, float]] = []
 
     def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
         view = View(
@@ -95,6 +96,9 @@ class FakeDeployer:
 
     async def load(self, deployment_id: int) -> tuple[float, Load] | None:
         return self.loads.get(deployment_id, (self.clock.now(), Load(0.0, 0.0)))
+
+    async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
+        self.timeouts.append((deployment_id, waited_s))
 
     async def hold(self, deployment_id: int, seconds: float) -> bool:
         self.holds.append(deployment_id)
@@ -296,11 +300,12 @@ async def test_it_times_out_a_request_that_waits_too_long(
     deployer.add(1, "serving", 8, state="ready")
     await controller.acquire(1)
     deployer.add(2, "waiting", 4)
-    waiter = acquiring(controller, 2)
+    waiters = [acquiring(controller, 2) for _ in range(3)]
     await settle()
     for _ in range(5):
         await clock.advance(15)
-    assert await code_of(waiter) == "ondemand_queue_timeout"
+    assert [await code_of(w) for w in waiters] == ["ondemand_queue_timeout"] * 3
+    assert deployer.timeouts == [(2, 60)]  # one audit row for the three
 
 
 async def test_it_starts_nothing_when_the_waiter_hung_up(

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from deployments import deployer
-from deployments.models import Deployment
+from deployments.models import AuditEntry, Deployment
 from tests.conftest import wait_until
 from tests.gateway_support import api_key, gateway_url, seen_by_gateway
 
@@ -151,3 +151,7 @@ def test_it_ends_a_noticed_stream_with_an_error_event_on_timeout(
     assert json.loads(events[0])["id"] == "ondemand-queued"
     assert json.loads(events[1])["error"]["code"] == "ondemand_queue_timeout"
     assert events[2] == "[DONE]"
+    # The operator sees it in the audit log, written by the gateway, with no user.
+    wait_until(lambda: AuditEntry.objects.filter(action="ondemand_queue_timeout").exists(), 10)
+    entry = AuditEntry.objects.get(action="ondemand_queue_timeout")
+    assert (entry.actor, entry.user, entry.object_repr) == ("ondemand", None, "waiting")
