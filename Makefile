@@ -23,6 +23,8 @@ system-deps:
 
 run: setup
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py make_tiny_model var/models/tiny.gguf --if-missing
+	$(PY) manage.py make_tiny_model var/models/tiny-embed.gguf --embedding --if-missing
 	$(PY) manage.py serve --models examples/models.yaml
 
 lint: setup

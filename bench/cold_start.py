@@ -8,14 +8,18 @@ key and once on /ondemand/{id}/v1 with the on-demand key; the first byte comes a
 controller started the engine (fit check, start-up gate, health wait). Runs alternate, and
 the deployment is stopped again between them.
 
-    .venv/bin/python bench/cold_start.py [--runs 8]
+    .venv/bin/python bench/cold_start.py [--runs 8] [--engine simulated|tiny]
 
 The overhead is (first byte through the gateway) minus (the direct spawn's first byte).
+With `--engine tiny` the engine is llama.cpp's server with the project's tiny GGUF, and the
+script also measures generation throughput once the engine runs: one stream of 1,000 tokens
+at a time, straight to the engine and through /v1, alternating.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import statistics
@@ -77,6 +81,7 @@ def through_gateway(client: httpx.Client, url: str, body: dict[str, object], pk:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--engine", choices=["simulated", "tiny"], default="simulated")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -86,15 +91,17 @@ def main() -> None:
         from deployments.runtimes.process import free_port
         from openai_api.models import ApiKey
 
+        engine: dict[str, object] = {"model": "simulated", "loader": "simulated"}
+        if args.engine == "tiny":
+            from deployments.tiny_model import write
+
+            model = write(workdir / "tiny.gguf")
+            engine = {"model": str(model), "loader": "llama_server", "config": {"n_ctx": 2048}}
         deployment = Deployment.objects.create(
-            name="cold",
-            model="simulated",
-            loader="simulated",
-            memory_gib=1,
-            mode="on_demand",
-            idle_timeout_s=600,
+            name="cold", memory_gib=1, mode="on_demand", idle_timeout_s=600, **engine
         )
-        argv = get_loader("simulated").argv(EngineSpec.of(deployment), "{host}", "{port}")
+        loader = get_loader(deployment.loader)
+        argv = loader.argv(EngineSpec.of(deployment), "{host}", "{port}")
         _, api_key = ApiKey.issue("bench")
         ondemand_key = secrets.token_hex(16)
         (workdir / "ondemand_key").write_text(ondemand_key)
@@ -138,6 +145,8 @@ def main() -> None:
             for _ in range(args.runs):
                 for name, run in runs.items():
                     rows[name].append(run())
+            if args.engine == "tiny":
+                throughput(v1, base, deployment.pk, args.runs)
         finally:
             server.terminate()
             server.wait()
@@ -151,6 +160,37 @@ def main() -> None:
             f"| {name} | {median:.3f} | {(median - baseline) * 1000:+.0f} | "
             f"{median / baseline:.2f} |"
         )
+
+
+def throughput(v1: httpx.Client, base: str, pk: int, runs: int) -> None:
+    """Tokens per second of one long stream, direct and through /v1."""
+    from deployments import deployer
+    from deployments.models import Deployment
+
+    deployer.restart(pk)
+    engine = Deployment.objects.get(pk=pk).engine_url
+    time.sleep(1.0)  # the gateway sees it ready
+    body = {**CHAT, "model": "cold", "max_tokens": 1000, "temperature": 0}
+    body["stream_options"] = {"include_usage": True}
+    rates: dict[str, list[float]] = {"direct": [], "/v1": []}
+    direct_client = httpx.Client(timeout=120)
+    for _ in range(runs):
+        for name, client, url in (
+            ("direct", direct_client, engine + "/v1/chat/completions"),
+            ("/v1", v1, base + "/v1/chat/completions"),
+        ):
+            began, tokens = time.perf_counter(), 0
+            with client.stream("POST", url, json=body) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
+                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            rates[name].append(tokens / (time.perf_counter() - began))
+    base_rate = statistics.median(rates["direct"])
+    print("\n| path | tokens/s, one stream of 1,000 (median) | ratio |")
+    print("| --- | --- | --- |")
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        print(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} |")
 
 
 if __name__ == "__main__":

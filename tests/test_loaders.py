@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+from typing import Any
+
+import pytest
 
 from deployments.loaders import LOADERS, EngineSpec, get_loader
 
@@ -98,6 +102,27 @@ def test_it_builds_llama_servers_command_line() -> None:
     )
     assert llama.health_path == "/health"
     assert not llama.can_sleep(s)
+
+
+def test_it_runs_llama_cpp_from_the_wheel_where_no_binary_is_installed(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    llama = get_loader("llama_server")
+    monkeypatch.delenv("MSHIP_LLAMA_SERVER_BIN", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    launcher = ["-m", "deployments.engines.llama_launcher", "-m", "/m/tiny.gguf"]
+    assert llama.argv(spec(model="/m/tiny.gguf"), "h", "1")[:5] == [sys.executable, *launcher]
+    # In a container the published image's binary, unless the launcher is asked for.
+    assert llama.argv(spec(model="/m/tiny.gguf"), "h", "1", container=True)[0] == (
+        "/app/llama-server"
+    )
+    asked = spec(model="/m/tiny.gguf", config={"binary": "xllamacpp"})
+    settings.MSHIP_CONTAINER_PYTHON = "/usr/bin/python3"
+    assert llama.argv(asked, "h", "1", container=True)[:5] == ["/usr/bin/python3", *launcher]
+    assert llama.image(asked) == settings.MSHIP_ENGINE_IMAGE
+    assert llama.image(spec(model="/m/tiny.gguf")) == "ghcr.io/ggml-org/llama.cpp:server"
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/llama-server")
+    assert llama.argv(spec(model="/m/tiny.gguf"), "h", "1")[0] == "/usr/local/bin/llama-server"
     assert llama.validate(spec(num_gpus=0.5)) == [
         "num_gpus must be a whole number for llama_server"
     ]

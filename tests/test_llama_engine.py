@@ -1,0 +1,231 @@
+"""A real model on a real engine: the tiny GGUF the project makes, served by llama.cpp's own
+server (the `xllamacpp` wheel's, behind the llama_server loader), called through /v1 with the
+official openai SDK."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from django.core.management import call_command
+
+from deployments.engine_metrics import parse_gauges, read_load
+from deployments.loaders import get_loader
+from deployments.models import Deployment, State
+from tests.conftest import wait_until
+from tests.docker_support import docker_client, docker_site, engine_image
+from tests.gateway_support import api_key, gateway_url, seen_by_gateway, serving
+
+# fixtures
+__all__ = ["api_key", "docker_client", "docker_site", "engine_image", "gateway_url", "serving"]
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("models")
+    call_command("make_tiny_model", str(folder / "tiny.gguf"))
+    call_command("make_tiny_model", str(folder / "tiny-embed.gguf"), "--embedding")
+    return {"chat": folder / "tiny.gguf", "embed": folder / "tiny-embed.gguf"}
+
+
+def tiny(tiny_models: dict[str, Path], **config: Any) -> dict[str, Any]:
+    return {
+        "model": str(tiny_models["chat"]),
+        "loader": "llama_server",
+        "memory_gib": 0.5,
+        "config": {"n_ctx": 2048, **config},
+    }
+
+
+def sdk(gateway_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+HI: list[Any] = [{"role": "user", "content": "Say something about the weather."}]
+
+
+def test_it_makes_a_tiny_model_that_llama_cpp_loads_and_whose_tokenizer_round_trips(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    tmp_path: Path,
+) -> None:
+    size = tiny_models["chat"].stat().st_size
+    assert size < 10 * 2**20
+    again = tmp_path / "again.gguf"
+    call_command("make_tiny_model", str(again))
+    assert again.read_bytes() == tiny_models["chat"].read_bytes()  # the same for a seed
+    engine = serving("tiny", **tiny(tiny_models)).engine_url
+    text = "the cat sat on the mat, then went out! 42"
+    tokens = httpx.post(engine + "/tokenize", json={"content": text}).json()["tokens"]
+    assert 0 < len(tokens) < len(text.encode())  # the merges shortened it
+    back = httpx.post(engine + "/detokenize", json={"tokens": tokens}).json()["content"]
+    assert back == text
+
+
+def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    serving("tiny", **tiny(tiny_models))
+    client = sdk(gateway_url, api_key())
+    first = client.chat.completions.create(model="tiny", messages=HI, max_tokens=12, temperature=0)
+    again = client.chat.completions.create(model="tiny", messages=HI, max_tokens=12, temperature=0)
+    text = first.choices[0].message.content or ""
+    assert text and text == again.choices[0].message.content
+    assert text.isprintable() and text.isascii()
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage is not None and first.usage.completion_tokens == 12
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) == text
+    assert usage is not None and usage.completion_tokens == len(pieces) == 12
+    completion = client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=7, temperature=0
+    )
+    assert completion.choices[0].text and completion.usage is not None
+    assert completion.usage.completion_tokens == 7
+
+
+def test_it_embeds_one_vector_per_input(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    serving(
+        "tiny-embed",
+        **{**tiny(tiny_models), "model": str(tiny_models["embed"]), "usecase": "embed"},
+    )
+    vectors = (
+        sdk(gateway_url, api_key())
+        .embeddings.create(model="tiny-embed", input=["a red fox", "the sea", "a red fox"])
+        .data
+    )
+    assert [v.index for v in vectors] == [0, 1, 2]
+    assert {len(v.embedding) for v in vectors} == {64}  # the tiny model's width
+    assert vectors[0].embedding == vectors[2].embedding
+    assert vectors[0].embedding != vectors[1].embedding
+
+
+def test_it_starts_the_real_engine_on_demand_on_the_first_request(
+    tiny_models: dict[str, Path],
+    make_deployment: Any,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    site: Any,
+) -> None:
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    lazy = make_deployment("tiny-lazy", mode="on_demand", idle_timeout_s=60, **tiny(tiny_models))
+    seen_by_gateway(lambda s: "tiny-lazy" in s.routes)
+    answer = sdk(gateway_url, api_key()).chat.completions.create(
+        model="tiny-lazy", messages=HI, max_tokens=5
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 5
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+
+
+def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    engine = serving("tiny-one", **tiny(tiny_models, parallel=1)).engine_url
+    key = api_key()
+    body = {"model": "tiny-one", "messages": HI, "max_tokens": 1900, "stream": True}
+    started = threading.Event()
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as answer:
+        for _ in answer.iter_lines():
+            started.set()
+            # Its load gauges show it busy, so make-room and the reaper leave it alone.
+            with httpx.Client() as client:
+                load = read_load(client, engine, get_loader("llama_server"))
+            assert load is not None and load.running == 1 and not load.idle
+            break  # and hang up
+    assert started.is_set()
+    # The one slot is free again: the next request is served, and the hung-up generation
+    # stopped far short of its 1,900 tokens.
+    after = sdk(gateway_url, key).chat.completions.create(
+        model="tiny-one", messages=HI, max_tokens=3
+    )
+    assert after.usage is not None and after.usage.completion_tokens == 3
+
+    def predicted() -> float:
+        name = "llamacpp:tokens_predicted_total"
+        return parse_gauges(httpx.get(engine + "/metrics").text, {name}).get(name, 0.0)
+
+    wait_until(lambda: predicted() >= 3, 5)
+    assert predicted() < 1900
+
+
+def test_it_runs_the_same_launcher_in_a_container(
+    tiny_models: dict[str, Path],
+    docker_site: Any,
+    make_deployment: Any,
+) -> None:
+    """The docker runtime with the tests' image: llama.cpp's server from the same wheel,
+    the model's folder bind-mounted by the runtime, called on its published port."""
+    from deployments import deployer
+    from tests.docker_support import docker_block
+
+    boxed = make_deployment(
+        "tiny-boxed",
+        runtime="docker",
+        docker_options=docker_block(),
+        **tiny(tiny_models, binary="xllamacpp"),
+    )
+    deployer.restart(boxed.pk)
+    boxed.refresh_from_db()
+    assert boxed.state == State.READY, boxed.state_reason
+    assert boxed.runtime_handle["replicas"][0]["container_id"]
+    answer = httpx.post(
+        boxed.engine_url + "/v1/chat/completions",
+        json={"messages": HI, "max_tokens": 4, "temperature": 0},
+        timeout=30,
+    ).json()
+    assert answer["usage"]["completion_tokens"] == 4
+
+
+def test_it_fails_a_start_on_a_file_that_is_no_model_with_llama_cpps_words(
+    make_deployment: Any, tmp_path: Path
+) -> None:
+    from deployments import deployer
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf at all")
+    deployment = make_deployment(
+        "tiny-broken", loader="llama_server", model=str(broken), memory_gib=0.5
+    )
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "llama_launcher: could not start" in deployment.state_reason
