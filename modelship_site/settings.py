@@ -252,6 +252,8 @@ MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 6
 # at most this many requests wait at once.
 MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
 MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
+# Stored Responses API answers are kept this long (a django-q sweep deletes them after).
+MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
 # it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
 # own container is attached to; nobody when it runs outside Docker) or a list of networks.

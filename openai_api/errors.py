@@ -20,18 +20,26 @@ TYPES = {
 
 class GatewayError(Exception):
     def __init__(
-        self, status: int, message: str, code: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        message: str,
+        code: str,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.headers = headers or {}
+        self.param = param
 
     def body(self) -> bytes:
-        return error_body(self.status, self.message, self.code)
+        return error_body(self.status, self.message, self.code, self.param)
 
 
-def error_body(status: int, message: str, code: str) -> bytes:
+def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
     error = {"message": message, "type": TYPES.get(status, "server_error"), "code": code}
+    if param is not None:
+        error["param"] = param
     return json.dumps({"error": error}).encode()

@@ -141,15 +141,21 @@ class Forwarder:
     async def forward(self, call: Call, send: Send) -> None:
         """Forward one request and send its answer. The caller watches for hang-ups (see
         `cancel_on_hangup`): a cancellation closes the engine's connection."""
-        self.active[call.base_url] = self.active.get(call.base_url, 0) + 1
-        try:
+        async with self.using(call.base_url):
             await self._relay(call, send)
+
+    @asynccontextmanager
+    async def using(self, base_url: str) -> AsyncIterator[aiohttp.ClientSession]:
+        """The engine's session, counted as in use until the block ends."""
+        self.active[base_url] = self.active.get(base_url, 0) + 1
+        try:
+            yield self.session(base_url)
         finally:
-            self.active[call.base_url] -= 1
-            if not self.active[call.base_url]:
-                del self.active[call.base_url]
-                if call.base_url in self.retired:
-                    await self._close(call.base_url)
+            self.active[base_url] -= 1
+            if not self.active[base_url]:
+                del self.active[base_url]
+                if base_url in self.retired:
+                    await self._close(base_url)
 
     async def retire(self, live: set[str]) -> None:
         """Close the sessions of engines no route points at any more (a restart on a new

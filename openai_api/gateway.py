@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
+from urllib.parse import parse_qsl
 
 from django.conf import settings
 
@@ -21,6 +22,7 @@ from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.relay import Traffic, relay
+from openai_api.responses import handler as responses
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -146,6 +148,8 @@ async def handle(exchange: Exchange) -> None:
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
         return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
+    if endpoint.startswith("responses/"):
+        return await stored_response(exchange, caller.identity, method, endpoint.split("/")[1:])
     if endpoint not in TRAFFIC:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
@@ -162,6 +166,9 @@ async def handle(exchange: Exchange) -> None:
             )
         rate_limiter.check(caller.key)
         last_used.touch(caller.key)
+    if endpoint == "responses" and "chat/completions" in route.endpoints:
+        # Built from the engine's chat completions, for every chat-capable deployment.
+        return await responses.create(exchange, route, caller.identity, data or {})
     if endpoint not in route.endpoints:
         raise GatewayError(
             404,
@@ -173,6 +180,30 @@ async def handle(exchange: Exchange) -> None:
 
 
 application = asgi(handle)
+
+
+async def stored_response(exchange: Exchange, identity: str, method: str, parts: list[str]) -> None:
+    """GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel."""
+    response_id, rest = (parts[0], parts[1:]) if parts and parts[0] else ("", [])
+    query = dict(parse_qsl(exchange.scope.get("query_string", b"").decode("latin-1")))
+    if not response_id or len(rest) > 1:
+        raise GatewayError(404, f"Unknown path {exchange.scope['path']}.", "not_found")
+    if not rest and method == "GET":
+        if query.get("stream") == "true":
+            raise GatewayError(
+                400, "Only a background response can be streamed again.", "invalid_request"
+            )
+        return await responses.retrieve(exchange, identity, response_id)
+    if not rest and method == "DELETE":
+        return await responses.delete(exchange, identity, response_id)
+    if rest == ["input_items"] and method == "GET":
+        return await responses.list_input_items(exchange, identity, response_id, query)
+    if rest == ["cancel"] and method == "POST":
+        await responses.retrieve_only(identity, response_id)
+        raise GatewayError(400, "Only a background response can be cancelled.", "invalid_request")
+    raise GatewayError(
+        405, f"{method} is not allowed on {exchange.scope['path']}.", "method_not_allowed"
+    )
 
 
 def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str, Any] | None]:

@@ -46,3 +46,27 @@ class ApiKey(models.Model):
             name=name, prefix=prefix, secret_hash=hash_secret(secret), **fields
         )
         return key, f"{KEY_PREFIX}-{prefix}-{secret}"
+
+
+class StoredResponse(models.Model):
+    """One Responses API answer, self-contained: continuing from it is a single read.
+
+    `conversation` holds every input item up to and including this turn's (earlier turns'
+    inputs and outputs), so a branch from any stored id needs nothing else. `identity` is
+    the caller's (its API key, or the trusted identity header): another caller's lookup of
+    the same id simply misses."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    identity = models.CharField(max_length=200, db_index=True)
+    model = models.CharField(max_length=200)
+    status = models.CharField(max_length=16)
+    response = models.JSONField()
+    conversation = models.JSONField(default=list)
+    created = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return self.id

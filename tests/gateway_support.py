@@ -78,7 +78,11 @@ def serving(make_deployment: Any, engines: None, site: Any) -> Callable[..., Dep
         deployment.refresh_from_db()
         assert deployment.state == State.READY, deployment.state_reason
         seen_by_gateway(
-            lambda s: name in s.routes and s.routes[name].urls == tuple(deployment.engine_urls)
+            lambda s: (
+                name in s.routes
+                and s.routes[name].urls == tuple(deployment.engine_urls)
+                and s.routes[name].state == "ready"
+            )
         )
         return deployment
 

@@ -427,7 +427,10 @@ def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     thread = in_thread(call)
     assert queued.wait(30)
     thread.join(10)
-    [ctl] = list(_controllers.values())
+    from openai_api.catalog import catalog
+
+    assert catalog.loop is not None
+    ctl = _controllers[catalog.loop]  # the gateway's
     wait_until(lambda: ctl.entry(waiting.pk).waiting == 0 and not ctl.queue, 10)
     waiting.refresh_from_db()
     assert waiting.state == State.PLANNED

@@ -76,6 +76,7 @@ class SimState:
     served: int = 0
     sleeping: bool = False
     cancellations: list[dict[str, Any]] = field(default_factory=list)
+    last_chat_request: dict[str, Any] | None = None
 
 
 STATE = web.AppKey("state", SimState)
@@ -207,6 +208,7 @@ async def chat_completions(
     rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     call_tool = state.config.tool_call and body.get("tools")
+    state.last_chat_request = body
     async with Inflight(state, request):
         if body.get("stream"):
 
@@ -473,6 +475,11 @@ async def cancellations(request: web.Request) -> web.Response:
     return web.json_response({"count": len(state.cancellations), "cancelled": state.cancellations})
 
 
+async def last_chat_request(request: web.Request) -> web.Response:
+    """The body of the last chat completion request, as the engine received it."""
+    return web.json_response(request.app[STATE].last_chat_request)
+
+
 async def stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({"served": state.served, "running": state.running, "pid": os.getpid()})
@@ -492,6 +499,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/is_sleeping", is_sleeping),
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),
+        web.get("/sim/last_chat_request", last_chat_request),
     ]
     app = engine_app(served_names, routes, owner="simulated", client_max_size=64 * 2**20)
     app[STATE] = SimState(config=config, served_names=served_names)

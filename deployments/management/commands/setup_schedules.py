@@ -12,6 +12,7 @@ from django_q.models import Schedule
 SCHEDULES: dict[str, tuple[str, int]] = {
     "modelship-watchdog": ("deployments.tasks.watchdog", 1),
     "modelship-ondemand-reaper": ("ondemand.tasks.reap", 1),
+    "modelship-responses-sweep": ("openai_api.tasks.sweep_responses", 60),
 }
 
 
@@ -33,7 +34,7 @@ def setup_schedules() -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Register the watchdog (and later the reaper) with django-q; safe to run again."
+    help = "Register the watchdog, the on-demand reaper and the responses sweep; idempotent."
 
     def handle(self, *args: Any, **options: Any) -> None:
         created = setup_schedules()

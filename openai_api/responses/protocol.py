@@ -1,0 +1,283 @@
+"""The Responses API's request side: what is accepted, what is refused with a 400, and how a
+request becomes the engine's chat completion (input items become chat messages).
+
+The engine only ever sees a flat chat request; conversation state (previous_response_id) is
+resolved by the gateway before this runs and arrives here as earlier items.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_api.errors import GatewayError
+
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "computer_use",
+        "computer_use_preview",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "custom",
+    }
+)
+PASSED_THROUGH = ("temperature", "top_p", "parallel_tool_calls", "user")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def bad(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, "invalid_request", param=param)
+
+
+@dataclass
+class ResponsesRequest:
+    """A checked request: the fields the envelope echoes and what the engine gets."""
+
+    model: str
+    input_items: list[dict[str, Any]]  # this request's own input, as items with ids
+    instructions: str | None
+    stream: bool
+    store: bool
+    background: bool
+    previous_response_id: str | None
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+    parallel_tool_calls: bool
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    text: dict[str, Any]
+    reasoning: dict[str, Any] | None
+    metadata: dict[str, str]
+    user: str | None
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def parse(data: dict[str, Any]) -> ResponsesRequest:
+    """Check a request body; 400 with the field's name for what cannot be served."""
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' is required.", "model")
+    tools = data.get("tools") or []
+    if not isinstance(tools, list):
+        raise bad("'tools' must be a list.", "tools")
+    for index, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in HOSTED_TOOLS:
+            raise bad(
+                f"The hosted tool {kind!r} is not available here: only function tools"
+                " (and MCP servers by URL) can be used.",
+                f"tools[{index}]",
+            )
+        if kind == "mcp":
+            if tool.get("connector_id"):
+                raise bad("OpenAI-hosted MCP connectors (connector_id) are not available here.")
+            raise bad("MCP tools are not available yet.", f"tools[{index}]")
+        if kind != "function" or not isinstance(tool.get("name"), str):
+            raise bad(f"tools[{index}] must be a function tool with a name.", f"tools[{index}]")
+    tool_choice = data.get("tool_choice", "auto")
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "mcp":
+        raise bad("tool_choice cannot force an MCP tool here.", "tool_choice")
+    store = data.get("store", True) is not False
+    background = data.get("background") is True
+    if background and not store:
+        raise bad("background mode needs store: a background response must be pollable.", "store")
+    max_output = data.get("max_output_tokens")
+    if max_output is not None and (not isinstance(max_output, int) or max_output < 1):
+        raise bad("'max_output_tokens' must be a positive integer.", "max_output_tokens")
+    text = data.get("text") or {}
+    if not isinstance(text, dict):
+        raise bad("'text' must be an object.", "text")
+    metadata = data.get("metadata") or {}
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise bad("'metadata' must be an object of at most 16 keys.", "metadata")
+    previous = data.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise bad("'previous_response_id' must be a string.", "previous_response_id")
+    instructions = data.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad("'instructions' must be a string.", "instructions")
+    return ResponsesRequest(
+        model=model,
+        input_items=input_items(data.get("input")),
+        instructions=instructions,
+        stream=data.get("stream") is True,
+        store=store,
+        background=background,
+        previous_response_id=previous,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=data.get("parallel_tool_calls", True) is not False,
+        max_output_tokens=max_output,
+        temperature=data.get("temperature"),
+        top_p=data.get("top_p"),
+        text=text,
+        reasoning=data.get("reasoning"),
+        metadata={str(k): str(v) for k, v in metadata.items()},
+        user=data.get("user"),
+        raw=data,
+    )
+
+
+def input_items(value: Any) -> list[dict[str, Any]]:
+    """The request's input as items, each with an id (input_items lists them by it)."""
+    if value is None:
+        raise bad("'input' is required.", "input")
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise bad("'input' must be a string or a list of items.", "input")
+    items = []
+    for index, raw in enumerate(value):
+        if not isinstance(raw, dict):
+            raise bad(f"input[{index}] must be an object.", f"input[{index}]")
+        item = dict(raw)
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            if item.get("role") not in ("user", "assistant", "system", "developer"):
+                raise bad(f"input[{index}] needs a role.", f"input[{index}].role")
+            content = item.get("content")
+            if isinstance(content, str):
+                part = "output_text" if item["role"] == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": content}]
+            elif not isinstance(content, list):
+                raise bad(f"input[{index}].content must be text or parts.", f"input[{index}]")
+            item.setdefault("id", new_id("msg"))
+            item.setdefault("status", "completed")
+        elif kind == "function_call":
+            if not item.get("call_id") or not item.get("name"):
+                raise bad(f"input[{index}] needs call_id and name.", f"input[{index}]")
+            item.setdefault("arguments", "{}")
+            item.setdefault("id", new_id("fc"))
+            item.setdefault("status", "completed")
+        elif kind == "function_call_output":
+            if not item.get("call_id"):
+                raise bad(f"input[{index}] needs call_id.", f"input[{index}].call_id")
+            output = item.get("output")
+            if not isinstance(output, str):
+                item["output"] = json.dumps(output)
+            item.setdefault("id", new_id("fco"))
+            item.setdefault("status", "completed")
+        elif kind == "reasoning":
+            item.setdefault("id", new_id("rs"))
+        else:
+            raise bad(f"input[{index}] has an unknown type {kind!r}.", f"input[{index}].type")
+        items.append(item)
+    return items
+
+
+def text_of(content: list[dict[str, Any]]) -> str:
+    return "".join(
+        str(part.get("text", ""))
+        for part in content
+        if part.get("type") in ("input_text", "output_text", "text")
+    )
+
+
+def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages for a conversation's items (earlier turns' outputs included)."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": text_of(item.get("content") or [])})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item.get("arguments", "{}")},
+            }
+            last = out[-1] if out else None
+            if last and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return out
+
+
+def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's chat completion request, always streamed (with usage)."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages(request.instructions, [*history, *request.input_items]),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for key in PASSED_THROUGH:
+        if request.raw.get(key) is not None:
+            body[key] = request.raw[key]
+    if request.max_output_tokens is not None:
+        body["max_tokens"] = request.max_output_tokens
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool
+                },
+            }
+            for tool in request.tools
+        ]
+        choice = request.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        body["tool_choice"] = choice
+    text_format = request.text.get("format") or {}
+    if text_format.get("type") == "json_schema":
+        schema = {k: text_format[k] for k in ("name", "schema", "strict") if k in text_format}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif text_format.get("type") == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    effort = (request.reasoning or {}).get("effort")
+    if effort:
+        body["reasoning_effort"] = effort
+    return body
+
+
+def envelope(
+    request: ResponsesRequest, response_id: str, created_at: int, status: str
+) -> dict[str, Any]:
+    """The response object before any output: what the request asked, echoed."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": request.background,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata,
+        "model": request.model,
+        "output": [],
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "reasoning": request.reasoning,
+        "store": request.store,
+        "temperature": request.temperature,
+        "text": request.text or {"format": {"type": "text"}},
+        "tool_choice": request.tool_choice,
+        "tools": request.tools,
+        "top_p": request.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "user": request.user,
+    }

@@ -1,0 +1,116 @@
+"""Stored responses: one snapshot per response id, scoped by the caller's identity.
+
+Blocking (the ORM): the gateway calls these in threads, before the engine is called (the
+history) and after its last chunk, before the terminal event goes out (the write). A store
+that cannot be reached is 503 `store_unavailable`, before any engine work."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
+
+from openai_api.errors import GatewayError
+from openai_api.models import StoredResponse
+
+
+def unavailable(exc: Exception) -> GatewayError:
+    return GatewayError(
+        503, f"The response store cannot be reached: {exc.__class__.__name__}.", "store_unavailable"
+    )
+
+
+def not_found(response_id: str) -> GatewayError:
+    return GatewayError(
+        404, f"No response with id {response_id!r} was found.", "not_found", param="response_id"
+    )
+
+
+async def run(fn: Any, *args: Any) -> Any:
+    """A store call in a thread, its database failures turned into 503."""
+
+    def call() -> Any:
+        close_old_connections()
+        try:
+            return fn(*args)
+        except DatabaseError as exc:
+            raise unavailable(exc) from exc
+
+    return await sync_to_async(call, thread_sensitive=False)()
+
+
+def _live(identity: str, response_id: str) -> StoredResponse | None:
+    return StoredResponse.objects.filter(
+        pk=response_id, identity=identity, expires_at__gt=timezone.now()
+    ).first()
+
+
+def get(identity: str, response_id: str) -> StoredResponse:
+    stored = _live(identity, response_id)
+    if stored is None:
+        raise not_found(response_id)
+    return stored
+
+
+def history(identity: str, response_id: str) -> list[dict[str, Any]]:
+    """The items a continuation of `response_id` starts from: its conversation and its
+    output."""
+    stored = get(identity, response_id)
+    return [*stored.conversation, *stored.response.get("output", [])]
+
+
+def save(identity: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    expires = timezone.now() + timedelta(seconds=settings.MSHIP_RESPONSES_TTL_S)
+    StoredResponse.objects.update_or_create(
+        pk=response["id"],
+        defaults={
+            "identity": identity,
+            "model": response["model"],
+            "status": response["status"],
+            "response": response,
+            "conversation": conversation,
+            "expires_at": expires,
+        },
+    )
+
+
+def delete(identity: str, response_id: str) -> None:
+    deleted, _ = StoredResponse.objects.filter(pk=response_id, identity=identity).delete()
+    if not deleted:
+        raise not_found(response_id)
+
+
+def input_items(
+    identity: str, response_id: str, order: str, after: str | None, limit: int
+) -> dict[str, Any]:
+    items = list(get(identity, response_id).conversation)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise GatewayError(
+                400,
+                f"{after!r} is not an input item of this response.",
+                "invalid_request",
+                param="after",
+            )
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+def sweep() -> int:
+    """Delete expired responses; returns how many."""
+    deleted, _ = StoredResponse.objects.filter(expires_at__lte=timezone.now()).delete()
+    return deleted
