@@ -254,6 +254,12 @@ MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900
 MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
+# A streamed background run's replay log is kept at most this long; its heartbeat is written
+# this often, and a running response whose last beat is older than the limit is reported
+# failed by the next poll.
+MSHIP_RESPONSES_STREAM_BUFFER_TTL_S = env_float("MSHIP_RESPONSES_STREAM_BUFFER_TTL_S", 600)
+MSHIP_RESPONSES_HEARTBEAT_S = env_float("MSHIP_RESPONSES_HEARTBEAT_S", 3)
+MSHIP_RESPONSES_HEARTBEAT_STALE_S = env_float("MSHIP_RESPONSES_HEARTBEAT_STALE_S", 20)
 # The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
 # it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
 # own container is attached to; nobody when it runs outside Docker) or a list of networks.

@@ -22,6 +22,7 @@ from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.relay import Traffic, relay
+from openai_api.responses import background
 from openai_api.responses import handler as responses
 
 Scope = dict[str, Any]
@@ -190,17 +191,24 @@ async def stored_response(exchange: Exchange, identity: str, method: str, parts:
         raise GatewayError(404, f"Unknown path {exchange.scope['path']}.", "not_found")
     if not rest and method == "GET":
         if query.get("stream") == "true":
-            raise GatewayError(
-                400, "Only a background response can be streamed again.", "invalid_request"
-            )
+            after = query.get("starting_after", "-1")
+            if not after.lstrip("-").isdigit():
+                raise GatewayError(
+                    400,
+                    "'starting_after' is a sequence number.",
+                    "invalid_request",
+                    param="starting_after",
+                )
+            return await background.resume(exchange, identity, response_id, int(after))
         return await responses.retrieve(exchange, identity, response_id)
     if not rest and method == "DELETE":
+        await background.drop(identity, response_id)
         return await responses.delete(exchange, identity, response_id)
     if rest == ["input_items"] and method == "GET":
         return await responses.list_input_items(exchange, identity, response_id, query)
     if rest == ["cancel"] and method == "POST":
-        await responses.retrieve_only(identity, response_id)
-        raise GatewayError(400, "Only a background response can be cancelled.", "invalid_request")
+        cancelled = await background.cancel(identity, response_id)
+        return await exchange.json(200, json.dumps(cancelled).encode())
     raise GatewayError(
         405, f"{method} is not allowed on {exchange.scope['path']}.", "method_not_allowed"
     )

@@ -70,3 +70,26 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class ResponseHeartbeat(models.Model):
+    """A background run's sign of life, kept apart from its snapshot: a beat can never race
+    a terminal write and bring a finished response back to life."""
+
+    response_id = models.CharField(max_length=64, primary_key=True)
+    beat_at = models.DateTimeField()
+
+
+class ResponseEvent(models.Model):
+    """The replay log of a streamed background run, where no Redis is configured."""
+
+    response_id = models.CharField(max_length=64, db_index=True)
+    sequence = models.PositiveIntegerField()
+    data = models.TextField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["response_id", "sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["response_id", "sequence"], name="one_event_per_seq")
+        ]

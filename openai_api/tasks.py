@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from openai_api.responses import store
+from openai_api.responses import replay, store
 
 
 def sweep_responses() -> int:
-    """Delete stored responses past MSHIP_RESPONSES_TTL_S (scheduled hourly)."""
-    return store.sweep()
+    """Delete stored responses past MSHIP_RESPONSES_TTL_S and expired replay-log events
+    (scheduled hourly)."""
+    return store.sweep() + replay.sweep()

@@ -70,6 +70,14 @@ def chat(url: str, text: str = "hello", **body: Any) -> dict[str, Any]:
     return result
 
 
+def answers(url: str) -> bool:
+    """Whether a server answers at `url` (with anything short of a 5xx)."""
+    try:
+        return httpx.get(url, timeout=1).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
 def reply_of(url: str) -> str:
     return str(chat(url)["choices"][0]["message"]["content"])
 

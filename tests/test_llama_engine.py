@@ -153,9 +153,12 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
     gateway_url: str,
     api_key: Callable[..., str],
 ) -> None:
-    engine = serving("tiny-one", **tiny(tiny_models, parallel=1)).engine_url
+    # A long generation (seconds, at this model's speed), so it surely runs while we look.
+    config = tiny(tiny_models, parallel=1)
+    config["config"]["n_ctx"] = 16384
+    engine = serving("tiny-one", **config).engine_url
     key = api_key()
-    body = {"model": "tiny-one", "messages": HI, "max_tokens": 1900, "stream": True}
+    body = {"model": "tiny-one", "messages": HI, "max_tokens": 16000, "stream": True}
     started = threading.Event()
     with httpx.stream(
         "POST",
@@ -173,7 +176,7 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
             break  # and hang up
     assert started.is_set()
     # The one slot is free again: the next request is served, and the hung-up generation
-    # stopped far short of its 1,900 tokens.
+    # stopped far short of its 16,000 tokens.
     after = sdk(gateway_url, key).chat.completions.create(
         model="tiny-one", messages=HI, max_tokens=3
     )
@@ -184,7 +187,7 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
         return parse_gauges(httpx.get(engine + "/metrics").text, {name}).get(name, 0.0)
 
     wait_until(lambda: predicted() >= 3, 5)
-    assert predicted() < 1900
+    assert predicted() < 16000
 
 
 def test_it_runs_the_same_launcher_in_a_container(
@@ -229,3 +232,36 @@ def test_it_fails_a_start_on_a_file_that_is_no_model_with_llama_cpps_words(
     deployment.refresh_from_db()
     assert deployment.state == State.FAILED
     assert "llama_launcher: could not start" in deployment.state_reason
+
+
+def test_it_serves_the_responses_api_from_the_real_engine(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    serving("tiny", **tiny(tiny_models))
+    client = sdk(gateway_url, api_key())
+    first = client.responses.create(
+        model="tiny", input="Hello there", max_output_tokens=6, temperature=0
+    )
+    assert first.status == "incomplete" and first.output_text  # it runs to the limit
+    assert first.usage is not None and first.usage.output_tokens == 6
+    with client.responses.stream(
+        model="tiny", input="And now?", previous_response_id=first.id, max_output_tokens=5
+    ) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete"
+    second = events[-1].response  # type: ignore[union-attr]
+    assert second.previous_response_id == first.id and second.output_text
+    items = client.responses.input_items.list(second.id, order="asc")
+    assert [i.type for i in items] == ["message", "message", "message"]
+    queued = client.responses.create(
+        model="tiny", input="In the background", background=True, max_output_tokens=4
+    )
+
+    def done() -> bool:
+        return client.responses.retrieve(queued.id).status == "incomplete"
+
+    wait_until(done, 30)

@@ -427,10 +427,8 @@ def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     thread = in_thread(call)
     assert queued.wait(30)
     thread.join(10)
-    from openai_api.catalog import catalog
-
-    assert catalog.loop is not None
-    ctl = _controllers[catalog.loop]  # the gateway's
+    # The gateway's controller: the one that saw this deployment's request.
+    ctl = next(c for c in _controllers.values() if waiting.pk in c.entries)
     wait_until(lambda: ctl.entry(waiting.pk).waiting == 0 and not ctl.queue, 10)
     waiting.refresh_from_db()
     assert waiting.state == State.PLANNED

@@ -4,7 +4,10 @@ completions, streamed as the Responses event protocol, stored in the gateway."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,6 +15,8 @@ import openai
 import pytest
 
 from deployments.models import Deployment
+from deployments.runtimes.process import free_port
+from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 from tests.gateway_support import api_key, gateway_url, serving
 
 __all__ = ["api_key", "gateway_url", "serving"]  # fixtures
@@ -205,7 +210,7 @@ def test_it_refuses_what_it_cannot_serve_before_calling_the_engine(
         assert refused.value.status_code == 404
     else:
         assert refused.value.status_code == 400 and says in refused.value.message
-    assert httpx.get(engine_url(sim) + "/sim/stats").json()["served"] == 0
+    assert engine_stats(sim)["served"] == 0
 
 
 def texts(items: Any) -> list[str]:
@@ -224,3 +229,172 @@ def test_it_answers_404_for_a_deployment_that_does_not_chat(
     serving("vectors", usecase="embed")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="vectors", input="x")
+
+
+# --- background runs ------------------------------------------------------------------------
+
+
+def wait_for_status(client: openai.OpenAI, response_id: str, *statuses: str) -> Any:
+    found: list[Any] = []
+
+    def reached() -> bool:
+        found[:] = [client.responses.retrieve(response_id)]
+        return found[0].status in statuses
+
+    wait_until(reached, 30)
+    return found[0]
+
+
+def test_it_runs_a_background_response_and_is_polled_to_completion(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "done in the background", "tokens_per_second": 20})
+    queued = client.responses.create(model="sim", input="x", background=True)
+    assert queued.status == "queued" and queued.background
+    finished = wait_for_status(client, queued.id, "completed")
+    assert finished.output_text == "done in the background"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(client.responses.create(model="sim", input="y").id)
+
+
+def test_it_cancels_a_background_run_and_the_engine_sees_it(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    sim = serving("sim", config={"reply": "slow " * 50, "tokens_per_second": 5})
+    queued = client.responses.create(model="sim", input="x", background=True)
+    wait_until(lambda: engine_stats(sim)["running"] == 1, 10)
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.cancel(queued.id).status == "cancelled"  # idempotent
+    wait_until(lambda: cancellations(sim) == 1, 10)
+    assert client.responses.retrieve(queued.id).status == "cancelled"  # never undone
+
+
+def test_it_deletes_a_background_run_in_flight(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    sim = serving("sim", config={"reply": "slow " * 50, "tokens_per_second": 5})
+    queued = client.responses.create(model="sim", input="x", background=True)
+    wait_until(lambda: engine_stats(sim)["running"] == 1, 10)
+    client.responses.delete(queued.id)
+    wait_until(lambda: cancellations(sim) == 1, 10)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(queued.id)
+
+
+def test_it_resumes_a_background_stream_from_any_sequence_number(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "a b c d e f g h", "tokens_per_second": 40})
+    first: list[Any] = []
+    stream = client.responses.create(model="sim", input="x", background=True, stream=True)
+    for event in stream:
+        first.append(event)
+        if event.type == "response.output_text.delta":
+            break  # the client goes away mid-stream
+    stream.close()
+    response_id = first[0].response.id
+    cursor = first[-1].sequence_number
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=cursor))
+    events = first + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[0].response.status == "queued"
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "a b c d e f g h"
+    # The SDK's stream helper resumes the same way, from a later cursor.
+    with client.responses.stream(response_id=response_id, starting_after=cursor + 2) as again:
+        tail = [e.sequence_number for e in again]
+    assert tail == list(range(cursor + 3, len(events)))
+    assert wait_for_status(client, response_id, "completed").output_text == text
+
+
+def test_it_reports_a_background_run_whose_process_died_as_failed(
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    site: Any,
+    tmp_path: Path,
+) -> None:
+    """The run lives in another gateway process, killed mid-run: its heartbeat stops, and
+    a poll through this gateway reports the response failed."""
+    sim = serving("sim", config={"reply": "slow " * 50, "tokens_per_second": 5})
+    key = api_key()
+    port = free_port("127.0.0.1")
+    other = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "modelship_site.asgi:application"),
+            *("--port", str(port), "--log-level", "warning", "--lifespan", "off"),
+        ],
+        cwd=REPO,
+        env=env_for_subprocess(MSHIP_RESPONSES_HEARTBEAT_S="0.2", MSHIP_VAR_DIR=str(tmp_path)),
+    )
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 30)
+        there = sdk(f"http://127.0.0.1:{port}", key)
+        queued = there.responses.create(model="sim", input="x", background=True)
+        wait_until(lambda: engine_stats(sim)["running"] == 1, 10)
+    finally:
+        other.kill()
+        other.wait()
+    site.MSHIP_RESPONSES_HEARTBEAT_STALE_S = 1.0
+    here = sdk(gateway_url, key)
+    lost = wait_for_status(here, queued.id, "failed")
+    assert lost.error is not None and lost.error.code == "background_run_lost"
+
+
+# --- the store unavailable --------------------------------------------------------------------
+
+
+def test_it_answers_503_before_any_engine_work_when_the_store_is_unavailable(
+    client: openai.OpenAI, serving: Callable[..., Deployment], site: Any
+) -> None:
+    from django.db import connection
+
+    from openai_api.models import StoredResponse
+
+    sim = serving("sim")
+    earlier = client.responses.create(model="sim", input="x")
+    served = engine_stats(sim)["served"]
+    # Redis gone: a streamed background run cannot keep its replay log.
+    site.REDIS_URL = f"redis://127.0.0.1:{free_port('127.0.0.1')}/0"
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.responses.create(model="sim", input="x", background=True, stream=True)
+    assert refused.value.status_code == 503 and refused.value.code == "store_unavailable"
+    # The database's table gone: history cannot be read.
+    with connection.schema_editor() as editor:
+        editor.delete_model(StoredResponse)
+    try:
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.responses.create(model="sim", input="y", previous_response_id=earlier.id)
+        assert refused.value.status_code == 503
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(StoredResponse)
+    assert engine_stats(sim)["served"] == served  # the engine was never called
+
+
+def engine_stats(deployment: Deployment) -> dict[str, Any]:
+    return dict(httpx.get(engine_url(deployment) + "/sim/stats").json())
+
+
+def cancellations(deployment: Deployment) -> int:
+    return int(httpx.get(engine_url(deployment) + "/sim/cancellations").json()["count"])
+
+
+def test_it_forgets_responses_after_their_ttl(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    from django.utils import timezone
+
+    from openai_api.models import StoredResponse
+    from openai_api.tasks import sweep_responses
+
+    serving("sim")
+    old = client.responses.create(model="sim", input="old")
+    kept = client.responses.create(model="sim", input="kept")
+    StoredResponse.objects.filter(pk=old.id).update(expires_at=timezone.now())
+    with pytest.raises(openai.NotFoundError):  # expired: gone at once, swept or not
+        client.responses.retrieve(old.id)
+    assert sweep_responses() == 1
+    assert list(StoredResponse.objects.values_list("id", flat=True)) == [kept.id]

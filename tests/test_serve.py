@@ -15,16 +15,9 @@ from django.core.management import call_command
 
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
-from tests.conftest import REPO, env_for_subprocess, pid_alive, reply_of, wait_until
+from tests.conftest import REPO, answers, env_for_subprocess, pid_alive, reply_of, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
-
-
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code < 500
-    except httpx.HTTPError:
-        return False
 
 
 def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:

@@ -72,4 +72,6 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
         1,
     )
     assert Schedule.objects.get(name="modelship-ondemand-reaper").func == "ondemand.tasks.reap"
-    assert Schedule.objects.count() == 2
+    sweep = Schedule.objects.get(name="modelship-responses-sweep")
+    assert (sweep.func, sweep.minutes) == ("openai_api.tasks.sweep_responses", 60)
+    assert Schedule.objects.count() == 3

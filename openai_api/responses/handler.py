@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from openai_api.gateway import Exchange
 
 
+Emit = Callable[[list[Event]], Awaitable[None]]
+
+
 async def create(exchange: Exchange, route: Route, identity: str, data: dict[str, Any]) -> None:
     request = protocol.parse(data)
     history: list[dict[str, Any]] = []
@@ -37,85 +41,122 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     translator = StreamTranslator(response)
     body = protocol.chat_request(request, history)
     conversation = [*history, *request.input_items]
-    run = Run(exchange, translator, request.stream)
-    async with cancel_on_hangup(exchange.receive), dispatcher.slot(route) as base_url:
+    if request.background:
+        from openai_api.responses import background
+
+        return await background.start(
+            exchange, route, identity, request, translator, body, conversation
+        )
+    out = HttpOut(exchange, translator, request.stream)
+
+    async def save(finished: dict[str, Any]) -> None:
+        await store.run(store.save, identity, finished, conversation)
+
+    async with cancel_on_hangup(exchange.receive):
+        await out.emit(translator.start())
+        if await generate(route, body, translator, out.emit, exchange.request_id):
+            await conclude(translator, out.emit, save if request.store else None)
+        elif request.store:  # a failed response can still be retrieved
+            with contextlib.suppress(GatewayError):
+                await save(translator.response)
+        await out.end()
+
+
+async def generate(
+    route: Route, body: dict[str, Any], translator: StreamTranslator, emit: Emit, request_id: str
+) -> bool:
+    """One engine turn through the translator, in a slot; False when the engine failed
+    mid-answer (its failure already emitted). Before its answer began, an engine error is
+    raised as the request's error."""
+    async with dispatcher.slot(route) as base_url:
         try:
-            await run.call_engine(base_url, body)
+            await call_engine(base_url, body, translator, emit, request_id)
         except EngineFailed:
-            if request.store:  # a failed response can still be retrieved
-                with contextlib.suppress(GatewayError):
-                    await store.run(store.save, identity, translator.response, conversation)
-            return await run.end()
-        closing = translator.finish()
-        terminal = closing.pop()
-        await run.emit(closing)
-        if request.store:
-            try:
-                await store.run(store.save, identity, translator.response, conversation)
-            except GatewayError as exc:
-                # Not continuable: reporting success would hand out an id that 404s.
-                await run.emit(translator.fail("store_unavailable", exc.message))
-                return await run.end()
-        await run.emit([terminal])
-        await run.end()
+            return False
+    return True
 
 
-class Run:
-    """One create's way out: events as SSE while streaming, else the final object."""
+async def conclude(
+    translator: StreamTranslator,
+    emit: Emit,
+    save: Callable[[dict[str, Any]], Awaitable[None]] | None,
+) -> None:
+    """Close the items, store the response, then send its terminal event; a failed write
+    turns that event into `response.failed` (the id would not be continuable)."""
+    closing = translator.finish()
+    terminal = closing.pop()
+    await emit(closing)
+    if save is not None:
+        try:
+            await save(translator.response)
+        except GatewayError as exc:
+            await emit(translator.fail("store_unavailable", exc.message))
+            return
+    await emit([terminal])
+
+
+class HttpOut:
+    """A foreground create's way out: events as SSE while streaming, else the object."""
 
     def __init__(self, exchange: Exchange, translator: StreamTranslator, streaming: bool):
         self.exchange = exchange
         self.translator = translator
         self.streaming = streaming
-        self.started = False
+        self.pending: list[Event] = []  # created/in_progress, held until the engine answers
+        self.answered = False
 
     async def emit(self, events: list[Event]) -> None:
         if not self.streaming or not events:
             return
-        if not self.started:
-            self.started = True
-            headers = [*SSE_HEADERS, (b"x-request-id", self.exchange.request_id.encode())]
-            await self.exchange.send(
-                {"type": "http.response.start", "status": 200, "headers": headers}
-            )
+        if events[0]["type"] == "response.created":
+            self.pending = events  # a refusal before the engine answers is a plain error
+            return
+        if not self.answered:
+            await self._answer()
+            events = [*self.pending, *events]
         body = b"".join(sse(event) for event in events)
         await self.exchange.send({"type": "http.response.body", "body": body, "more_body": True})
 
+    async def _answer(self) -> None:
+        self.answered = True
+        headers = [*SSE_HEADERS, (b"x-request-id", self.exchange.request_id.encode())]
+        await self.exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+
     async def end(self) -> None:
         if self.streaming:
+            if not self.answered:
+                await self._answer()
             await self.exchange.send({"type": "http.response.body", "body": b""})
         else:
             await self.exchange.json(200, json.dumps(self.translator.response).encode())
 
-    async def call_engine(self, base_url: str, body: dict[str, Any]) -> None:
-        """Stream the engine's chat completion through the translator. Before its answer
-        began an engine error is the request's error; after, it fails the response."""
-        url = base_url + "/v1/chat/completions"
-        headers = {"content-type": "application/json", "x-request-id": self.exchange.request_id}
-        async with forwarder.using(base_url) as session:
+
+async def call_engine(
+    base_url: str, body: dict[str, Any], translator: StreamTranslator, emit: Emit, request_id: str
+) -> None:
+    """Stream the engine's chat completion through the translator."""
+    url = base_url + "/v1/chat/completions"
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    async with forwarder.using(base_url) as session:
+        try:
+            answer = await session.post(url, json=body, headers=headers)
+        except aiohttp.ClientError as exc:
+            raise GatewayError(502, unreachable(exc), "upstream_error") from exc
+        async with answer:
+            if answer.status != 200:
+                raise await engine_error(answer)
             try:
-                answer = await session.post(url, json=body, headers=headers)
+                async for chunk in chat_chunks(answer):
+                    if "error" in chunk:
+                        error = chunk["error"] or {}
+                        code = str(error.get("code") or "engine_error")
+                        message = str(error.get("message") or "the engine failed")
+                        await emit(translator.fail(code, message))
+                        raise EngineFailed
+                    await emit(translator.feed(chunk))
             except aiohttp.ClientError as exc:
-                raise GatewayError(502, unreachable(exc), "upstream_error") from exc
-            async with answer:
-                if answer.status != 200:
-                    raise await engine_error(answer)
-                await self.emit(self.translator.start())
-                try:
-                    async for chunk in chat_chunks(answer):
-                        if "error" in chunk:
-                            error = chunk["error"] or {}
-                            await self.emit(
-                                self.translator.fail(
-                                    str(error.get("code") or "engine_error"),
-                                    str(error.get("message") or "the engine failed"),
-                                )
-                            )
-                            raise EngineFailed
-                        await self.emit(self.translator.feed(chunk))
-                except aiohttp.ClientError as exc:
-                    await self.emit(self.translator.fail("upstream_error", unreachable(exc)))
-                    raise EngineFailed from exc
+                await emit(translator.fail("upstream_error", unreachable(exc)))
+                raise EngineFailed from exc
 
 
 class EngineFailed(Exception):
@@ -147,13 +188,10 @@ async def engine_error(answer: aiohttp.ClientResponse) -> GatewayError:
 
 
 async def retrieve(exchange: Exchange, identity: str, response_id: str) -> None:
-    stored = await store.run(store.get, identity, response_id)
-    await exchange.json(200, json.dumps(stored.response).encode())
+    from openai_api.responses.background import poll
 
-
-async def retrieve_only(identity: str, response_id: str) -> None:
-    """404 unless the caller has this response."""
-    await store.run(store.get, identity, response_id)
+    response = await store.run(poll, identity, response_id)
+    await exchange.json(200, json.dumps(response).encode())
 
 
 async def delete(exchange: Exchange, identity: str, response_id: str) -> None:

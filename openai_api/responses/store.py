@@ -114,3 +114,56 @@ def sweep() -> int:
     """Delete expired responses; returns how many."""
     deleted, _ = StoredResponse.objects.filter(expires_at__lte=timezone.now()).delete()
     return deleted
+
+
+RUNNING = ("queued", "in_progress")
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+def save_if_running(identity: str, response: dict[str, Any]) -> bool:
+    """A background run's write: only while nobody ended it first (a cancel, a poll that
+    found it lost), so a late write never brings a finished response back."""
+    updated = StoredResponse.objects.filter(
+        pk=response["id"], identity=identity, status__in=RUNNING
+    ).update(status=response["status"], response=response)
+    return bool(updated)
+
+
+def end_if_running(
+    identity: str, response_id: str, status: str, error: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Move a running response to `status` (cancelled, failed) unless it already ended;
+    returns the response as it now stands."""
+    stored = get(identity, response_id)
+    if stored.status in RUNNING:
+        response = {**stored.response, "status": status}
+        if error is not None:
+            response["error"] = error
+        updated = StoredResponse.objects.filter(pk=response_id, status__in=RUNNING).update(
+            status=status, response=response
+        )
+        if updated:
+            return response
+        stored = get(identity, response_id)
+    return dict(stored.response)
+
+
+def beat(response_id: str) -> None:
+    from openai_api.models import ResponseHeartbeat
+
+    ResponseHeartbeat.objects.update_or_create(
+        response_id=response_id, defaults={"beat_at": timezone.now()}
+    )
+
+
+def last_beat(response_id: str) -> Any:
+    from openai_api.models import ResponseHeartbeat
+
+    row = ResponseHeartbeat.objects.filter(response_id=response_id).first()
+    return None if row is None else row.beat_at
+
+
+def forget_beat(response_id: str) -> None:
+    from openai_api.models import ResponseHeartbeat
+
+    ResponseHeartbeat.objects.filter(response_id=response_id).delete()

@@ -84,13 +84,12 @@ class StreamTranslator:
         self.sequence += 1
         return event
 
-    def start(self) -> list[Event]:
+    def start(self, created_status: str = "in_progress") -> list[Event]:
+        """`response.created` (queued for a background run) and `response.in_progress`."""
+        self.response["status"] = created_status
+        created = self._event("response.created", response=copy.deepcopy(self.response))
         self.response["status"] = "in_progress"
-        snapshot = copy.deepcopy(self.response)
-        return [
-            self._event("response.created", response=snapshot),
-            self._event("response.in_progress", response=snapshot),
-        ]
+        return [created, self._event("response.in_progress", response=copy.deepcopy(self.response))]
 
     def _open(self, kind: str, **fields: Any) -> tuple[Item, list[Event]]:
         item = Item(len(self.items), kind, **fields)

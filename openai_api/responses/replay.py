@@ -1,0 +1,186 @@
+"""The replay log of a streamed background run: every event, in order, for the first POST
+and for clients that resume with `GET /v1/responses/{id}?stream=true&starting_after=N`.
+
+Redis Streams where REDIS_URL is set (one stream per response), else a database table. A
+log lives MSHIP_RESPONSES_STREAM_BUFFER_TTL_S at most; once its run has ended it is kept only
+a short grace, long enough for the readers already tailing it to reach its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.utils import timezone
+
+from openai_api.errors import GatewayError
+from openai_api.responses import store
+from openai_api.responses.translator import Event
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+ENDED_GRACE_S = 60
+POLL_S = 0.05
+FINISHED_EVERY = 10  # idle polls between looks at whether the run ended without its event
+
+
+def unavailable(exc: Exception) -> GatewayError:
+    return GatewayError(
+        503, f"The stream log cannot be reached: {exc.__class__.__name__}.", "store_unavailable"
+    )
+
+
+class ReplayLog(Protocol):
+    async def append(self, response_id: str, events: list[Event]) -> None: ...
+
+    async def read(self, response_id: str, after: int) -> list[Event]:
+        """The events after sequence number `after` (at once, maybe none)."""
+        ...
+
+    async def exists(self, response_id: str) -> bool: ...
+
+    async def ended(self, response_id: str) -> None:
+        """The run is over: keep the log only for the grace."""
+        ...
+
+    async def drop(self, response_id: str) -> None: ...
+
+
+class RedisLog:
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as redis
+
+        self.client = redis.from_url(url)
+
+    @staticmethod
+    def key(response_id: str) -> str:
+        return f"modelship:responses:{response_id}:events"
+
+    async def _call(self, coroutine: Any) -> Any:
+        import redis
+
+        try:
+            return await coroutine
+        except (redis.RedisError, OSError) as exc:
+            raise unavailable(exc) from exc
+
+    async def append(self, response_id: str, events: list[Event]) -> None:
+        key = self.key(response_id)
+        pipe = self.client.pipeline()
+        for event in events:
+            # The stream id is the sequence number, so reading after N is one range query.
+            pipe.xadd(key, {"e": json.dumps(event)}, id=f"{event['sequence_number'] + 1}-0")
+        pipe.expire(key, int(settings.MSHIP_RESPONSES_STREAM_BUFFER_TTL_S))
+        await self._call(pipe.execute())
+
+    async def read(self, response_id: str, after: int) -> list[Event]:
+        entries = await self._call(
+            self.client.xrange(self.key(response_id), min=f"({after + 1}-0", max="+")
+        )
+        return [json.loads(fields[b"e"]) for _, fields in entries]
+
+    async def exists(self, response_id: str) -> bool:
+        return bool(await self._call(self.client.exists(self.key(response_id))))
+
+    async def ended(self, response_id: str) -> None:
+        await self._call(self.client.expire(self.key(response_id), ENDED_GRACE_S))
+
+    async def drop(self, response_id: str) -> None:
+        await self._call(self.client.delete(self.key(response_id)))
+
+
+class DatabaseLog:
+    async def append(self, response_id: str, events: list[Event]) -> None:
+        from openai_api.models import ResponseEvent
+
+        expires = timezone.now() + timedelta(seconds=settings.MSHIP_RESPONSES_STREAM_BUFFER_TTL_S)
+        rows = [
+            ResponseEvent(
+                response_id=response_id,
+                sequence=event["sequence_number"],
+                data=json.dumps(event),
+                expires_at=expires,
+            )
+            for event in events
+        ]
+        await store.run(ResponseEvent.objects.bulk_create, rows)
+
+    async def read(self, response_id: str, after: int) -> list[Event]:
+        from openai_api.models import ResponseEvent
+
+        def rows() -> list[str]:
+            return list(
+                ResponseEvent.objects.filter(
+                    response_id=response_id, sequence__gt=after, expires_at__gt=timezone.now()
+                ).values_list("data", flat=True)
+            )
+
+        return [json.loads(data) for data in await store.run(rows)]
+
+    async def exists(self, response_id: str) -> bool:
+        from openai_api.models import ResponseEvent
+
+        def any_row() -> bool:
+            live = ResponseEvent.objects.filter(
+                response_id=response_id, expires_at__gt=timezone.now()
+            )
+            return live.exists()
+
+        return bool(await store.run(any_row))
+
+    async def ended(self, response_id: str) -> None:
+        from openai_api.models import ResponseEvent
+
+        expires = timezone.now() + timedelta(seconds=ENDED_GRACE_S)
+        await store.run(
+            lambda: ResponseEvent.objects.filter(response_id=response_id).update(expires_at=expires)
+        )
+
+    async def drop(self, response_id: str) -> None:
+        from openai_api.models import ResponseEvent
+
+        await store.run(lambda: ResponseEvent.objects.filter(response_id=response_id).delete())
+
+
+_logs: dict[tuple[asyncio.AbstractEventLoop, str], ReplayLog] = {}
+
+
+def replay_log() -> ReplayLog:
+    """This loop's log (a Redis client belongs to the loop that made it)."""
+    url = settings.REDIS_URL
+    key = (asyncio.get_running_loop(), url)
+    if key not in _logs:
+        _logs[key] = RedisLog(url) if url else DatabaseLog()
+    return _logs[key]
+
+
+async def tail(log: ReplayLog, response_id: str, after: int, finished: Any) -> AsyncIterator[Event]:
+    """The log's events after `after` as they come, to the terminal event; `finished()`
+    says whether the run ended without one (cancelled, lost), which ends the tail too."""
+    idle = 0
+    while True:
+        events = await log.read(response_id, after)
+        for event in events:
+            after = event["sequence_number"]
+            yield event
+            if event["type"] in TERMINAL_EVENTS:
+                return
+        idle = 0 if events else idle + 1
+        if idle and idle % FINISHED_EVERY == 0 and await finished():
+            # One last look: the final events may have landed since.
+            for event in await log.read(response_id, after):
+                yield event
+            return
+        if not events:
+            await asyncio.sleep(POLL_S)
+
+
+def sweep() -> int:
+    """Delete expired events of the database log."""
+    from openai_api.models import ResponseEvent
+
+    deleted, _ = ResponseEvent.objects.filter(expires_at__lte=timezone.now()).delete()
+    return deleted
