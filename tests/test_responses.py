@@ -4,6 +4,9 @@ completions, streamed as the Responses event protocol, stored in the gateway."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -398,3 +401,70 @@ def test_it_forgets_responses_after_their_ttl(
         client.responses.retrieve(old.id)
     assert sweep_responses() == 1
     assert list(StoredResponse.objects.values_list("id", flat=True)) == [kept.id]
+
+
+# --- failures mid-stream, and on demand -------------------------------------------------------
+
+
+def test_it_fails_the_response_when_the_engine_dies_mid_stream(
+    serving: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    sim = serving("sim", config={"reply": "slow " * 40, "tokens_per_second": 10})
+    pid = sim.runtime_handle["replicas"][0]["pid"]
+    body = {"model": "sim", "input": "x", "stream": True}
+    headers = {"authorization": f"Bearer {api_key()}"}
+    events: list[dict[str, Any]] = []
+    with httpx.stream(
+        "POST", gateway_url + "/v1/responses", json=body, headers=headers, timeout=30
+    ) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "response.output_text.delta" and pid:
+                    os.kill(pid, signal.SIGKILL)  # the engine dies mid-answer
+                    pid = 0
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert events[-1]["response"]["status"] == "failed"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_it_turns_the_terminal_event_into_failed_when_the_response_cannot_be_stored(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    from django.db import connection
+
+    from openai_api.models import StoredResponse
+
+    serving("sim", config={"reply": "slow " * 10, "tokens_per_second": 10})
+    stream = client.responses.create(model="sim", input="x", stream=True)
+    events = []
+    try:
+        for event in stream:
+            events.append(event)
+            if event.type == "response.output_text.delta" and len(events) < 6:
+                with connection.schema_editor() as editor:  # the store goes away mid-answer
+                    editor.delete_model(StoredResponse)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(StoredResponse)
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error is not None
+    assert events[-1].response.error.code == "store_unavailable"
+    assert "response.completed" not in [e.type for e in events]
+
+
+def test_it_starts_an_on_demand_model_for_a_response_with_no_notice(
+    client: openai.OpenAI, make_deployment: Any, site: Any
+) -> None:
+    from tests.gateway_support import seen_by_gateway
+
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    lazy = make_deployment("lazy", mode="on_demand", idle_timeout_s=60, config={"reply": "up"})
+    seen_by_gateway(lambda s: "lazy" in s.routes)
+    with client.responses.stream(model="lazy", input="x") as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and final.output_text == "up"
+    lazy.refresh_from_db()
+    assert lazy.state == "ready"
