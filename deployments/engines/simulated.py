@@ -48,6 +48,8 @@ class SimConfig:
     max_tokens: int | None = None
     reasoning: str | None = None
     tool_call: bool = False
+    tool_name: str | None = None  # the tool to call when it is offered (else the first)
+    tool_arguments: dict[str, Any] = field(default_factory=dict)
     memory_claim_gib: float = 0.0
     fail_at_start: bool = False
     crash_after_requests: int | None = None
@@ -207,7 +209,12 @@ async def chat_completions(
     name = model_name(state, body)
     rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    call_tool = state.config.tool_call and body.get("tools")
+    tool = chosen_tool(state, body)
+    tool_result = last_tool_result(state, body)
+    if tool_result is not None:
+        # A tool's answer came back: say it, in words.
+        words = f"The tool said: {tool_result}".split()
+        tokens = [(" " if i else "") + w for i, w in enumerate(words)]
     state.last_chat_request = body
     async with Inflight(state, request):
         if body.get("stream"):
@@ -229,9 +236,14 @@ async def chat_completions(
                     for word in state.config.reasoning.split():
                         await pace(state)
                         yield chunk({"reasoning_content": word + " "})
-                if call_tool:
-                    tool = body["tools"][0]["function"]["name"]
-                    yield chunk({"tool_calls": [tool_call_delta(tool)]})
+                if tool:
+                    # The call's name first, its arguments in a second delta, as engines do.
+                    call = tool_call_delta(tool, "")
+                    yield chunk({"tool_calls": [call]})
+                    arguments = json.dumps(state.config.tool_arguments)
+                    yield chunk(
+                        {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+                    )
                     yield chunk({}, "tool_calls")
                 else:
                     for token in tokens:
@@ -258,9 +270,9 @@ async def chat_completions(
         finish = "length" if body.get("max_tokens") else "stop"
         if state.config.reasoning:
             message["reasoning_content"] = state.config.reasoning
-        if call_tool:
+        if tool:
             message["content"] = None
-            message["tool_calls"] = [tool_call_delta(body["tools"][0]["function"]["name"])]
+            message["tool_calls"] = [tool_call_delta(tool, json.dumps(state.config.tool_arguments))]
             message["tool_calls"][0].pop("index")
             finish = "tool_calls"
         return web.json_response(
@@ -275,13 +287,30 @@ async def chat_completions(
         )
 
 
-def tool_call_delta(tool: str) -> dict[str, Any]:
+def tool_call_delta(tool: str, arguments: str) -> dict[str, Any]:
     return {
         "index": 0,
         "id": f"call_{uuid.uuid4().hex[:12]}",
         "type": "function",
-        "function": {"name": tool, "arguments": "{}"},
+        "function": {"name": tool, "arguments": arguments},
     }
+
+
+def chosen_tool(state: SimState, body: dict[str, Any]) -> str | None:
+    """With `tool_call`, the tool to call when tools are offered (`tool_name`, else the
+    first), unless the conversation ends with a tool's answer."""
+    offered = [t.get("function", {}).get("name") for t in body.get("tools") or []]
+    if not state.config.tool_call or not offered or last_tool_result(state, body) is not None:
+        return None
+    wanted = state.config.tool_name
+    return wanted if wanted in offered else offered[0]
+
+
+def last_tool_result(state: SimState, body: dict[str, Any]) -> str | None:
+    messages = body.get("messages") or []
+    if state.config.tool_call and messages and messages[-1].get("role") == "tool":
+        return str(messages[-1].get("content", ""))
+    return None
 
 
 @inference
