@@ -260,6 +260,10 @@ MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 MSHIP_RESPONSES_STREAM_BUFFER_TTL_S = env_float("MSHIP_RESPONSES_STREAM_BUFFER_TTL_S", 600)
 MSHIP_RESPONSES_HEARTBEAT_S = env_float("MSHIP_RESPONSES_HEARTBEAT_S", 3)
 MSHIP_RESPONSES_HEARTBEAT_STALE_S = env_float("MSHIP_RESPONSES_HEARTBEAT_STALE_S", 20)
+# Server-side MCP tools of the Responses API: hosts they may reach (empty: any but cloud
+# metadata endpoints), and whether they must use https.
+MSHIP_MCP_ALLOWED_HOSTS = env_list("MSHIP_MCP_ALLOWED_HOSTS", [])
+MSHIP_MCP_REQUIRE_HTTPS = env_bool("MSHIP_MCP_REQUIRE_HTTPS", False)
 # The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
 # it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
 # own container is attached to; nobody when it runs outside Docker) or a list of networks.

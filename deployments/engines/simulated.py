@@ -49,6 +49,7 @@ class SimConfig:
     reasoning: str | None = None
     tool_call: bool = False
     tool_name: str | None = None  # the tool to call when it is offered (else the first)
+    tool_call_always: bool = False  # call it again even after a tool's answer came back
     tool_arguments: dict[str, Any] = field(default_factory=dict)
     memory_claim_gib: float = 0.0
     fail_at_start: bool = False
@@ -308,6 +309,8 @@ def chosen_tool(state: SimState, body: dict[str, Any]) -> str | None:
 
 def last_tool_result(state: SimState, body: dict[str, Any]) -> str | None:
     messages = body.get("messages") or []
+    if state.config.tool_call_always:
+        return None
     if state.config.tool_call and messages and messages[-1].get("role") == "tool":
         return str(messages[-1].get("content", ""))
     return None

@@ -25,7 +25,7 @@ from openai_api.catalog import Route
 from openai_api.errors import GatewayError
 from openai_api.forwarder import SSE_HEADERS, cancel_on_hangup
 from openai_api.responses import store
-from openai_api.responses.handler import conclude, generate
+from openai_api.responses.handler import conclude, respond
 from openai_api.responses.protocol import ResponsesRequest
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.translator import Event, StreamTranslator, sse
@@ -43,7 +43,7 @@ async def start(
     identity: str,
     request: ResponsesRequest,
     translator: StreamTranslator,
-    body: dict[str, Any],
+    history: list[dict[str, Any]],
     conversation: list[dict[str, Any]],
 ) -> None:
     response = translator.response
@@ -64,7 +64,7 @@ async def start(
             )
             raise
     task = asyncio.ensure_future(
-        _run(route, identity, translator, body, replay, exchange.request_id)
+        _run(route, identity, request, history, translator, replay, exchange.request_id)
     )
     _runs[rid] = task
     task.add_done_callback(lambda _: _runs.pop(rid, None))
@@ -80,8 +80,9 @@ def _error(code: str, message: str = "") -> dict[str, str]:
 async def _run(
     route: Route,
     identity: str,
+    request: ResponsesRequest,
+    history: list[dict[str, Any]],
     translator: StreamTranslator,
-    body: dict[str, Any],
     replay: ReplayLog | None,
     request_id: str,
 ) -> None:
@@ -98,7 +99,7 @@ async def _run(
     try:
         await save(copy.deepcopy(translator.response))  # in_progress
         try:
-            answered = await generate(route, body, translator, emit, request_id)
+            answered = await respond(route, request, history, translator, emit, request_id)
         except GatewayError as exc:  # refused before the engine answered
             await emit(translator.fail(exc.code, exc.message))
             await save(translator.response)

@@ -20,6 +20,7 @@ from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import SSE_HEADERS, cancel_on_hangup, forwarder, unreachable
+from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol, store
 from openai_api.responses.translator import Event, StreamTranslator, sse
 
@@ -38,14 +39,15 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     response = protocol.envelope(
         request, protocol.new_id("resp"), int(time.time()), status="in_progress"
     )
+    if any(tool.get("type") == "mcp" for tool in request.tools):
+        await mcp_loop.check(request, history)
     translator = StreamTranslator(response)
-    body = protocol.chat_request(request, history)
     conversation = [*history, *request.input_items]
     if request.background:
         from openai_api.responses import background
 
         return await background.start(
-            exchange, route, identity, request, translator, body, conversation
+            exchange, route, identity, request, translator, history, conversation
         )
     out = HttpOut(exchange, translator, request.stream)
 
@@ -54,12 +56,27 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
 
     async with cancel_on_hangup(exchange.receive):
         await out.emit(translator.start())
-        if await generate(route, body, translator, out.emit, exchange.request_id):
+        if await respond(route, request, history, translator, out.emit, exchange.request_id):
             await conclude(translator, out.emit, save if request.store else None)
         elif request.store:  # a failed response can still be retrieved
             with contextlib.suppress(GatewayError):
                 await save(translator.response)
         await out.end()
+
+
+async def respond(
+    route: Route,
+    request: protocol.ResponsesRequest,
+    history: list[dict[str, Any]],
+    translator: StreamTranslator,
+    emit: Emit,
+    request_id: str,
+) -> bool:
+    """The response's output: one engine turn, or the MCP loop's many."""
+    if any(tool.get("type") == "mcp" for tool in request.tools):
+        return await mcp_loop.run(route, request, history, translator, emit, request_id)
+    body = protocol.chat_request(request, history)
+    return await generate(route, body, translator, emit, request_id)
 
 
 async def generate(

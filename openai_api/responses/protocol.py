@@ -83,8 +83,13 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
             )
         if kind == "mcp":
             if tool.get("connector_id"):
-                raise bad("OpenAI-hosted MCP connectors (connector_id) are not available here.")
-            raise bad("MCP tools are not available yet.", f"tools[{index}]")
+                raise bad(
+                    "OpenAI-hosted MCP connectors (connector_id) are not available here.",
+                    f"tools[{index}].connector_id",
+                )
+            if not isinstance(tool.get("server_url"), str) or not tool.get("server_label"):
+                raise bad("An MCP tool needs server_label and server_url.", f"tools[{index}]")
+            continue
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise bad(f"tools[{index}] must be a function tool with a name.", f"tools[{index}]")
     tool_choice = data.get("tool_choice", "auto")
@@ -172,6 +177,14 @@ def input_items(value: Any) -> list[dict[str, Any]]:
             item.setdefault("status", "completed")
         elif kind == "reasoning":
             item.setdefault("id", new_id("rs"))
+        elif kind == "mcp_approval_response":
+            if not item.get("approval_request_id") or not isinstance(item.get("approve"), bool):
+                raise bad(
+                    f"input[{index}] needs approval_request_id and approve.", f"input[{index}]"
+                )
+            item.setdefault("id", new_id("mcpa"))
+        elif kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request"):
+            item.setdefault("id", new_id("mcp"))  # an earlier output, passed back
         else:
             raise bad(f"input[{index}] has an unknown type {kind!r}.", f"input[{index}].type")
         items.append(item)
@@ -209,7 +222,30 @@ def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "mcp_call":  # a call the gateway ran: the model saw it and its answer
+            call_id = item.get("call_id") or item["id"]
+            out += mcp_exchange(
+                call_id, item["name"], item.get("arguments") or "{}", tool_text(item)
+            )
     return out
+
+
+def mcp_exchange(call_id: str, name: str, arguments: str, result: str) -> list[dict[str, Any]]:
+    """The chat messages of one tool call and its result."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def tool_text(item: dict[str, Any]) -> str:
+    """What the model is told an MCP call returned."""
+    if item.get("error"):
+        error = item["error"]
+        detail = error.get("message") or json.dumps(error.get("content"))
+        return f"Error: {detail}"
+    return str(item.get("output") or "")
 
 
 def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,16 +261,8 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> di
             body[key] = request.raw[key]
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
-    if request.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool
-                },
-            }
-            for tool in request.tools
-        ]
+    if function_tools(request.tools):
+        body["tools"] = function_tools(request.tools)
         choice = request.tool_choice
         if isinstance(choice, dict) and choice.get("type") == "function":
             choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -249,6 +277,23 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> di
     if effort:
         body["reasoning_effort"] = effort
     return body
+
+
+def public_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response echoes and stores it: an MCP server's credentials stay out."""
+    if tool.get("type") != "mcp":
+        return tool
+    return {k: v for k, v in tool.items() if k not in ("headers", "authorization")}
+
+
+def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses function tools as chat completion tools."""
+    keys = ("name", "description", "parameters", "strict")
+    return [
+        {"type": "function", "function": {k: tool[k] for k in keys if k in tool}}
+        for tool in tools
+        if tool.get("type") == "function"
+    ]
 
 
 def envelope(
@@ -275,7 +320,7 @@ def envelope(
         "temperature": request.temperature,
         "text": request.text or {"format": {"type": "text"}},
         "tool_choice": request.tool_choice,
-        "tools": request.tools,
+        "tools": [public_tool(tool) for tool in request.tools],
         "top_p": request.top_p,
         "truncation": "disabled",
         "usage": None,

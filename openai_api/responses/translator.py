@@ -29,6 +29,7 @@ class Item:
         self.id = fields.pop("id")
         self.fields = fields
         self.text = ""
+        self.done = False
 
     def opened(self) -> dict[str, Any]:
         if self.kind == "message":
@@ -41,14 +42,36 @@ class Item:
             }
         if self.kind == "reasoning":
             return {"id": self.id, "type": "reasoning", "summary": []}
-        return {
-            "id": self.id,
-            "type": "function_call",
-            "status": "in_progress",
-            "call_id": self.fields["call_id"],
-            "name": self.fields["name"],
-            "arguments": "",
-        }
+        if self.kind == "function_call":
+            return {
+                "id": self.id,
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": self.fields["call_id"],
+                "name": self.fields["name"],
+                "arguments": "",
+            }
+        if self.kind == "mcp_call":
+            return {
+                "id": self.id,
+                "type": "mcp_call",
+                "status": "in_progress",
+                "server_label": self.fields["server_label"],
+                "name": self.fields["name"],
+                "arguments": "",
+                "approval_request_id": self.fields.get("approval_request_id"),
+                "output": None,
+                "error": None,
+            }
+        if self.kind == "mcp_approval_request":
+            return {
+                "id": self.id,
+                "type": "mcp_approval_request",
+                "server_label": self.fields["server_label"],
+                "name": self.fields["name"],
+                "arguments": self.text,
+            }
+        return {"id": self.id, **self.fields}  # made whole by the MCP loop
 
     def closed(self) -> dict[str, Any]:
         if self.kind == "message":
@@ -59,7 +82,18 @@ class Item:
             }
         if self.kind == "reasoning":
             return {**self.opened(), "summary": [{"type": "summary_text", "text": self.text}]}
-        return {**self.opened(), "status": "completed", "arguments": self.text}
+        if self.kind == "function_call":
+            return {**self.opened(), "status": "completed", "arguments": self.text}
+        if self.kind == "mcp_call":
+            failed = self.fields.get("error") is not None
+            return {
+                **self.opened(),
+                "status": "failed" if failed else "completed",
+                "arguments": self.text,
+                "output": self.fields.get("output"),
+                "error": self.fields.get("error"),
+            }
+        return self.opened()
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -75,7 +109,10 @@ class StreamTranslator:
         self.message: Item | None = None
         self.calls: dict[int, Item] = {}  # the engine's tool call index -> item
         self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None  # this turn's
+        self.usage_before: list[dict[str, Any]] = []  # earlier turns' (the MCP loop)
+        self.mcp_tools: dict[str, str] = {}  # tool name -> server label: calls become mcp_call
+        self.mcp_approval: set[str] = set()  # ... or mcp_approval_request, for these
 
     # --- events ----------------------------------------------------------------------------
 
@@ -169,30 +206,130 @@ class StreamTranslator:
         item = self.calls.get(index)
         if item is None:
             call_id = call.get("id") or new_id("call")
-            item, events = self._open(
-                "function_call", id=new_id("fc"), call_id=call_id, name=function.get("name", "")
-            )
+            name = function.get("name", "")
+            if name in self.mcp_approval:
+                # Asked, not run: the client approves it in its next request.
+                item, events = self._open(
+                    "mcp_approval_request",
+                    id=new_id("mcpr"),
+                    call_id=call_id,
+                    name=name,
+                    server_label=self.mcp_tools[name],
+                )
+            elif name in self.mcp_tools:
+                item, events = self._open(
+                    "mcp_call",
+                    id=new_id("mcp"),
+                    call_id=call_id,
+                    name=name,
+                    server_label=self.mcp_tools[name],
+                )
+                events.append(self._where("response.mcp_call.in_progress", item))
+            else:
+                item, events = self._open(
+                    "function_call", id=new_id("fc"), call_id=call_id, name=name
+                )
             self.calls[index] = item
         elif function.get("name"):
             item.fields["name"] += function["name"]
         arguments = function.get("arguments") or ""
         if arguments:
             item.text += arguments
-            events.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item.id,
-                    output_index=item.index,
-                    delta=arguments,
+            if item.kind == "mcp_call":
+                events.append(
+                    self._where("response.mcp_call_arguments.delta", item, delta=arguments)
                 )
-            )
+            elif item.kind == "function_call":
+                events.append(
+                    self._where("response.function_call_arguments.delta", item, delta=arguments)
+                )
         return events
+
+    def _where(self, kind: str, item: Item, **fields: Any) -> Event:
+        return self._event(kind, item_id=item.id, output_index=item.index, **fields)
+
+    # --- turns and MCP items (the MCP loop) --------------------------------------------------
+
+    def end_turn(self) -> tuple[list[Event], list[Item]]:
+        """Close this turn's items; MCP calls stay open for their execution and are
+        returned (their arguments complete)."""
+        events: list[Event] = []
+        pending = []
+        for item in [self.reasoning, self.message, *self.calls.values()]:
+            if item is None or item.done:
+                continue
+            if item.kind == "mcp_call":
+                events.append(
+                    self._where("response.mcp_call_arguments.done", item, arguments=item.text)
+                )
+                pending.append(item)
+            else:
+                events += self._close(item)
+                if item.kind == "mcp_approval_request":
+                    pending.append(item)
+        if self.usage is not None:
+            self.usage_before.append(self.usage)
+        self.reasoning, self.message, self.calls, self.usage = None, None, {}, None
+        return events, pending
+
+    def turn_calls(self) -> list[Item]:
+        """This turn's tool calls, MCP or not, in the order the model made them."""
+        return list(self.calls.values())
+
+    def finish_mcp_call(
+        self, item: Item, output: str | None = None, error: dict[str, Any] | None = None
+    ) -> list[Event]:
+        item.fields["output"], item.fields["error"] = output, error
+        kind = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
+        item.done = True
+        return [
+            self._where(kind, item),
+            self._event("response.output_item.done", output_index=item.index, item=item.closed()),
+        ]
+
+    def open_mcp_call(
+        self, label: str, name: str, arguments: str, approval_request_id: str
+    ) -> tuple[Item, list[Event]]:
+        """An approved call, run before the model's next turn."""
+        item, events = self._open(
+            "mcp_call",
+            id=new_id("mcp"),
+            call_id=new_id("call"),
+            name=name,
+            server_label=label,
+            approval_request_id=approval_request_id,
+        )
+        item.text = arguments
+        events.append(self._where("response.mcp_call.in_progress", item))
+        events.append(self._where("response.mcp_call_arguments.done", item, arguments=arguments))
+        return item, events
+
+    def open_list_tools(self, label: str) -> tuple[Item, list[Event]]:
+        item, events = self._open(
+            "mcp_list_tools", id=new_id("mcpl"), type="mcp_list_tools", server_label=label, tools=[]
+        )
+        events.append(self._where("response.mcp_list_tools.in_progress", item))
+        return item, events
+
+    def finish_list_tools(
+        self, item: Item, tools: list[dict[str, Any]], error: str | None = None
+    ) -> list[Event]:
+        item.fields["tools"] = tools
+        if error is not None:
+            item.fields["error"] = error
+        kind = "response.mcp_list_tools.failed" if error else "response.mcp_list_tools.completed"
+        item.done = True
+        return [
+            self._where(kind, item),
+            self._event("response.output_item.done", output_index=item.index, item=item.closed()),
+        ]
 
     def finish(self) -> list[Event]:
         """Every open item's closing events, then the response's terminal event."""
         events: list[Event] = []
         for item in self.items:
-            events += self._close(item)
+            if not item.done:
+                events += self._close(item)
         self.response["output"] = [item.closed() for item in self.items]
         self.response["usage"] = self._usage()
         if self.finish_reason == "length":
@@ -218,6 +355,7 @@ class StreamTranslator:
     def _close(self, item: Item) -> list[Event]:
         where = {"item_id": item.id, "output_index": item.index}
         events: list[Event] = []
+        item.done = True
         if item.kind == "message":
             events.append(
                 self._event(
@@ -250,7 +388,12 @@ class StreamTranslator:
                     part={"type": "summary_text", "text": item.text},
                 )
             )
-        else:
+        elif item.kind == "mcp_approval_request":
+            pass  # whole at once: only its output_item.done
+        elif item.kind == "mcp_call":  # never executed (the response ended first)
+            item.fields["error"] = {"type": "mcp_protocol_error", "code": -1, "message": "not run"}
+            events.append(self._where("response.mcp_call.failed", item))
+        elif item.kind == "function_call":
             events.append(
                 self._event(
                     "response.function_call_arguments.done",
@@ -265,22 +408,22 @@ class StreamTranslator:
         return events
 
     def _usage(self) -> dict[str, Any] | None:
-        if self.usage is None:
+        turns = [*self.usage_before, *([self.usage] if self.usage is not None else [])]
+        if not turns:
             return None
-        details = self.usage.get("completion_tokens_details") or {}
-        prompt_details = self.usage.get("prompt_tokens_details") or {}
-        input_tokens = int(self.usage.get("prompt_tokens") or 0)
-        output_tokens = int(self.usage.get("completion_tokens") or 0)
+
+        def total(key: str, within: str | None = None) -> int:
+            return sum(int(((u.get(within) or {}) if within else u).get(key) or 0) for u in turns)
+
+        input_tokens, output_tokens = total("prompt_tokens"), total("completion_tokens")
+        cached = total("cached_tokens", "prompt_tokens_details")
+        reasoning = total("reasoning_tokens", "completion_tokens_details")
         return {
             "input_tokens": input_tokens,
-            "input_tokens_details": {
-                "cached_tokens": int(prompt_details.get("cached_tokens") or 0)
-            },
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": output_tokens,
-            "output_tokens_details": {
-                "reasoning_tokens": int(details.get("reasoning_tokens") or 0)
-            },
-            "total_tokens": int(self.usage.get("total_tokens") or input_tokens + output_tokens),
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": input_tokens + output_tokens,
         }
 
 
