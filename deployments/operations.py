@@ -101,6 +101,9 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
             before={"mode": old},
             after={"mode": mode, "pending_mode": deployment.pending_mode},
         )
+        from ondemand.tasks import request_litellm_sync
+
+        request_litellm_sync()  # the mode changes where LiteLLM sends the name
         if needs_start:
             task = "wake" if deployment.state == State.ASLEEP else "start"
             tasks.enqueue(task, deployment.pk, audit.actor_of(user, None))

@@ -19,6 +19,9 @@ from django.utils import timezone
 from deployments.audit import event
 from deployments.models import Deployment, Mode, State
 
+# Entering or leaving these states changes what LiteLLM should list.
+LITELLM_STATES = {State.READY, State.FAILED, State.PLANNED}
+
 
 def transition(
     deployment: Deployment,
@@ -59,6 +62,10 @@ def transition(
         if changed:
             deployment.refresh_from_db()
             event(deployment, to, reason, actor=actor)
+            if {to, *expected} & LITELLM_STATES:
+                from ondemand.tasks import request_litellm_sync
+
+                request_litellm_sync()
     if not changed:
         with contextlib.suppress(Deployment.DoesNotExist):
             deployment.refresh_from_db()

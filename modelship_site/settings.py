@@ -264,6 +264,13 @@ MSHIP_RESPONSES_HEARTBEAT_STALE_S = env_float("MSHIP_RESPONSES_HEARTBEAT_STALE_S
 # metadata endpoints), and whether they must use https.
 MSHIP_MCP_ALLOWED_HOSTS = env_list("MSHIP_MCP_ALLOWED_HOSTS", [])
 MSHIP_MCP_REQUIRE_HTTPS = env_bool("MSHIP_MCP_REQUIRE_HTTPS", False)
+# A site's LiteLLM proxy, where every deployment is registered (empty: none), its master key
+# (read from a file), and the URL at which LiteLLM reaches Modelship.
+MSHIP_LITELLM_URL = env_str("MSHIP_LITELLM_URL", "")
+MSHIP_LITELLM_MASTER_KEY_FILE = Path(
+    env_str("MSHIP_LITELLM_MASTER_KEY_FILE", str(VAR_DIR / "litellm_master_key"))
+)
+MSHIP_INTERNAL_URL = env_str("MSHIP_INTERNAL_URL", "http://127.0.0.1:8000")
 # The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
 # it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
 # own container is attached to; nobody when it runs outside Docker) or a list of networks.

@@ -9,6 +9,7 @@ forwarder as /v1. Health-check probes are answered here and never reach an engin
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,24 @@ UNREACHABLE = "ondemand_upstream_error"
 keyfile = KeyFile(lambda: Path(settings.MSHIP_ONDEMAND_KEY_FILE))
 failures = FailedAttempts()
 keyfile.on_change.append(failures.clear)
+
+
+def _sync_on_rotation() -> None:
+    """A new key is registered with LiteLLM by a sync (queued off the event loop)."""
+    from django.db import connection
+
+    from ondemand.tasks import enqueue_litellm_sync
+
+    def enqueue() -> None:
+        try:
+            enqueue_litellm_sync()
+        finally:
+            connection.close()  # this pool thread keeps no connection
+
+    asyncio.get_running_loop().run_in_executor(None, enqueue)
+
+
+keyfile.on_change.append(_sync_on_rotation)
 
 
 def not_found(path: str) -> GatewayError:

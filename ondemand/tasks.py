@@ -10,6 +10,33 @@ PASSES = 4
 EVERY_S = 15.0
 
 
+def sync_litellm() -> dict[str, object] | None:
+    """Register deployments with the site's LiteLLM proxy (every minute, and on changes)."""
+    from ondemand.litellm import sync
+
+    outcome = sync()
+    return None if outcome is None else outcome.__dict__
+
+
+def request_litellm_sync() -> None:
+    """Queue a sync once the current transaction commits, where LiteLLM is configured."""
+    from django.conf import settings
+    from django.db import transaction
+
+    if not settings.MSHIP_LITELLM_URL:
+        return
+
+    transaction.on_commit(enqueue_litellm_sync)
+
+
+def enqueue_litellm_sync() -> None:
+    from django.conf import settings
+    from django_q.tasks import async_task
+
+    if settings.MSHIP_LITELLM_URL:
+        async_task("ondemand.tasks.sync_litellm", group="litellm-sync")
+
+
 def reap() -> list[str]:
     """Scheduled every minute (django-q's finest), it reaps every 15 s within that minute."""
     stopped: list[str] = []

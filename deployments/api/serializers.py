@@ -31,6 +31,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     ondemand = serializers.SerializerMethodField(
         help_text="On-demand deployments: inflight, queued, last_request_at and phase."
     )
+    litellm = serializers.SerializerMethodField(
+        help_text="Its registration with the site's LiteLLM proxy (null: none configured)."
+    )
 
     class Meta:
         model = Deployment
@@ -44,6 +47,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "need_gib",
             "config_current",
             "ondemand",
+            "litellm",
             *STATE_FIELDS,
         )
         read_only_fields = STATE_FIELDS
@@ -55,6 +59,11 @@ class DeploymentSerializer(serializers.ModelSerializer):
         from ondemand.status import status_of
 
         return status_of(obj)
+
+    def get_litellm(self, obj: Deployment) -> str | None:
+        from ondemand.litellm import deployment_status
+
+        return deployment_status(obj.pk)
 
     def get_config_current(self, obj: Deployment) -> bool:
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)

@@ -171,4 +171,6 @@ class DeploymentEventViewSet(viewsets.ReadOnlyModelViewSet):
 @extend_schema(responses={200: dict})
 @api_view(["GET"])
 def host(request: Request) -> Response:
-    return Response(host_summary())
+    from ondemand.litellm import status_now
+
+    return Response({**host_summary(), "ondemand": status_now()})

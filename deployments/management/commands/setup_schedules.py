@@ -13,6 +13,7 @@ SCHEDULES: dict[str, tuple[str, int]] = {
     "modelship-watchdog": ("deployments.tasks.watchdog", 1),
     "modelship-ondemand-reaper": ("ondemand.tasks.reap", 1),
     "modelship-responses-sweep": ("openai_api.tasks.sweep_responses", 60),
+    "modelship-litellm-sync": ("ondemand.tasks.sync_litellm", 1),
 }
 
 

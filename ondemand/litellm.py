@@ -1,0 +1,270 @@
+"""LiteLLMSync: every deployment registered with a site's LiteLLM proxy, as the on-demand
+seed's "LiteLLM registration" says.
+
+Always-on deployments point at their engine (one entry per served name and replica);
+on-demand ones at Modelship's on-demand gateway with the on-demand key, long timeouts, no
+retries and the health-check marker, in every state but failed. An entry's id is derived
+from everything it says (the engine address; for on-demand entries the key and parameter
+fingerprints), so a sync compares ids only: an unchanged deployment writes nothing, and a
+changed one gets its new entry added before the old one is deleted, so its name is never
+missing. A sync that cannot read LiteLLM's list deletes nothing.
+
+Blocking (httpx, the ORM): it runs in the django-q cluster (a schedule and on changes) and
+from `manage.py sync_litellm`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.utils import timezone
+
+from deployments.loaders import LOADERS, EngineSpec
+from deployments.models import Deployment, State
+
+log = logging.getLogger(__name__)
+ID_PREFIX = "modelship-"
+HEALTH_CHECK = {"extra_headers": {"x-modelship-health-check": "1"}}
+MODES = {
+    "generate": "chat",
+    "embed": "embedding",
+    "transcription": "audio_transcription",
+    "translation": "audio_transcription",
+    "tts": "audio_speech",
+    "image": "image_generation",
+}
+
+
+@dataclass(frozen=True)
+class Site:
+    url: str
+    master_key: str
+    internal_url: str
+
+
+def site() -> Site | None:
+    """The LiteLLM proxy to register with; None when none is configured."""
+    url = settings.MSHIP_LITELLM_URL.rstrip("/")
+    if not url:
+        return None
+    try:
+        master_key = Path(settings.MSHIP_LITELLM_MASTER_KEY_FILE).read_text().strip()
+    except OSError:
+        master_key = ""
+    return Site(url, master_key, settings.MSHIP_INTERNAL_URL.rstrip("/"))
+
+
+def ondemand_key() -> str | None:
+    try:
+        key = Path(settings.MSHIP_ONDEMAND_KEY_FILE).read_text().strip()
+    except OSError:
+        return None
+    return key or None
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ondemand_timeout_s() -> float:
+    return max(1200.0, settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S + 600)
+
+
+@dataclass
+class Plan:
+    """What LiteLLM should list: entries by id, and per deployment a status word."""
+
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    status: dict[int, str] = field(default_factory=dict)
+    keep: set[int] = field(default_factory=set)  # deployments whose entries must stay as they are
+
+
+def plan(internal_url: str, key: str | None) -> Plan:
+    wanted = Plan()
+    for deployment in Deployment.objects.all().order_by("pk"):
+        loader = LOADERS.get(deployment.loader)
+        if loader is None:
+            continue
+        spec = EngineSpec.of(deployment)
+        info = {
+            "modelship_id": deployment.pk,
+            "mode": MODES.get(deployment.usecase, "chat"),
+            "supported_endpoints": [f"/v1/{e}" for e in loader.endpoints(spec)],
+        }
+        served = [deployment.name, *(deployment.aliases or [])]
+        if deployment.is_on_demand:
+            if deployment.state == State.FAILED:
+                wanted.status[deployment.pk] = "not_registered_failed"
+                continue
+            if key is None:
+                wanted.status[deployment.pk] = "ondemand_not_configured"
+                wanted.keep.add(deployment.pk)
+                continue
+            timeout = ondemand_timeout_s()
+            params = {
+                "api_base": f"{internal_url}/ondemand/{deployment.pk}/v1",
+                "timeout": timeout,
+                "stream_timeout": timeout,
+                "num_retries": 0,
+            }
+            extra_info = {"health_check_params": HEALTH_CHECK}
+            key_fp = hashlib.sha256(key.encode()).hexdigest()[:12]
+            params_fp = fingerprint([params, extra_info])
+            for name in served:
+                entry_id = f"{ID_PREFIX}{deployment.pk}-{name}-od-{key_fp[:6]}{params_fp[:6]}"
+                wanted.entries[entry_id] = {
+                    "model_name": name,
+                    "litellm_params": {"model": f"openai/{name}", "api_key": key, **params},
+                    "model_info": {
+                        "id": entry_id,
+                        **info,
+                        **extra_info,
+                        "modelship_key_fp": key_fp,
+                        "modelship_params_fp": params_fp,
+                    },
+                }
+            wanted.status[deployment.pk] = "registered"
+        elif deployment.state == State.READY and deployment.engine_urls:
+            for url in deployment.engine_urls:
+                for name in served:
+                    entry_id = f"{ID_PREFIX}{deployment.pk}-{name}-{fingerprint(url)[:8]}"
+                    wanted.entries[entry_id] = {
+                        "model_name": name,
+                        "litellm_params": {
+                            "model": f"openai/{name}",
+                            "api_base": f"{url}/v1",
+                            "api_key": "none",
+                        },
+                        "model_info": {"id": entry_id, **info},
+                    }
+            wanted.status[deployment.pk] = "registered"
+        else:
+            wanted.status[deployment.pk] = "not_registered_not_ready"
+    return wanted
+
+
+class LiteLLMError(Exception):
+    pass
+
+
+class Client:
+    def __init__(self, target: Site, timeout: float = 10.0) -> None:
+        self.http = httpx.Client(
+            base_url=target.url,
+            headers={"authorization": f"Bearer {target.master_key}"},
+            timeout=timeout,
+        )
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            answer = self.http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise LiteLLMError(f"LiteLLM cannot be reached: {exc}") from exc
+        if answer.status_code >= 400:
+            raise LiteLLMError(
+                f"LiteLLM answered {answer.status_code} to {path}: {answer.text[:300]}"
+            )
+        return answer.json() if answer.content else None
+
+    def ours(self) -> dict[str, dict[str, Any]]:
+        """Modelship's entries in LiteLLM's list, by id."""
+        data = (self._call("GET", "/model/info") or {}).get("data") or []
+        return {
+            str(e["model_info"]["id"]): e
+            for e in data
+            if (e.get("model_info") or {}).get("modelship_id") is not None
+        }
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self._call("POST", "/model/new", entry)
+
+    def delete(self, entry_id: str) -> None:
+        self._call("POST", "/model/delete", {"id": entry_id})
+
+    def close(self) -> None:
+        self.http.close()
+
+
+@dataclass
+class Outcome:
+    added: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def sync() -> Outcome | None:
+    """One sync; None when no LiteLLM is configured. Its outcome is kept for the API."""
+    from ondemand.models import LiteLLMStatus
+
+    target = site()
+    if target is None:
+        return None
+    outcome = Outcome()
+    wanted = plan(target.internal_url, ondemand_key())
+    client = Client(target)
+    try:
+        present = client.ours()
+        for entry_id, entry in wanted.entries.items():
+            if entry_id not in present:
+                client.add(entry)
+                outcome.added.append(entry_id)
+        for entry_id, entry in present.items():
+            owner = entry["model_info"]["modelship_id"]
+            if entry_id not in wanted.entries and owner not in wanted.keep:
+                client.delete(entry_id)
+                outcome.deleted.append(entry_id)
+    except LiteLLMError as exc:
+        # Deletes come last and stop at the first failure: nothing unverified is removed.
+        outcome.error = str(exc)
+    finally:
+        client.close()
+    LiteLLMStatus.record(outcome, wanted.status)
+    return outcome
+
+
+def config_yaml() -> str:
+    """The entries a sync would register, as a static `model_list` (for a LiteLLM proxy
+    without a database)."""
+    import yaml
+
+    target = site()
+    internal = target.internal_url if target else settings.MSHIP_INTERNAL_URL.rstrip("/")
+    wanted = plan(internal, ondemand_key())
+    return yaml.safe_dump({"model_list": list(wanted.entries.values())}, sort_keys=False)
+
+
+def status_now() -> dict[str, Any]:
+    """For GET /api/host."""
+    from ondemand.models import LiteLLMStatus
+
+    row = LiteLLMStatus.objects.filter(pk=1).first()
+    configured = site() is not None
+    return {
+        "litellm_configured": configured,
+        "litellm_ready": bool(configured and row and row.ok),
+        "litellm_error": row.error if row else "",
+        "litellm_synced_at": row.synced_at if row else None,
+    }
+
+
+def deployment_status(deployment_id: int) -> str | None:
+    from ondemand.models import LiteLLMStatus
+
+    if site() is None:
+        return None
+    row = LiteLLMStatus.objects.filter(pk=1).first()
+    if row is None:
+        return "unknown"
+    if not row.ok:
+        return "error"
+    return str(row.deployments.get(str(deployment_id), "unknown"))
+
+
+__all__ = ["Outcome", "config_yaml", "status_now", "sync", "timezone"]
