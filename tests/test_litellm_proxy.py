@@ -94,6 +94,10 @@ def test_it_serves_modelship_deployments_through_a_real_litellm_proxy(
         assert lazy.state == State.READY
         stream = client.chat.completions.create(model="lazy", messages=hello, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "woke"
+        # A Responses request passes through to the engine, which serves /v1/responses.
+        response = client.responses.create(model="steady", input="hi")
+        assert response.output_text == "from the engine"
+        assert client.responses.create(model="lazy", input="hi").output_text == "woke"
         # An Anthropic-format request passes through too.
         messages = httpx.post(
             url + "/v1/messages",

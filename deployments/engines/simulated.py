@@ -317,6 +317,55 @@ def last_tool_result(state: SimState, body: dict[str, Any]) -> str | None:
 
 
 @inference
+async def responses(
+    request: web.Request, state: SimState, body: dict[str, Any]
+) -> web.StreamResponse:
+    """/v1/responses, as vLLM serves it: the same words as a chat answer, in the Responses
+    shape (the gateway's own translator builds it, fed the chunks a chat stream would have)."""
+    from openai_api.errors import GatewayError
+    from openai_api.responses import protocol
+    from openai_api.responses.translator import StreamTranslator
+    from openai_api.responses.translator import sse as event_sse
+
+    try:
+        parsed = protocol.parse(body)
+    except GatewayError as exc:
+        return error(exc.status, exc.message, exc.code)
+    chat = protocol.chat_request(parsed, [])
+    prompt = last_user_text(chat["messages"])
+    tokens = tokens_for(state, chat, prompt)
+    envelope = protocol.envelope(parsed, protocol.new_id("resp"), int(time.time()), "in_progress")
+    translator = StreamTranslator(envelope)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    async def events() -> Any:
+        yield translator.start()
+        if state.config.reasoning:
+            yield translator.feed(chunk({"reasoning_content": state.config.reasoning}))
+        for token in tokens:
+            await pace(state)
+            yield translator.feed(chunk({"content": token}))
+        translator.feed(chunk({}, "length" if chat.get("max_tokens") else "stop"))
+        translator.feed({"choices": [], "usage": usage(prompt, tokens)})
+        yield translator.finish()
+
+    async with Inflight(state, request):
+        if body.get("stream"):
+
+            async def stream() -> Any:
+                async for batch in events():
+                    for event in batch:
+                        yield event_sse(event)
+
+            return await sse_stream(request, stream())
+        async for _ in events():
+            pass
+        return web.json_response(translator.response)
+
+
+@inference
 async def completions(
     request: web.Request, state: SimState, body: dict[str, Any]
 ) -> web.StreamResponse:
@@ -523,6 +572,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.post("/v1/completions", completions),
         web.post("/v1/embeddings", embeddings),
         web.post("/v1/messages", messages),
+        web.post("/v1/responses", responses),
         web.post("/v1/audio/transcriptions", transcriptions),
         web.post("/v1/audio/translations", transcriptions),
         web.get("/metrics", metrics),
