@@ -145,9 +145,6 @@ class Connection:
             raise McpFailure(text or f"the tool {name} failed", error)
         return truncate(text)
 
-    async def close(self) -> None:
-        """Nothing stays open between operations."""
-
 
 def truncate(text: str) -> str:
     raw = text.encode()

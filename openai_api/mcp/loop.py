@@ -11,7 +11,6 @@ and output indexes that only grow.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -91,50 +90,45 @@ async def run(
     from openai_api.responses.handler import generate
 
     connections: dict[str, Connection] = {}
-    try:
-        offered = await list_tools(servers_of(request), connections, translator, emit)
-        if offered is None:
+    offered = await list_tools(servers_of(request), connections, translator, emit)
+    if offered is None:
+        return False
+    translator.mcp_tools = {name: server.label for name, (server, _) in offered.items()}
+    translator.mcp_approval = {
+        name for name, (server, _) in offered.items() if server.needs_approval(name)
+    }
+    items = [i for i in request.input_items if i.get("type") != "mcp_approval_response"]
+    messages = protocol.messages(request.instructions, [*history, *items])
+    asked = {i["id"]: i for i in history if i.get("type") == "mcp_approval_request"}
+    for approval in approvals_of(request):
+        asked_item = asked[approval["approval_request_id"]]
+        messages += await run_approved(asked_item, approval, connections, translator, emit)
+    body = protocol.chat_request(request, [])
+    body["tools"] = [*mcp_function_tools(offered), *protocol.function_tools(request.tools)]
+    budget = request.raw.get("max_tool_calls") or float("inf")
+    for _ in range(MAX_TURNS):
+        body["messages"] = messages
+        if not await generate(route, body, translator, emit, request_id):
             return False
-        translator.mcp_tools = {name: server.label for name, (server, _) in offered.items()}
-        translator.mcp_approval = {
-            name for name, (server, _) in offered.items() if server.needs_approval(name)
-        }
-        items = [i for i in request.input_items if i.get("type") != "mcp_approval_response"]
-        messages = protocol.messages(request.instructions, [*history, *items])
-        asked = {i["id"]: i for i in history if i.get("type") == "mcp_approval_request"}
-        for approval in approvals_of(request):
-            asked_item = asked[approval["approval_request_id"]]
-            messages += await run_approved(asked_item, approval, connections, translator, emit)
-        body = protocol.chat_request(request, [])
-        body["tools"] = [*mcp_function_tools(offered), *protocol.function_tools(request.tools)]
-        budget = request.raw.get("max_tool_calls") or float("inf")
-        for _ in range(MAX_TURNS):
-            body["messages"] = messages
-            if not await generate(route, body, translator, emit, request_id):
-                return False
-            calls = translator.turn_calls()
-            closing, pending = translator.end_turn()
-            await emit(closing)
-            runnable = [item for item in pending if item.kind == "mcp_call"]
-            if not runnable:
-                break  # an answer, client function calls, or calls awaiting approval
-            for item in runnable:
-                output, error = await execute(connections[item.fields["server_label"]], item)
-                await emit(translator.finish_mcp_call(item, output, error))
-                messages += protocol.mcp_exchange(
-                    item.fields["call_id"],
-                    item.fields["name"],
-                    item.text or "{}",
-                    protocol.tool_text({"output": output, "error": error}),
-                )
-                budget -= 1
-            if len(runnable) < len(calls) or budget <= 0:
-                break  # the client's own calls go back to it; or the budget is spent
-        return True
-    finally:
-        for connection in connections.values():
-            with contextlib.suppress(Exception):
-                await connection.close()
+        calls = translator.turn_calls()
+        closing, pending = translator.end_turn()
+        await emit(closing)
+        runnable = [item for item in pending if item.kind == "mcp_call"]
+        if not runnable:
+            break  # an answer, client function calls, or calls awaiting approval
+        for item in runnable:
+            output, error = await execute(connections[item.fields["server_label"]], item)
+            await emit(translator.finish_mcp_call(item, output, error))
+            messages += protocol.mcp_exchange(
+                item.fields["call_id"],
+                item.fields["name"],
+                item.text or "{}",
+                protocol.tool_text({"output": output, "error": error}),
+            )
+            budget -= 1
+        if len(runnable) < len(calls) or budget <= 0:
+            break  # the client's own calls go back to it; or the budget is spent
+    return True
 
 
 async def list_tools(
