@@ -52,6 +52,11 @@ def mcp_url() -> Iterator[str]:
         raise ValueError("the dice fell off the table")
 
     @server.tool()
+    def big() -> str:
+        """Says a lot."""
+        return "x" * (2 * 2**20)
+
+    @server.tool()
     def secret() -> str:
         """Reads a secret."""
         return "the secret is 42"
@@ -100,7 +105,7 @@ def test_it_runs_the_tool_and_answers_with_its_result(
     assert answer.status == "completed"
     assert [item.type for item in answer.output] == ["mcp_list_tools", "mcp_call", "message"]
     listed, call, _ = answer.output
-    assert {t.name for t in listed.tools} == {"roll", "slow", "broken", "secret"}  # type: ignore[union-attr]
+    assert {t.name for t in listed.tools} == {"roll", "slow", "broken", "big", "secret"}  # type: ignore[union-attr]
     assert (call.name, call.arguments, call.output) == ("roll", '{"sides": 20}', "rolled 20")  # type: ignore[union-attr]
     assert answer.output_text == "The tool said: rolled 20"
 
@@ -272,3 +277,27 @@ def test_it_stops_at_the_turn_limit_and_at_max_tool_calls(
     assert len(calls) == 10 and endless.status == "completed"
     capped = client.responses.create(model="sim", input="x", tools=tools, max_tool_calls=2)
     assert len([i for i in capped.output if i.type == "mcp_call"]) == 2
+
+
+def test_it_hands_calls_of_the_clients_own_tools_back(
+    client: openai.OpenAI, serving: Callable[..., Deployment], mcp_url: str
+) -> None:
+    model(serving, "lookup")
+    mine: Any = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    answer = client.responses.create(
+        model="sim", input="x", tools=[dice(mcp_url, require_approval="never"), mine]
+    )
+    assert [i.type for i in answer.output] == ["mcp_list_tools", "function_call"]
+    assert answer.output[1].name == "lookup"  # type: ignore[union-attr]
+
+
+def test_it_truncates_a_tools_output_at_one_mib(
+    client: openai.OpenAI, serving: Callable[..., Deployment], mcp_url: str
+) -> None:
+    model(serving, "big")
+    answer = client.responses.create(
+        model="sim", input="x", tools=[dice(mcp_url, require_approval="never")], max_tool_calls=1
+    )
+    call = answer.output[1]
+    assert call.type == "mcp_call" and call.output is not None
+    assert len(call.output.encode()) < 2**20 + 100 and call.output.endswith("truncated at 1 MiB]")

@@ -14,6 +14,7 @@ from typing import Any
 LIST_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 60.0
 MAX_OUTPUT_BYTES = 2**20
+MAX_EVENT_BYTES = 32 * 2**20  # what the server may send; the output is cut to 1 MiB after
 TRUNCATED = "\n…[output truncated at 1 MiB]"
 
 
@@ -102,7 +103,9 @@ class Connection:
 
         async with (
             create_mcp_http_client(headers=self.server.headers) as http,
-            streamable_http_client(self.server.url, http_client=http) as (read, write),
+            streamable_http_client(
+                self.server.url, http_client=http, max_sse_event_size=MAX_EVENT_BYTES
+            ) as (read, write),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
