@@ -74,4 +74,6 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
     assert Schedule.objects.get(name="modelship-ondemand-reaper").func == "ondemand.tasks.reap"
     sweep = Schedule.objects.get(name="modelship-responses-sweep")
     assert (sweep.func, sweep.minutes) == ("openai_api.tasks.sweep_responses", 60)
-    assert Schedule.objects.count() == 3
+    sync = Schedule.objects.get(name="modelship-litellm-sync")
+    assert (sync.func, sync.minutes) == ("ondemand.tasks.sync_litellm", 1)
+    assert Schedule.objects.count() == 4
