@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.utils import timezone
 
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, State
@@ -267,4 +266,4 @@ def deployment_status(deployment_id: int) -> str | None:
     return str(row.deployments.get(str(deployment_id), "unknown"))
 
 
-__all__ = ["Outcome", "config_yaml", "status_now", "sync", "timezone"]
+__all__ = ["Outcome", "config_yaml", "status_now", "sync"]

@@ -3,10 +3,13 @@ API (the sync runs in the django-q cluster, the API in the web server)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import models
 from django.utils import timezone
+
+log = logging.getLogger("ondemand.litellm")
 
 
 class LiteLLMStatus(models.Model):
@@ -27,9 +30,7 @@ class LiteLLMStatus(models.Model):
         previous = cls.objects.filter(pk=1).first()
         if outcome.error and (previous is None or previous.ok):
             # Logged once per outage, not once a minute.
-            import logging
-
-            logging.getLogger("ondemand.litellm").warning("LiteLLM sync failed: %s", outcome.error)
+            log.warning("LiteLLM sync failed: %s", outcome.error)
         cls.objects.update_or_create(
             pk=1,
             defaults={

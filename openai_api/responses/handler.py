@@ -39,7 +39,7 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     response = protocol.envelope(
         request, protocol.new_id("resp"), int(time.time()), status="in_progress"
     )
-    if any(tool.get("type") == "mcp" for tool in request.tools):
+    if request.uses_mcp:
         await mcp_loop.check(request, history)
     translator = StreamTranslator(response)
     conversation = [*history, *request.input_items]
@@ -73,7 +73,7 @@ async def respond(
     request_id: str,
 ) -> bool:
     """The response's output: one engine turn, or the MCP loop's many."""
-    if any(tool.get("type") == "mcp" for tool in request.tools):
+    if request.uses_mcp:
         return await mcp_loop.run(route, request, history, translator, emit, request_id)
     body = protocol.chat_request(request, history)
     return await generate(route, body, translator, emit, request_id)

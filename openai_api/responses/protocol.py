@@ -64,6 +64,11 @@ class ResponsesRequest:
     user: str | None
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
+    @property
+    def uses_mcp(self) -> bool:
+        """MCP servers among the tools: the gateway's MCP loop drives the response."""
+        return any(tool.get("type") == "mcp" for tool in self.tools)
+
 
 def parse(data: dict[str, Any]) -> ResponsesRequest:
     """Check a request body; 400 with the field's name for what cannot be served."""
