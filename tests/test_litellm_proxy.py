@@ -42,7 +42,12 @@ def start_proxy(tmp_path: Path, capsys: Any) -> tuple[subprocess.Popen[bytes], s
     litellm = Path(sys.executable).parent / "litellm"
     proxy = subprocess.Popen(
         [str(litellm), "--config", str(tmp_path / "litellm.yaml"), "--port", str(port)],
-        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        # Modelship's own DATABASE_URL and REDIS_URL would send LiteLLM to its database layer
+        # (whose engines it downloads at start) and its Redis cache: it runs on its config.
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        },
         stdout=(tmp_path / "litellm.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
