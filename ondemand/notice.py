@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from openai_api.forwarder import SSE_HEADERS, Send
+from openai_api.forwarder import Send, sse_start
 
 STREAMED = {"chat/completions", "completions"}
 PLAIN = {"chat/completions", "completions", "responses"}
@@ -121,8 +121,7 @@ class QueuedNotice:
             self.task = asyncio.ensure_future(self._send_chunk())
 
     async def _send_chunk(self) -> None:
-        start = [*SSE_HEADERS, (b"x-request-id", self.request_id.encode())]
-        await self.send({"type": "http.response.start", "status": 200, "headers": start})
+        await self.send(sse_start(self.request_id))
         self.committed = True
         await self.send(
             {

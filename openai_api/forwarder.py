@@ -64,6 +64,21 @@ SSE_HEADERS = [
 ]
 
 
+def sse_start(request_id: str) -> dict[str, Any]:
+    """The start of a 200 answer of server-sent events."""
+    headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+    return {"type": "http.response.start", "status": 200, "headers": headers}
+
+
+async def engine_message(response: aiohttp.ClientResponse) -> str:
+    """The message of an engine's error answer (its OpenAI-shaped message, else its text)."""
+    raw = await response.read()
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return raw.decode(errors="replace")[:500] or f"the engine answered {response.status}"
+
+
 def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dict[str, str]:
     named_in_connection = {
         token.strip().lower()
@@ -141,8 +156,8 @@ class Forwarder:
     async def forward(self, call: Call, send: Send) -> None:
         """Forward one request and send its answer. The caller watches for hang-ups (see
         `cancel_on_hangup`): a cancellation closes the engine's connection."""
-        async with self.using(call.base_url):
-            await self._relay(call, send)
+        async with self.using(call.base_url) as session:
+            await self._relay(call, session, send)
 
     @asynccontextmanager
     async def using(self, base_url: str) -> AsyncIterator[aiohttp.ClientSession]:
@@ -173,9 +188,8 @@ class Forwarder:
         if session is not None:
             await session.close()
 
-    async def _relay(self, call: Call, send: Send) -> None:
+    async def _relay(self, call: Call, session: aiohttp.ClientSession, send: Send) -> None:
         request_id, committed = call.request_id, call.committed
-        session = self.session(call.base_url)
         request = session.request(
             call.method,
             call.url,
@@ -235,8 +249,7 @@ class Forwarder:
                 if done:
                     return pending.result(), committed
                 if not committed:
-                    start = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
-                    await send({"type": "http.response.start", "status": 200, "headers": start})
+                    await send(sse_start(request_id))
                     committed = True
                 await send(
                     {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
@@ -270,11 +283,7 @@ class Forwarder:
 
     async def _relay_after_keepalive(self, send: Send, response: aiohttp.ClientResponse) -> None:
         if response.status != 200:
-            raw = await response.read()
-            try:
-                message = json.loads(raw)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = raw.decode(errors="replace")[:500] or f"engine answered {response.status}"
+            message = await engine_message(response)
             await send_sse_error(send, response.status, message, "upstream_error")
             return
         async for chunk in response.content.iter_any():

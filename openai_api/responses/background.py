@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from openai_api.catalog import Route
 from openai_api.errors import GatewayError
-from openai_api.forwarder import SSE_HEADERS, cancel_on_hangup
+from openai_api.forwarder import cancel_on_hangup, sse_start
 from openai_api.responses import store
 from openai_api.responses.handler import conclude, respond
 from openai_api.responses.protocol import ResponsesRequest
@@ -197,9 +197,8 @@ async def drop(identity: str, response_id: str) -> None:
 
 async def stream_out(exchange: Exchange, events: AsyncIterator[Event]) -> None:
     """Tail events to the client as SSE; its hang-up ends the tail, never the run."""
-    headers = [*SSE_HEADERS, (b"x-request-id", exchange.request_id.encode())]
     async with cancel_on_hangup(exchange.receive):
-        await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+        await exchange.send(sse_start(exchange.request_id))
         async for event in events:
             await exchange.send(
                 {"type": "http.response.body", "body": sse(event), "more_body": True}

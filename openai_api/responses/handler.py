@@ -19,7 +19,13 @@ import aiohttp
 from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import SSE_HEADERS, cancel_on_hangup, forwarder, unreachable
+from openai_api.forwarder import (
+    cancel_on_hangup,
+    engine_message,
+    forwarder,
+    sse_start,
+    unreachable,
+)
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol, store
 from openai_api.responses.translator import Event, StreamTranslator, sse
@@ -136,8 +142,7 @@ class HttpOut:
 
     async def _answer(self) -> None:
         self.answered = True
-        headers = [*SSE_HEADERS, (b"x-request-id", self.exchange.request_id.encode())]
-        await self.exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self.exchange.send(sse_start(self.exchange.request_id))
 
     async def end(self) -> None:
         if self.streaming:
@@ -196,12 +201,7 @@ async def chat_chunks(answer: aiohttp.ClientResponse) -> Any:
 
 
 async def engine_error(answer: aiohttp.ClientResponse) -> GatewayError:
-    raw = await answer.read()
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = raw.decode(errors="replace")[:500] or f"the engine answered {answer.status}"
-    return GatewayError(answer.status, str(message), "upstream_error")
+    return GatewayError(answer.status, await engine_message(answer), "upstream_error")
 
 
 async def retrieve(exchange: Exchange, identity: str, response_id: str) -> None:
