@@ -253,17 +253,26 @@ def status_now() -> dict[str, Any]:
     }
 
 
-def deployment_status(deployment_id: int) -> str | None:
+def deployment_statuses() -> dict[str, str] | None:
+    """Each deployment's status word by id (one read for a whole list); None when no LiteLLM
+    is configured. After a failed sync every deployment reads `error`."""
     from ondemand.models import LiteLLMStatus
 
-    if site() is None:
+    if not settings.MSHIP_LITELLM_URL:
         return None
     row = LiteLLMStatus.objects.filter(pk=1).first()
     if row is None:
-        return "unknown"
+        return {}
     if not row.ok:
-        return "error"
-    return str(row.deployments.get(str(deployment_id), "unknown"))
+        return {"*": "error"}
+    return {str(k): str(v) for k, v in row.deployments.items()}
+
+
+def deployment_status(deployment_id: int, statuses: dict[str, str] | None = None) -> str | None:
+    statuses = deployment_statuses() if statuses is None else statuses
+    if statuses is None:
+        return None
+    return statuses.get(str(deployment_id), statuses.get("*", "unknown"))
 
 
 __all__ = ["Outcome", "config_yaml", "status_now", "sync"]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rest_framework import serializers
 
@@ -61,9 +61,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return status_of(obj)
 
     def get_litellm(self, obj: Deployment) -> str | None:
-        from ondemand.litellm import deployment_status
+        from ondemand.litellm import deployment_status, deployment_statuses
 
-        return deployment_status(obj.pk)
+        # Read once per request: a list shares its context dict with each row's serializer.
+        context = cast(dict[str, Any], self.context)
+        if "litellm_statuses" not in context:
+            context["litellm_statuses"] = deployment_statuses()
+        statuses = context["litellm_statuses"]
+        return None if statuses is None else deployment_status(obj.pk, statuses)
 
     def get_config_current(self, obj: Deployment) -> bool:
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)
