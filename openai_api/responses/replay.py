@@ -18,6 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from openai_api.errors import GatewayError
+from openai_api.models import ResponseEvent
 from openai_api.responses import store
 from openai_api.responses.translator import Event
 
@@ -94,8 +95,6 @@ class RedisLog:
 
 class DatabaseLog:
     async def append(self, response_id: str, events: list[Event]) -> None:
-        from openai_api.models import ResponseEvent
-
         expires = timezone.now() + timedelta(seconds=settings.MSHIP_RESPONSES_STREAM_BUFFER_TTL_S)
         rows = [
             ResponseEvent(
@@ -109,8 +108,6 @@ class DatabaseLog:
         await store.run(ResponseEvent.objects.bulk_create, rows)
 
     async def read(self, response_id: str, after: int) -> list[Event]:
-        from openai_api.models import ResponseEvent
-
         def rows() -> list[str]:
             return list(
                 ResponseEvent.objects.filter(
@@ -121,8 +118,6 @@ class DatabaseLog:
         return [json.loads(data) for data in await store.run(rows)]
 
     async def exists(self, response_id: str) -> bool:
-        from openai_api.models import ResponseEvent
-
         def any_row() -> bool:
             live = ResponseEvent.objects.filter(
                 response_id=response_id, expires_at__gt=timezone.now()
@@ -132,16 +127,12 @@ class DatabaseLog:
         return bool(await store.run(any_row))
 
     async def ended(self, response_id: str) -> None:
-        from openai_api.models import ResponseEvent
-
         expires = timezone.now() + timedelta(seconds=ENDED_GRACE_S)
         await store.run(
             lambda: ResponseEvent.objects.filter(response_id=response_id).update(expires_at=expires)
         )
 
     async def drop(self, response_id: str) -> None:
-        from openai_api.models import ResponseEvent
-
         await store.run(lambda: ResponseEvent.objects.filter(response_id=response_id).delete())
 
 
@@ -180,7 +171,5 @@ async def tail(log: ReplayLog, response_id: str, after: int, finished: Any) -> A
 
 def sweep() -> int:
     """Delete expired events of the database log."""
-    from openai_api.models import ResponseEvent
-
     deleted, _ = ResponseEvent.objects.filter(expires_at__lte=timezone.now()).delete()
     return deleted

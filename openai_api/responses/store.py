@@ -15,7 +15,7 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from openai_api.errors import GatewayError
-from openai_api.models import StoredResponse
+from openai_api.models import ResponseHeartbeat, StoredResponse
 
 
 def unavailable(exc: Exception) -> GatewayError:
@@ -149,21 +149,15 @@ def end_if_running(
 
 
 def beat(response_id: str) -> None:
-    from openai_api.models import ResponseHeartbeat
-
     ResponseHeartbeat.objects.update_or_create(
         response_id=response_id, defaults={"beat_at": timezone.now()}
     )
 
 
 def last_beat(response_id: str) -> Any:
-    from openai_api.models import ResponseHeartbeat
-
     row = ResponseHeartbeat.objects.filter(response_id=response_id).first()
     return None if row is None else row.beat_at
 
 
 def forget_beat(response_id: str) -> None:
-    from openai_api.models import ResponseHeartbeat
-
     ResponseHeartbeat.objects.filter(response_id=response_id).delete()
