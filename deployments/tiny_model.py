@@ -60,7 +60,9 @@ class Shape:
     n_layer: int = 2
     n_head: int = 4
     n_ff: int = 128
-    n_ctx: int = 2048
+    # The context it was "trained" for: long enough that a test can hold a generation running
+    # for seconds; a deployment asks for less with n_ctx.
+    n_ctx: int = 32768
 
 
 def byte_alphabet() -> list[str]:

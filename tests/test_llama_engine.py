@@ -169,10 +169,16 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
     ) as answer:
         for _ in answer.iter_lines():
             started.set()
-            # Its load gauges show it busy, so make-room and the reaper leave it alone.
+            # Its load gauges show it busy, so make-room and the reaper leave it alone. The
+            # engine answers /metrics from its task loop, which may sample the slot a moment
+            # before the first token's line reaches us, so the gauge is awaited, not read once.
             with httpx.Client() as client:
-                load = read_load(client, engine, get_loader("llama_server"))
-            assert load is not None and load.running == 1 and not load.idle
+
+                def busy() -> bool:
+                    load = read_load(client, engine, get_loader("llama_server"))
+                    return load is not None and load.running == 1 and not load.idle
+
+                wait_until(busy, 5)
             break  # and hang up
     assert started.is_set()
     # The one slot is free again: the next request is served, and the hung-up generation
