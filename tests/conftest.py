@@ -20,6 +20,22 @@ from deployments.runtimes import EngineUnreachable, get_runtime
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, whose PostgreSQL sessions still open at the end (the
+    in-process gateway's worker threads keep theirs) are ended so that it can be dropped."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture(autouse=True)
 def site(settings: Any, tmp_path: Path) -> Any:
     """Each test gets its own run and log folders and a known memory budget."""
