@@ -180,9 +180,13 @@ class Controller:
             raise errors.queue_full()
         deadline = self.clock.now() + self.queue_timeout_s
         notified_queue = False
+        # The start this request waits on, until it has read that start's outcome.
+        attempt: asyncio.Task[str] | None = None
         entry.waiting += 1
         try:
             while True:
+                # Taken before looking, so a change made while we look still wakes us.
+                changed = self.changed
                 view = await self.deployer.view(deployment_id)
                 if view is None:
                     if entry.starting_for_request:
@@ -197,25 +201,23 @@ class Controller:
                 if now >= deadline:
                     self._record_timeout(entry, deployment_id)
                     raise errors.queue_timeout(view.name)
-                if now < entry.backoff_until:
-                    raise errors.start_failed(view.name, entry.failure)
-                startable = view.state in STARTABLE or view.state == "asleep"
-                # While set_mode starts it (pending always_on), the request waits for that.
-                if entry.attempt is None and startable and view.pending_mode is None:
-                    entry.starting_for_request = True
-                    entry.attempt = asyncio.create_task(self._attempt(view))
-                if entry.attempt is None:
-                    # Starting by hand, stopping, switched: wait without starting it.
-                    await self.clock.wait(self.changed, min(POLL_S, deadline - now))
-                    continue
-                attempt = entry.attempt
-                try:
-                    outcome = await self._await_attempt(attempt, deadline - now)
-                finally:
-                    if attempt.done() and entry.attempt is attempt:
-                        entry.attempt = None
+                if attempt is None:
+                    if now < entry.backoff_until:
+                        raise errors.start_failed(view.name, entry.failure)
+                    startable = view.state in STARTABLE or view.state == "asleep"
+                    # While set_mode starts it (pending always_on), the request waits for that.
+                    if entry.attempt is None and startable and view.pending_mode is None:
+                        entry.starting_for_request = True
+                        entry.attempt = self._start_attempt(entry, view)
+                    if entry.attempt is None:
+                        # Starting by hand, stopping, switched: wait without starting it.
+                        await self.clock.wait(changed, min(POLL_S, deadline - now))
+                        continue
+                    attempt = entry.attempt
+                outcome = await self._await_attempt(attempt, changed, deadline - now)
                 if outcome is None:
                     continue  # still running: look again
+                attempt = None
                 if outcome == "failed":
                     raise errors.start_failed(view.name, entry.failure)
                 if outcome == "stopped":
@@ -231,7 +233,7 @@ class Controller:
                     try:
                         # Until something changes (a stop, a state, the queue) or a while.
                         timeout = min(POLL_S, deadline - self.clock.now())
-                        await self.clock.wait(self.changed, timeout)
+                        await self.clock.wait(changed, timeout)
                     finally:
                         entry.queued -= 1
                         self._counted(deployment_id)
@@ -253,13 +255,15 @@ class Controller:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _await_attempt(self, attempt: asyncio.Task[str], timeout: float) -> str | None:
+    async def _await_attempt(
+        self, attempt: asyncio.Task[str], changed: asyncio.Event, timeout: float
+    ) -> str | None:
         """The attempt's outcome once it ends; None when a change or the poll interval came
         first. The attempt is shielded: a waiter that gives up never cancels it half-way."""
         if not attempt.done():
             finished: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(attempt))
             woke: asyncio.Future[Any] = asyncio.ensure_future(
-                self.clock.wait(self.changed, min(POLL_S, timeout))
+                self.clock.wait(changed, min(POLL_S, timeout))
             )
             try:
                 await asyncio.wait({finished, woke}, return_when=asyncio.FIRST_COMPLETED)
@@ -317,40 +321,54 @@ class Controller:
 
     # --- starts ----------------------------------------------------------------------------
 
+    def _start_attempt(self, entry: Entry, view: View) -> asyncio.Task[str]:
+        attempt = asyncio.create_task(self._attempt(view))
+
+        def ended(task: asyncio.Task[str]) -> None:
+            # Its outcome is for the requests that waited on it (they hold the task), never
+            # for a later one: a failure forgiven since, a stop long over.
+            if entry.attempt is task:
+                entry.attempt = None
+            # Others look again once it is done (a failed start frees memory, a started one
+            # takes it); "no memory now" changed nothing, and waking them for it would have
+            # two queued models retry in turn without end.
+            if task.cancelled() or task.exception() or task.result() not in ("queued", "nobody"):
+                self.notify()
+
+        attempt.add_done_callback(ended)
+        return attempt
+
     async def _attempt(self, view: View) -> str:
         """One start of a deployment, shared by all its waiters: ready, failed, stopped or
         queued (no memory now); raises does_not_fit."""
         entry = self.entry(view.id)
         stopped_a_victim = False
-        try:
-            async with self.lock:
-                for _ in range(3):
-                    current = await self.deployer.view(view.id)
-                    if current is None:
-                        return "stopped"
-                    if current.state == "ready":
-                        return "ready"
-                    if entry.waiting == 0:
-                        return "nobody"  # everyone left: start nothing
-                    if not await self._may_start(current):
+        async with self.lock:
+            for _ in range(3):
+                current = await self.deployer.view(view.id)
+                if current is None:
+                    return "stopped"
+                if current.state == "ready":
+                    return "ready"
+                if entry.waiting == 0:
+                    return "nobody"  # everyone left: start nothing
+                if not await self._may_start(current):
+                    return "queued"
+                try:
+                    if current.state == "asleep":
+                        await self.deployer.wake(view.id)
+                    elif current.state in STARTABLE:
+                        await self.deployer.restart(view.id)
+                    else:
+                        return "stopped" if current.state == "stopping" else "queued"
+                except InsufficientMemory as exc:
+                    made_room = await self._make_room(current, exc, stopped_a_victim)
+                    if not made_room:
                         return "queued"
-                    try:
-                        if current.state == "asleep":
-                            await self.deployer.wake(view.id)
-                        elif current.state in STARTABLE:
-                            await self.deployer.restart(view.id)
-                        else:
-                            return "stopped" if current.state == "stopping" else "queued"
-                    except InsufficientMemory as exc:
-                        made_room = await self._make_room(current, exc, stopped_a_victim)
-                        if not made_room:
-                            return "queued"
-                        stopped_a_victim = True
-                        continue
-                    return self._start_ended(view, await self.deployer.view(view.id))
-                return "queued"
-        finally:
-            self.notify()
+                    stopped_a_victim = True
+                    continue
+                return self._start_ended(view, await self.deployer.view(view.id))
+            return "queued"
 
     async def _may_start(self, view: View) -> bool:
         """A deployment behind the head of the queue starts only within the memory free

@@ -194,6 +194,26 @@ async def test_it_fails_waiters_and_backs_off_after_a_failed_start(
     assert controller.entry(1).backoff_s == 0  # a success resets it
 
 
+async def test_it_tells_a_start_failure_only_to_the_requests_that_waited_on_it(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "a", 2)
+    waiter = acquiring(controller, 1)
+    await settle()
+    waiter.cancel()  # it hangs up; the start it asked for goes on, and fails
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    deployer.finish(1, "failed")
+    await settle()
+    controller.reset_backoff(1)  # fixed and forgiven (a mode switch, a new configuration)
+    # The next request starts it again rather than hearing of the old failure.
+    fixed = acquiring(controller, 1)
+    await settle()
+    assert deployer.starts == ["a", "a"]
+    deployer.finish(1)
+    assert (await fixed).deployment_id == 1
+
+
 async def test_it_tells_waiters_when_the_model_is_stopped_while_it_starts(
     controller: Controller, deployer: FakeDeployer
 ) -> None:
