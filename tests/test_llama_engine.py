@@ -169,9 +169,8 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
     ) as answer:
         for _ in answer.iter_lines():
             started.set()
-            # Its load gauges show it busy, so make-room and the reaper leave it alone. The
-            # engine answers /metrics from its task loop, which may sample the slot a moment
-            # before the first token's line reaches us, so the gauge is awaited, not read once.
+            # Its load gauges show it busy, so make-room and the reaper leave it alone (awaited
+            # briefly: the gauge is the engine's own sample, not tied to the line we just read).
             with httpx.Client() as client:
 
                 def busy() -> bool:
