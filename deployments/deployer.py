@@ -7,7 +7,9 @@ check and the start-up gate; every state change is a conditional update with its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +58,10 @@ def launch_all(deployment: Deployment) -> list[Handle]:
     runtime = get_runtime(deployment.runtime)
     fp = deployment_fingerprint(deployment)
     container = deployment.runtime == "docker"
+    if not container:
+        # A process engine runs in a folder of its own: a model path relative to Modelship's
+        # working directory is made absolute.
+        spec = dataclasses.replace(spec, model=local_path(spec.model))
     handles: list[Handle] = []
     try:
         for replica in range(deployment.num_replicas):
@@ -82,6 +88,10 @@ def launch_all(deployment: Deployment) -> list[Handle]:
         stop_handles(deployment, handles)
         raise
     return handles
+
+
+def local_path(model: str) -> str:
+    return os.path.abspath(model) if not os.path.isabs(model) and os.path.exists(model) else model
 
 
 def stop_handles(deployment: Deployment, handles: list[Handle]) -> None:

@@ -278,6 +278,8 @@ MSHIP_ONDEMAND_KEY_FILE = Path(env_str("MSHIP_ONDEMAND_KEY_FILE", str(VAR_DIR / 
 MSHIP_ONDEMAND_ALLOWED_CIDRS = env_str("MSHIP_ONDEMAND_ALLOWED_CIDRS", "auto")
 # The Docker network of the system (decision) deployments: never allowed on /ondemand.
 MSHIP_DECIDER_NETWORK = env_str("MSHIP_DECIDER_NETWORK", "")
+# Environment variables passed to engine processes beyond the built-in allow-list.
+MSHIP_ENGINE_ENV_PASSTHROUGH = env_list("MSHIP_ENGINE_ENV_PASSTHROUGH", [])
 MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = Path(env_str("MSHIP_RUN_DIR", str(VAR_DIR / "run")))

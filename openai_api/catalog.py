@@ -38,6 +38,7 @@ class Route:
     created: int
     idle_timeout_s: float = 600.0
     system: bool = False
+    networks: tuple[str, ...] = ()  # the engines' Docker networks (subnets)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,11 @@ def load() -> Snapshot:
                 created=int(d.created.timestamp()),
                 idle_timeout_s=float(d.effective_idle_timeout_s),
                 system=d.system,
+                networks=tuple(
+                    subnet
+                    for handle in (d.runtime_handle or {}).get("replicas", [])
+                    for subnet in handle.get("subnets", ())
+                ),
             )
             models.append(route)
             for served in (d.name, *route.aliases):

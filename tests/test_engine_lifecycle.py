@@ -187,3 +187,27 @@ def test_it_stops_a_deployment_while_it_starts(make_deployment: Any) -> None:
     assert deployment.state == State.STOPPED
     assert deployment.state_reason == "changed my mind"
     assert not pid_alive(pid)
+
+
+def test_it_runs_a_process_engine_without_modelships_secrets_in_a_folder_of_its_own(
+    make_deployment: Any, monkeypatch: Any, settings: Any
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.setenv("MSHIP_SECRET_KEY", "not-for-engines")
+    monkeypatch.setenv("REDIS_URL", "redis://secret@127.0.0.1:6379/0")
+    monkeypatch.setenv("HF_HOME", "/srv/hf")  # what model libraries read passes through
+    deployment = make_deployment("sim")
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY, deployment.state_reason
+    pid = deployment.runtime_handle["replicas"][0]["pid"]
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().partition("=")[::2] for item in raw if item)
+    assert "MSHIP_SECRET_KEY" not in env and "REDIS_URL" not in env
+    assert "DATABASE_URL" not in env
+    assert env["HF_HOME"] == "/srv/hf" and env["PATH"]
+    cwd = Path(f"/proc/{pid}/cwd").resolve()
+    assert cwd != Path(settings.BASE_DIR)
+    assert cwd.is_relative_to(Path(settings.MSHIP_RUN_DIR))
+    assert reply_of(deployment.engine_url)

@@ -5,6 +5,7 @@ official openai SDK as the client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -80,7 +81,8 @@ def mcp_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
+def client(gateway_url: str, api_key: Callable[..., str], site: Any) -> openai.OpenAI:
+    site.MSHIP_MCP_ALLOWED_HOSTS = ["127.0.0.1"]  # the test's MCP server is on loopback
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
 
@@ -220,10 +222,14 @@ def test_it_keeps_to_the_allow_list_and_https_when_told(
     client: openai.OpenAI, serving: Callable[..., Deployment], mcp_url: str, site: Any
 ) -> None:
     model(serving, "roll")
+    site.MSHIP_MCP_ALLOWED_HOSTS = []
+    with pytest.raises(openai.BadRequestError) as loopback:  # refused unless named
+        client.responses.create(model="sim", input="x", tools=[dice(mcp_url)])
+    assert "loopback" in loopback.value.message
     site.MSHIP_MCP_ALLOWED_HOSTS = ["tools.internal"]
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="sim", input="x", tools=[dice(mcp_url)])
-    site.MSHIP_MCP_ALLOWED_HOSTS = []
+    site.MSHIP_MCP_ALLOWED_HOSTS = ["127.0.0.1"]
     site.MSHIP_MCP_REQUIRE_HTTPS = True
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="sim", input="x", tools=[dice(mcp_url)])
@@ -301,3 +307,79 @@ def test_it_truncates_a_tools_output_at_one_mib(
     call = answer.output[1]
     assert call.type == "mcp_call" and call.output is not None
     assert len(call.output.encode()) < 2**20 + 100 and call.output.endswith("truncated at 1 MiB]")
+
+
+@pytest.mark.parametrize(
+    ("rule", "asks"),
+    [
+        ("never", False),
+        ("always", True),
+        ({"never": {"tool_names": ["roll"]}}, False),
+        ({"never": {"tool_names": ["secret"]}}, True),  # roll is in neither list: it asks
+        ({"always": {"tool_names": ["secret"]}}, True),
+        ({"always": {"tool_names": ["roll"]}}, True),
+        ({"always": {"tool_names": ["secret"]}, "never": {"tool_names": ["roll"]}}, False),
+    ],
+)
+def test_it_asks_for_approval_as_the_require_approval_rule_says(
+    client: openai.OpenAI,
+    serving: Callable[..., Deployment],
+    mcp_url: str,
+    rule: Any,
+    asks: bool,
+) -> None:
+    model(serving, "roll")
+    answer = client.responses.create(
+        model="sim", input="Roll", tools=[dice(mcp_url, require_approval=rule)]
+    )
+    kinds = [item.type for item in answer.output]
+    if asks:
+        assert kinds == ["mcp_list_tools", "mcp_approval_request"]
+    else:
+        assert kinds == ["mcp_list_tools", "mcp_call", "message"]
+
+
+def test_it_never_follows_an_mcp_servers_redirect(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    """A server that answers with a redirect to another address (a canary here) gets the
+    call failed; the canary never hears of it."""
+    canary_hits: list[str] = []
+
+    async def canary(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        canary_hits.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    with asgi_server(canary) as canary_url:
+
+        async def redirector(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            location = (canary_url + "/mcp").encode()
+            headers = [(b"location", location), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 307, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+
+        with asgi_server(redirector) as redirecting_url:
+            model(serving, "roll")
+            tool = dice(redirecting_url + "/mcp", require_approval="never")
+            with client.responses.stream(model="sim", input="x", tools=[tool]) as stream:
+                kinds = [event.type for event in stream]
+    assert "response.mcp_list_tools.failed" in kinds and kinds[-1] == "response.failed"
+    assert canary_hits == []
+
+
+@contextlib.contextmanager
+def asgi_server(app: Any) -> Iterator[str]:
+    import uvicorn
+
+    port = free_port("127.0.0.1")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    runner = uvicorn.Server(config)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    wait_until(lambda: runner.started, 30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        runner.should_exit = True
+        thread.join(10)

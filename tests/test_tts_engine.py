@@ -61,3 +61,23 @@ def test_it_answers_bad_requests_with_openai_errors(speech_url: str) -> None:
         speech_url, content=b"{not json", headers={"content-type": "application/json"}
     )
     assert broken.json()["error"]["code"] == "invalid_json"
+
+
+def test_it_speaks_a_text_that_looks_like_an_option_instead_of_reading_a_file(
+    speech_url: str, tmp_path: Any
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the password is swordfish. " * 60)  # about a minute read aloud
+    answer = httpx.post(speech_url, json={"model": "voice", "input": f"-f{secret}"}, timeout=60)
+    assert answer.status_code == 200
+    with wave.open(io.BytesIO(answer.content)) as wav:
+        seconds = wav.getnframes() / wav.getframerate()
+    # The path itself is spoken (a few seconds), not the file's minute of text.
+    assert seconds < 15
+
+
+def test_it_refuses_a_voice_that_is_not_a_name(speech_url: str) -> None:
+    for voice in ("-f/etc/passwd", "../../etc/passwd", "en us", "x" * 80):
+        answer = httpx.post(speech_url, json={"model": "voice", "input": "hi", "voice": voice})
+        assert answer.status_code == 400, voice
+        assert answer.json()["error"]["code"] == "invalid_voice"

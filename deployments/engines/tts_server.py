@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import shutil
 import subprocess
 import wave
@@ -27,6 +28,8 @@ from deployments.engines.common import (
 )
 
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+# A voice is a name (en, en-us, en+f3, af_heart), never a path or an option.
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}")
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for one speech request
 
 
@@ -49,8 +52,11 @@ class EspeakBackend:
 
     def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
         words_per_minute = str(int(175 * speed))
+        # The caller's text goes on stdin, never on the command line: as an argument, a text
+        # such as "-f/etc/shadow" is an option (speak that file).
         done = subprocess.run(
-            [self.binary, "-v", voice, "-s", words_per_minute, "--stdout", text],
+            [self.binary, "-v", voice, "-s", words_per_minute, "--stdout", "--stdin"],
+            input=text.encode(),
             capture_output=True,
             check=False,
             timeout=120,
@@ -119,6 +125,8 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
                 "unsupported_format",
             )
         voice = str(body.get("voice") or config.get("voice") or backend.default_voice)
+        if not VOICE_NAME.fullmatch(voice):
+            return error(400, f"voice {voice[:64]!r} is not a voice name.", "invalid_voice")
         if voices and voice not in voices:
             return error(400, f"voice {voice!r} is not offered.", "invalid_voice")
         try:

@@ -158,6 +158,12 @@ class DockerRuntime:
             "container_name": name,
             "image": launch.image,
             "fingerprint": launch.fingerprint,
+            # The engines' network, so the gateway's MCP egress can refuse its addresses.
+            "subnets": [
+                entry["Subnet"]
+                for entry in (network.attrs.get("IPAM", {}).get("Config") or [])
+                if entry.get("Subnet")
+            ],
         }
         try:
             self._call(container.start)

@@ -25,6 +25,54 @@ from deployments.runtimes.base import Handle, Launch, RuntimeError_
 # Exit codes of children this process started, filled by their reaper threads.
 _exit_codes: dict[int, int] = {}
 
+# What an engine inherits from Modelship's environment: the basics a program needs, and the
+# variables accelerator stacks and model libraries read. Never Modelship's own secrets
+# (SECRET_KEY, DATABASE_URL, REDIS_URL, keys): an engine runs code an operator chose, on
+# input callers send. MSHIP_ENGINE_ENV_PASSTHROUGH names more.
+PASSED_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM"}
+    | {"LD_LIBRARY_PATH", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
+    | {"XDG_CACHE_HOME", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+)
+PASSED_PREFIXES = (
+    "LC_",
+    "CUDA_",
+    "NVIDIA_",
+    "ROCR_",
+    "HIP_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "VLLM_",
+    "OMP_",
+    "MKL_",
+    "GGML_",
+    "LLAMA_",
+)
+
+
+def engine_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of an engine process: the allow-listed part of ours, then the
+    engine's own variables. The project folder is on PYTHONPATH so the engines Modelship
+    ships import from a working directory of their own."""
+    passed = set(PASSED_NAMES) | set(settings.MSHIP_ENGINE_ENV_PASSTHROUGH)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in passed or name.startswith(PASSED_PREFIXES)
+    }
+    env["PYTHONPATH"] = str(settings.BASE_DIR)
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **extra}
+
+
+def work_dir(name: str, replica: int) -> Path:
+    """An engine's own working directory (what it writes lands there, not in the project)."""
+    path = Path(settings.MSHIP_RUN_DIR) / "engines" / log_path(name, replica).stem
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
 
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -67,8 +115,8 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **launch.env, "PYTHONUNBUFFERED": "1"},
-                    cwd=settings.BASE_DIR,
+                    env=engine_env(launch.env),
+                    cwd=work_dir(launch.name, launch.replica),
                     start_new_session=True,
                 )
             except OSError as exc:

@@ -11,6 +11,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai_api.mcp import egress
+
 LIST_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 60.0
 MAX_OUTPUT_BYTES = 2**20
@@ -63,28 +65,30 @@ class McpServer:
             return True
         if isinstance(allowed, list):
             return tool.name in allowed
-        names = allowed.get("tool_names")
-        if names is not None and tool.name not in names:
-            return False
-        if allowed.get("read_only"):
-            return bool((tool.annotations or {}).get("readOnlyHint"))
-        return True
+        return not allowed or matches(allowed, tool)
 
-    def needs_approval(self, name: str) -> bool:
+    def needs_approval(self, tool: McpTool) -> bool:
+        """OpenAI's meaning: "never" runs every tool unasked, "always" (the default) asks
+        for every one; a filter object asks for the tools its `always` filter matches, not for
+        those its `never` filter matches, and, the safe default, for a tool neither matches."""
         rule = self.require_approval
-        if rule in (None, "always"):
-            return True
         if rule == "never":
             return False
-        if isinstance(rule, dict):
-            never = (rule.get("never") or {}).get("tool_names") or []
-            always = (rule.get("always") or {}).get("tool_names") or []
-            if name in never:
-                return False
-            if name in always:
-                return True
-            return not rule.get("never")  # only an `always` list: the rest need none
-        return True
+        if not isinstance(rule, dict):
+            return True
+        if isinstance(rule.get("always"), dict) and matches(rule["always"], tool):
+            return True
+        return not (isinstance(rule.get("never"), dict) and matches(rule["never"], tool))
+
+
+def matches(tool_filter: dict[str, Any], tool: McpTool) -> bool:
+    """Whether a tool filter (`tool_names`, `read_only`) names this tool."""
+    names = tool_filter.get("tool_names")
+    if names is not None and tool.name not in names:
+        return False
+    if tool_filter.get("read_only"):
+        return bool((tool.annotations or {}).get("readOnlyHint"))
+    return names is not None or "read_only" in tool_filter
 
 
 class Connection:
@@ -92,17 +96,17 @@ class Connection:
     (initialize, then the request) inside one coroutine, so the SDK's task groups are
     entered and left in the same task whatever fails."""
 
-    def __init__(self, server: McpServer) -> None:
+    def __init__(self, server: McpServer, policy: egress.Policy | None = None) -> None:
         self.server = server
+        self.policy = policy
 
     @contextlib.asynccontextmanager
     async def _session(self) -> Any:
         from mcp import ClientSession
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         async with (
-            create_mcp_http_client(headers=self.server.headers) as http,
+            egress.http_client(self.server.headers, self.policy) as http,
             streamable_http_client(
                 self.server.url, http_client=http, max_sse_event_size=MAX_EVENT_BYTES
             ) as (read, write),

@@ -95,7 +95,7 @@ async def run(
         return False
     translator.mcp_tools = {name: server.label for name, (server, _) in offered.items()}
     translator.mcp_approval = {
-        name for name, (server, _) in offered.items() if server.needs_approval(name)
+        name for name, (server, tool) in offered.items() if server.needs_approval(tool)
     }
     items = [i for i in request.input_items if i.get("type") != "mcp_approval_response"]
     messages = protocol.messages(request.instructions, [*history, *items])
