@@ -20,6 +20,7 @@ from django.conf import settings
 from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
+from openai_api.bodies import json_value
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
@@ -127,8 +128,8 @@ def _peek(body: bytes, content_type: str) -> tuple[bool, dict[str, Any] | None]:
     if not content_type.startswith("application/json") and not body.startswith(b"{"):
         return False, None
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = json_value(body)
+    except GatewayError:
         return False, None
     if not isinstance(data, dict):
         return False, None
@@ -155,6 +156,7 @@ async def model(exchange: Exchange, route: Route, method: str, upstream_path: st
             request_id=exchange.request_id,
             streaming=False,
             unreachable_code=UNREACHABLE,
+            deployment=route.name,
         )
         await forwarder.forward(call, exchange.send)
 

@@ -34,7 +34,10 @@ def checked_segments(raw_path: bytes) -> list[str]:
     invalid = GatewayError(400, "The request path is not a clean path.", "invalid_path")
     if _ENCODED.search(raw) or any(c in raw for c in "\\?#"):
         raise invalid
-    decoded = unquote(raw)
+    try:
+        decoded = unquote(raw, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise invalid from exc
     if _CONTROL.search(decoded) or any(c in decoded for c in "\\?#"):
         raise invalid
     segments = decoded.split("/")[2:]  # "", "ondemand", ...

@@ -7,12 +7,18 @@ on-demand deployments with the controller's acquire and release.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from django.db import DatabaseError
+from redis.exceptions import RedisError
+
 from openai_api.catalog import Route
 from openai_api.errors import GatewayError
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -59,7 +65,18 @@ class Dispatcher:
 
         hint = view_of_route(route)
         ctl = controller()
-        slot = await ctl.acquire(route.deployment_id, on_queued=on_queued, hint=hint)
+        try:
+            slot = await ctl.acquire(route.deployment_id, on_queued=on_queued, hint=hint)
+        except (DatabaseError, RedisError, OSError) as exc:
+            # The controller's database (or broker) is down: say so now rather than hang.
+            log.warning("on-demand acquire for %s failed: %r", route.name, exc)
+            raise GatewayError(
+                503,
+                f"{route.name} cannot be started now: the control plane's store is"
+                f" unavailable ({exc.__class__.__name__}).",
+                "ondemand_unavailable",
+                {"retry-after": "5"},
+            ) from exc
         try:
             urls = slot.urls or route.urls
             if not urls:

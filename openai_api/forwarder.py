@@ -132,6 +132,7 @@ class Call:
     committed: bool = False
     transform: Callable[[bytes], bytes] | None = None
     unreachable_code: str = "upstream_error"
+    deployment: str = "the deployment"  # named in errors instead of the engine's address
 
 
 class Forwarder:
@@ -199,15 +200,15 @@ class Forwarder:
         )
         try:
             if call.streaming:
-                response, committed = await self._await_with_keepalives(
-                    request, send, request_id, committed, call.unreachable_code
-                )
+                response, committed = await self._await_with_keepalives(request, send, call)
                 if response is None:
                     return  # the engine failed after keepalives; the error went as an event
             else:
                 response = await request
         except aiohttp.ClientError as exc:
-            raise GatewayError(502, unreachable(exc), call.unreachable_code) from exc
+            raise GatewayError(
+                502, unreachable(exc, call.deployment), call.unreachable_code
+            ) from exc
         try:
             if committed:
                 await self._relay_after_keepalive(send, response)
@@ -237,12 +238,13 @@ class Forwarder:
         response.release()
 
     async def _await_with_keepalives(
-        self, request: Any, send: Send, request_id: str, committed: bool, code: str
+        self, request: Any, send: Send, call: Call
     ) -> tuple[aiohttp.ClientResponse | None, bool]:
         """The engine's response, and whether SSE keepalives were sent while it had not come
         (they commit the answer to 200 and SSE). A failure before the first keepalive
         raises; after it, it is sent as an error event and the response is None."""
         pending = asyncio.ensure_future(request)
+        request_id, committed = call.request_id, call.committed
         try:
             while True:
                 done, _ = await asyncio.wait({pending}, timeout=settings.MSHIP_SSE_KEEPALIVE_S)
@@ -257,7 +259,9 @@ class Forwarder:
         except aiohttp.ClientError as exc:
             if not committed:
                 raise
-            await send_sse_error(send, 502, unreachable(exc), code)
+            await send_sse_error(
+                send, 502, unreachable(exc, call.deployment), call.unreachable_code
+            )
             return None, True
         finally:
             if not pending.done():
@@ -297,8 +301,11 @@ class Forwarder:
         self.retired.clear()
 
 
-def unreachable(exc: Exception) -> str:
-    return f"The engine could not be reached: {exc.__class__.__name__}: {exc}"
+def unreachable(exc: Exception, deployment: str) -> str:
+    """The caller learns which deployment failed and how, never the engine's address (the
+    exception's text has it; the log keeps it)."""
+    log.warning("engine of %s unreachable: %s: %s", deployment, exc.__class__.__name__, exc)
+    return f"The engine of {deployment} could not be reached ({exc.__class__.__name__})."
 
 
 @asynccontextmanager

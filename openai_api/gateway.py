@@ -7,10 +7,11 @@ the dispatcher for an engine and to the forwarder for the bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import re
 from collections.abc import Awaitable, Callable
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -18,12 +19,16 @@ from django.conf import settings
 
 from modelship_site.request_id import make_request_id
 from openai_api.auth import authenticate, last_used, rate_limiter
+from openai_api.bodies import form_field, json_value
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
-from openai_api.errors import GatewayError
+from openai_api.errors import GatewayError, error_body
+from openai_api.forwarder import send_sse_error
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background
 from openai_api.responses import handler as responses
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -47,6 +52,7 @@ TRAFFIC = frozenset(
     }
 )
 UNVERSIONED = {"/rerank": "rerank", "/score": "score"}
+SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
 
 
 class ClientGone(Exception):
@@ -66,6 +72,11 @@ class Exchange:
         }
         self.request_id = make_request_id(self.headers.get("x-request-id"))
         self.started = False
+        self.finished = False
+        self.sse = False
+        # How an answer already under way ends when something unexpected breaks it (the
+        # Responses API ends with response.failed); None: the plain SSE error event.
+        self.on_failure: Callable[[str], Awaitable[None]] | None = None
         origin = self.headers.get("origin")
         allowed = settings.MSHIP_CORS_ORIGINS
         self.cors_origin = origin if origin and ("*" in allowed or origin in allowed) else None
@@ -73,11 +84,14 @@ class Exchange:
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.started = True
+            self.sse = (b"content-type", b"text/event-stream") in message.get("headers", [])
             if self.cors_origin:
                 message = {
                     **message,
                     "headers": [*message.get("headers", []), *self.cors_headers()],
                 }
+        elif not message.get("more_body"):
+            self.finished = True
         await self._send(message)
 
     def cors_headers(self) -> list[tuple[bytes, bytes]]:
@@ -97,6 +111,20 @@ class Exchange:
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
+
+    async def fail(self) -> None:
+        """Answer an unexpected error: a JSON 500 while nothing went out, else an error
+        event (an SSE answer) and the end of the answer. The details stay in the log."""
+        message = f"The server had an error processing the request {self.request_id}."
+        if not self.started:
+            await self.json(500, error_body(500, message, "internal_error"))
+        elif not self.finished:
+            if self.on_failure is not None:
+                await self.on_failure(message)
+            elif self.sse:
+                await send_sse_error(self.send, 500, message, "internal_error")
+            else:
+                await self.send({"type": "http.response.body", "body": b""})
 
     async def read_body(self) -> bytes:
         limit = settings.MSHIP_MAX_BODY_BYTES
@@ -133,6 +161,15 @@ def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaita
                 await exchange.json(exc.status, exc.body(), exc.headers)
         except ClientGone:
             pass
+        except Exception:
+            log.exception(
+                "%s %s failed (request %s)",
+                scope.get("method"),
+                scope.get("path"),
+                exchange.request_id,
+            )
+            with contextlib.suppress(Exception):  # the caller may be gone too
+                await exchange.fail()
 
     return application
 
@@ -192,7 +229,7 @@ async def stored_response(exchange: Exchange, identity: str, method: str, parts:
     if not rest and method == "GET":
         if query.get("stream") == "true":
             after = query.get("starting_after", "-1")
-            if not after.lstrip("-").isdigit():
+            if not SEQUENCE_NUMBER.fullmatch(after):
                 raise GatewayError(
                     400,
                     "'starting_after' is a sequence number.",
@@ -217,17 +254,11 @@ async def stored_response(exchange: Exchange, identity: str, method: str, parts:
 def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str, Any] | None]:
     """The model a request names, whether it asks for a stream, and its JSON body."""
     if content_type.startswith("multipart/form-data"):
-        message = BytesParser(policy=HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-        )
-        for part in message.iter_parts():
-            if part.get_param("name", header="content-disposition") == "model":
-                return str(part.get_content()).strip(), False, None
-        raise GatewayError(400, "The form has no 'model' field.", "missing_model")
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise GatewayError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from exc
+        model = form_field(content_type, body, "model")
+        if model is None or not model.strip():
+            raise GatewayError(400, "The form has no 'model' field.", "missing_model")
+        return model.strip(), False, None
+    data = json_value(body)
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
         raise GatewayError(400, "The body must be a JSON object with a 'model'.", "missing_model")
     stream = data.get("stream") is True

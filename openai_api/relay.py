@@ -65,6 +65,7 @@ async def relay(
                 committed=notice is not None and notice.committed,
                 transform=notice.transform() if notice is not None else None,
                 unreachable_code=unreachable_code,
+                deployment=route.name,
             )
             await forwarder.forward(call, exchange.send)
     except GatewayError as exc:

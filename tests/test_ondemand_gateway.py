@@ -177,10 +177,11 @@ def test_it_answers_502_when_the_engine_cannot_be_reached(
     )
     seen_by_gateway(lambda s: s.routes["od-gone"].state == "ready")
     with ondemand_site.client(gone) as client:
-        assert error_of(client.post("/chat/completions", json=CHAT)) == (
-            502,
-            "ondemand_upstream_error",
-        )
+        answer = client.post("/chat/completions", json=CHAT)
+    assert error_of(answer) == (502, "ondemand_upstream_error")
+    # The message names the deployment, never the engine's address.
+    message = answer.json()["error"]["message"]
+    assert "od-gone" in message and "127.0.0.1" not in message
 
 
 # --- check 1: the peer guard ------------------------------------------------------------------
@@ -230,6 +231,7 @@ def test_it_lets_only_allowed_peers_without_forwarding_headers_pass(
         "/v1/models%00x",
         "/v1/models%0Ax",
         "/v1/models\\x",
+        "/v1/models/%ff%fe",  # not UTF-8
     ],
 )
 def test_it_refuses_an_unclean_path_with_400(

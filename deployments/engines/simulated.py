@@ -35,6 +35,7 @@ from deployments.engines.common import (
     parser,
     serve,
 )
+from deployments.engines.request_checks import problem
 
 DEFAULT_REPLY = "This is a simulated reply from Modelship."
 
@@ -170,6 +171,9 @@ def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.Str
         body = await json_body(request)
         if isinstance(body, web.Response):
             return body
+        found = problem(request.path, body)
+        if found is not None:
+            return error(400, found[1], "invalid_request")
         return await handler(request, request.app[STATE], body)
 
     return route

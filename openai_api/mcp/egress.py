@@ -196,7 +196,8 @@ class GuardedBackend(httpcore2.AsyncNetworkBackend):
 def http_client(headers: dict[str, str], policy: Policy | None = None) -> httpx2.AsyncClient:
     """The httpx2 client (the one the mcp SDK speaks) of an MCP connection: it follows no
     redirect (the SDK follows only those within the URL's origin, each connection checked
-    again here), takes no proxy from the environment (it would connect for us, unchecked), every connection through the guard."""
+    again here), takes no proxy from the environment (it would connect for us, unchecked),
+    and makes every connection through the guard."""
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     default = transport._pool
     transport._pool = httpcore2.AsyncConnectionPool(

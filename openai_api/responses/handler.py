@@ -57,6 +57,12 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
         )
     out = HttpOut(exchange, translator, request.stream)
 
+    async def failed(message: str) -> None:
+        await out.emit(translator.fail("internal_error", message))
+        await out.end()
+
+    exchange.on_failure = failed
+
     async def save(finished: dict[str, Any]) -> None:
         await store.run(store.save, identity, finished, conversation)
 
@@ -93,7 +99,7 @@ async def generate(
     raised as the request's error."""
     async with dispatcher.slot(route) as base_url:
         try:
-            await call_engine(base_url, body, translator, emit, request_id)
+            await call_engine(base_url, body, translator, emit, request_id, route.name)
         except EngineFailed:
             return False
     return True
@@ -154,7 +160,12 @@ class HttpOut:
 
 
 async def call_engine(
-    base_url: str, body: dict[str, Any], translator: StreamTranslator, emit: Emit, request_id: str
+    base_url: str,
+    body: dict[str, Any],
+    translator: StreamTranslator,
+    emit: Emit,
+    request_id: str,
+    name: str,
 ) -> None:
     """Stream the engine's chat completion through the translator."""
     url = base_url + "/v1/chat/completions"
@@ -163,7 +174,7 @@ async def call_engine(
         try:
             answer = await session.post(url, json=body, headers=headers)
         except aiohttp.ClientError as exc:
-            raise GatewayError(502, unreachable(exc), "upstream_error") from exc
+            raise GatewayError(502, unreachable(exc, name), "upstream_error") from exc
         async with answer:
             if answer.status != 200:
                 raise await engine_error(answer)
@@ -177,7 +188,7 @@ async def call_engine(
                         raise EngineFailed
                     await emit(translator.feed(chunk))
             except aiohttp.ClientError as exc:
-                await emit(translator.fail("upstream_error", unreachable(exc)))
+                await emit(translator.fail("upstream_error", unreachable(exc, name)))
                 raise EngineFailed from exc
 
 

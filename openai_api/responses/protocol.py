@@ -31,6 +31,7 @@ HOSTED_TOOLS = frozenset(
     }
 )
 PASSED_THROUGH = ("temperature", "top_p", "parallel_tool_calls", "user")
+TEXT_FORMATS = frozenset({"text", "json_schema", "json_object"})
 
 
 def new_id(prefix: str) -> str:
@@ -39,6 +40,14 @@ def new_id(prefix: str) -> str:
 
 def bad(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, message, "invalid_request", param=param)
+
+
+def is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass
@@ -92,8 +101,11 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
                     "OpenAI-hosted MCP connectors (connector_id) are not available here.",
                     f"tools[{index}].connector_id",
                 )
-            if not isinstance(tool.get("server_url"), str) or not tool.get("server_label"):
+            if not isinstance(tool.get("server_url"), str) or not isinstance(
+                tool.get("server_label"), str
+            ):
                 raise bad("An MCP tool needs server_label and server_url.", f"tools[{index}]")
+            check_mcp_tool(tool, f"tools[{index}]")
             continue
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise bad(f"tools[{index}] must be a function tool with a name.", f"tools[{index}]")
@@ -105,11 +117,33 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
     if background and not store:
         raise bad("background mode needs store: a background response must be pollable.", "store")
     max_output = data.get("max_output_tokens")
-    if max_output is not None and (not isinstance(max_output, int) or max_output < 1):
+    if max_output is not None and (not is_integer(max_output) or max_output < 1):
         raise bad("'max_output_tokens' must be a positive integer.", "max_output_tokens")
     text = data.get("text") or {}
     if not isinstance(text, dict):
         raise bad("'text' must be an object.", "text")
+    text_format = text.get("format")
+    if text_format is not None and (
+        not isinstance(text_format, dict) or text_format.get("type") not in TEXT_FORMATS
+    ):
+        raise bad(
+            "'text.format' must be an object of type text, json_schema or json_object.",
+            "text.format",
+        )
+    reasoning = data.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise bad("'reasoning' must be an object.", "reasoning")
+    for name in ("temperature", "top_p"):
+        if data.get(name) is not None and not is_number(data[name]):
+            raise bad(f"'{name}' must be a number.", name)
+    max_tool_calls = data.get("max_tool_calls")
+    if max_tool_calls is not None and (not is_integer(max_tool_calls) or max_tool_calls < 1):
+        raise bad("'max_tool_calls' must be a positive integer.", "max_tool_calls")
+    if not isinstance(data.get("parallel_tool_calls", True), bool):
+        raise bad("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls")
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("'user' must be a string.", "user")
     metadata = data.get("metadata") or {}
     if not isinstance(metadata, dict) or len(metadata) > 16:
         raise bad("'metadata' must be an object of at most 16 keys.", "metadata")
@@ -134,9 +168,9 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
         temperature=data.get("temperature"),
         top_p=data.get("top_p"),
         text=text,
-        reasoning=data.get("reasoning"),
+        reasoning=reasoning,
         metadata={str(k): str(v) for k, v in metadata.items()},
-        user=data.get("user"),
+        user=user,
         raw=data,
     )
 
@@ -162,18 +196,24 @@ def input_items(value: Any) -> list[dict[str, Any]]:
             if isinstance(content, str):
                 part = "output_text" if item["role"] == "assistant" else "input_text"
                 item["content"] = [{"type": part, "text": content}]
-            elif not isinstance(content, list):
-                raise bad(f"input[{index}].content must be text or parts.", f"input[{index}]")
+            elif not isinstance(content, list) or not all(
+                isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
+            ):
+                raise bad(
+                    f"input[{index}].content must be text or a list of typed parts.",
+                    f"input[{index}].content",
+                )
             item.setdefault("id", new_id("msg"))
             item.setdefault("status", "completed")
         elif kind == "function_call":
-            if not item.get("call_id") or not item.get("name"):
+            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
                 raise bad(f"input[{index}] needs call_id and name.", f"input[{index}]")
-            item.setdefault("arguments", "{}")
+            if not isinstance(item.setdefault("arguments", "{}"), str):
+                raise bad(f"input[{index}].arguments must be a string.", f"input[{index}]")
             item.setdefault("id", new_id("fc"))
             item.setdefault("status", "completed")
         elif kind == "function_call_output":
-            if not item.get("call_id"):
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
                 raise bad(f"input[{index}] needs call_id.", f"input[{index}].call_id")
             output = item.get("output")
             if not isinstance(output, str):
@@ -183,17 +223,70 @@ def input_items(value: Any) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             item.setdefault("id", new_id("rs"))
         elif kind == "mcp_approval_response":
-            if not item.get("approval_request_id") or not isinstance(item.get("approve"), bool):
+            if not isinstance(item.get("approval_request_id"), str) or not isinstance(
+                item.get("approve"), bool
+            ):
                 raise bad(
                     f"input[{index}] needs approval_request_id and approve.", f"input[{index}]"
                 )
             item.setdefault("id", new_id("mcpa"))
         elif kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request"):
-            item.setdefault("id", new_id("mcp"))  # an earlier output, passed back
+            # An earlier output, passed back: a call must say what ran and what came of it.
+            if kind != "mcp_list_tools" and not (
+                isinstance(item.get("name"), str)
+                and isinstance(item.get("arguments", "{}"), str)
+                and isinstance(item.get("output") or "", str)
+                and isinstance(item.get("error") or {}, dict | str)
+            ):
+                raise bad(
+                    f"input[{index}] needs a name and string arguments and output.",
+                    f"input[{index}]",
+                )
+            item.setdefault("id", new_id("mcp"))
         else:
             raise bad(f"input[{index}] has an unknown type {kind!r}.", f"input[{index}].type")
         items.append(item)
     return items
+
+
+def check_mcp_tool(tool: dict[str, Any], param: str) -> None:
+    """The shapes of an MCP tool's filters and credentials."""
+    approval = tool.get("require_approval", "always")
+    if approval not in ("always", "never") and not (
+        isinstance(approval, dict)
+        and set(approval) <= {"always", "never"}
+        and all(is_filter(f) for f in approval.values())
+    ):
+        raise bad(
+            "require_approval must be 'always', 'never' or {always, never} tool filters.",
+            f"{param}.require_approval",
+        )
+    allowed = tool.get("allowed_tools")
+    if allowed is not None and not (
+        is_filter(allowed)
+        or (isinstance(allowed, list) and all(isinstance(n, str) for n in allowed))
+    ):
+        raise bad(
+            "allowed_tools must be a list of names or a tool filter.", f"{param}.allowed_tools"
+        )
+    headers = tool.get("headers")
+    if headers is not None and not isinstance(headers, dict):
+        raise bad("headers must be an object.", f"{param}.headers")
+    if tool.get("authorization") is not None and not isinstance(tool["authorization"], str):
+        raise bad("authorization must be a string.", f"{param}.authorization")
+
+
+def is_filter(value: Any) -> bool:
+    """A tool filter: {tool_names: [str], read_only: bool}, either optional."""
+    if not isinstance(value, dict) or not set(value) <= {"tool_names", "read_only"}:
+        return False
+    names = value.get("tool_names", [])
+    read_only = value.get("read_only", False)
+    return (
+        isinstance(names, list)
+        and all(isinstance(n, str) for n in names)
+        and (isinstance(read_only, bool))
+    )
 
 
 def text_of(content: list[dict[str, Any]]) -> str:
@@ -248,6 +341,8 @@ def tool_text(item: dict[str, Any]) -> str:
     """What the model is told an MCP call returned."""
     if item.get("error"):
         error = item["error"]
+        if isinstance(error, str):
+            return f"Error: {error}"
         detail = error.get("message") or json.dumps(error.get("content"))
         return f"Error: {detail}"
     return str(item.get("output") or "")
