@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from deployments import audit, operations
+from deployments import audit, host_access, operations
 from deployments.deployer import CannotSleep
 from deployments.engine_logs import tails
 from deployments.memory import InsufficientMemory, host_summary, need_gib
@@ -114,7 +114,31 @@ class DeploymentAdmin(admin.ModelAdmin):
         return obj.engine_url
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return (*self.readonly_fields, "log_tail")
+        # Without the permission, what runs on the host is shown, not edited (the loader's
+        # `binary` inside config is checked when the form is saved).
+        host = () if host_access.may_run_anything(request.user) else ("image", "command")
+        return (*self.readonly_fields, "log_tail", *host)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        user = request.user
+        before = obj.snapshot() if obj is not None and obj.pk else None
+
+        class CheckedForm(form):  # type: ignore[misc, valid-type]
+            def clean(self) -> dict[str, Any]:
+                data: dict[str, Any] = super().clean()
+                after = {**(before or {}), **data}
+                try:
+                    host_access.check(user, before, after)
+                except host_access.HostAccessDenied as exc:
+                    for field in exc.fields:
+                        name = field.split(".")[0]
+                        self.add_error(name if name in self.fields else None, str(exc))
+                return data
+
+        return CheckedForm
 
     @admin.display(description="last lines")
     def log_tail(self, obj: Deployment) -> str:
@@ -149,30 +173,30 @@ class DeploymentAdmin(admin.ModelAdmin):
         for obj in queryset:
             operations.request_remove(obj, request.user)
 
-    @admin.action(description="Start")
+    @admin.action(description="Start", permissions=["change"])
     def start(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         run_operation(self, request, queryset, operations.request_start, "start")
 
-    @admin.action(description="Stop")
+    @admin.action(description="Stop", permissions=["change"])
     def stop(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         run_operation(self, request, queryset, operations.request_stop, "stop")
 
-    @admin.action(description="Sleep")
+    @admin.action(description="Sleep", permissions=["change"])
     def sleep(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         run_operation(self, request, queryset, operations.request_sleep, "sleep")
 
-    @admin.action(description="Wake")
+    @admin.action(description="Wake", permissions=["change"])
     def wake(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         run_operation(self, request, queryset, operations.request_wake, "wake")
 
-    @admin.action(description="Switch to on demand")
+    @admin.action(description="Switch to on demand", permissions=["change"])
     def switch_on_demand(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         def switch(d: Deployment, user: Any) -> str:
             return operations.set_mode(d, Mode.ON_DEMAND, user).effective_mode
 
         run_operation(self, request, queryset, switch, "mode")
 
-    @admin.action(description="Switch to always on")
+    @admin.action(description="Switch to always on", permissions=["change"])
     def switch_always_on(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         def switch(d: Deployment, user: Any) -> str:
             d = operations.set_mode(d, Mode.ALWAYS_ON, user)

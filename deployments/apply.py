@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
-from deployments import audit
+from deployments import audit, host_access
 from deployments.fingerprint import CONFIG_FIELDS
 from deployments.models import STARTABLE_STATES, Deployment
 from deployments.validation import name_clashes
@@ -56,7 +56,12 @@ def clashes_with_others(entries: list[dict[str, Any]], *, reconcile: bool) -> li
     )
 
 
-def apply(entries: list[dict[str, Any]], *, reconcile: bool, actor: str) -> Outcome:
+def apply(
+    entries: list[dict[str, Any]], *, reconcile: bool, actor: str, user: Any = None
+) -> Outcome:
+    """Apply the file in one transaction. With a `user`, only what that user may change:
+    one entry that sets what runs on the host without the permission undoes it all
+    (HostAccessDenied)."""
     outcome = Outcome()
     base = defaults()
     with transaction.atomic():
@@ -64,9 +69,12 @@ def apply(entries: list[dict[str, Any]], *, reconcile: bool, actor: str) -> Outc
         for values in entries:
             wanted = {**base, **values}
             current = existing.get(wanted["name"])
+            host_access.check(user, current.snapshot() if current else None, wanted)
             if current is None:
                 deployment = Deployment.objects.create(**wanted)
-                audit.record("create", deployment, actor=actor, after=deployment.snapshot())
+                audit.record(
+                    "create", deployment, user=user, actor=actor, after=deployment.snapshot()
+                )
                 outcome.created.append(deployment.name)
                 if deployment.effective_mode == "always_on":
                     outcome.jobs.append(Job("start", deployment.pk, deployment.name))
@@ -78,7 +86,12 @@ def apply(entries: list[dict[str, Any]], *, reconcile: bool, actor: str) -> Outc
                     setattr(current, key, value)
                 current.save()
                 audit.record(
-                    "update", current, actor=actor, before=before, after=current.snapshot()
+                    "update",
+                    current,
+                    user=user,
+                    actor=actor,
+                    before=before,
+                    after=current.snapshot(),
                 )
                 outcome.updated.append(current.name)
             else:

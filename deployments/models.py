@@ -114,6 +114,13 @@ class Deployment(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            (
+                "run_arbitrary_engine",
+                "Can set what an engine runs on the host (command, image, binary, container"
+                " options, environment)",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -7,6 +7,7 @@ Every Modelship setting is an ``MSHIP_*`` environment variable of the same name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -52,19 +53,17 @@ _secret = os.environ.get("MSHIP_SECRET_KEY", "")
 if not _secret:
     # The embedded default keeps a generated key beside its SQLite file so sessions survive a
     # restart; a production site sets MSHIP_SECRET_KEY.
-    _key_file = VAR_DIR / "secret_key"
-    if _key_file.exists():
-        _secret = _key_file.read_text().strip()
-    else:
-        from django.utils.crypto import get_random_string
+    from django.utils.crypto import get_random_string
 
-        _secret = get_random_string(50)
-        try:
-            VAR_DIR.mkdir(parents=True, exist_ok=True)
-            _key_file.write_text(_secret)
-            _key_file.chmod(0o600)
-        except OSError:
-            pass
+    from common.secret_files import create_secret
+
+    _key_file = VAR_DIR / "secret_key"
+    with contextlib.suppress(OSError):
+        create_secret(_key_file, get_random_string(50))
+    try:
+        _secret = _key_file.read_text().strip()
+    except OSError:
+        _secret = get_random_string(50)  # an unwritable var folder: sessions end on restart
 SECRET_KEY = _secret
 
 ALLOWED_HOSTS = env_list("MSHIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
@@ -177,14 +176,16 @@ STATIC_ROOT = os.environ.get("MSHIP_STATIC_ROOT") or None
 # The admin's assets are served from the installed apps, so no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = True
 
+# Basic auth sends the admin's password with every call: off unless a site asks for it.
+MSHIP_API_BASIC_AUTH = env_bool("MSHIP_API_BASIC_AUTH", False)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # The first class names the challenge of a 401: a token, for scripts.
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        *(["rest_framework.authentication.BasicAuthentication"] if MSHIP_API_BASIC_AUTH else []),
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    "DEFAULT_PERMISSION_CLASSES": ["deployments.api.permissions.ModelPermissions"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
@@ -196,6 +197,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane of Modelship: deployments, host memory, audit and events.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema maps every operation: staff only, like the API itself.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
 }
 
 LOGGING = {

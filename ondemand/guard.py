@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
+from common.secret_files import create_secret
 from openai_api.errors import GatewayError
 
 log = logging.getLogger(__name__)
@@ -153,11 +154,7 @@ def ensure_key_file(path: Path) -> bool:
     True when it was made. An existing file, even empty, is the operator's: left alone."""
     if path.exists():
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("odk-" + secrets.token_urlsafe(32) + "\n")
-    return True
+    return create_secret(path, "odk-" + secrets.token_urlsafe(32))
 
 
 def offered_key(headers: dict[str, str]) -> bytes:

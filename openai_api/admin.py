@@ -52,7 +52,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             request, f"The key for {key.name} (shown once, copy it now): {secret}", messages.WARNING
         )
 
-    @admin.action(description="Revoke")
+    @admin.action(description="Revoke", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
         count = queryset.update(revoked=True)
         self.message_user(request, f"{count} key(s) revoked.")

@@ -145,7 +145,7 @@ def test_it_names_the_field_of_a_responses_request_of_the_wrong_shape(
         ("/v1/embeddings", {"input": {"a": 1}}),
     ],
 )
-def test_the_simulated_engine_refuses_what_a_real_engine_refuses(
+def test_it_has_the_simulated_engine_refuse_what_a_real_engine_refuses(
     gw: httpx.Client, path: str, fields: dict[str, Any]
 ) -> None:
     body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], **fields}

@@ -30,8 +30,11 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
     try:
         wait_until(lambda: answers(base + "/health"), 60)
         wait_until(lambda: httpx.get(base + "/readyz").status_code == 200, 60)
-        password = (tmp_path / "var" / "admin_password").read_text().strip()
-        listed = httpx.get(base + "/api/deployments/", auth=("admin", password)).json()
+        token = (tmp_path / "var" / "admin_token").read_text().strip()
+        assert (tmp_path / "var" / "admin_token").stat().st_mode & 0o77 == 0
+        listed = httpx.get(
+            base + "/api/deployments/", headers={"authorization": f"Token {token}"}
+        ).json()
         names = {d["name"]: d["state"] for d in listed["results"]}
         assert names == {"sim-chat": "ready", "tiny-embed": "ready", "tiny-chat": "planned"}
         assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
@@ -75,7 +78,38 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
     stopped = Deployment.objects.filter(name__in=["sim-chat", "tiny-embed"])
     assert {(d.state, d.state_reason) for d in stopped} == {(State.STOPPED, "Modelship shut down")}
     printed = (tmp_path / "serve.log").read_text()
-    assert f"Sign in as 'admin' with password '{password}'" in printed
+    password = (tmp_path / "var" / "admin_password").read_text().strip()
+    assert f"Sign in as 'admin' with password '{password}'" in printed  # made by this run
+
+
+def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revoked(
+    transactional_db: None, settings: Any, tmp_path: Path
+) -> None:
+    import io
+
+    from deployments.management.commands.ensure_admin import ensure_admin
+    from deployments.management.commands.serve import Command
+    from openai_api.models import ApiKey
+
+    settings.VAR_DIR = tmp_path / "var"
+
+    def start() -> str:  # what one `serve` start prints about credentials
+        out = io.StringIO()
+        Command(stdout=out).say_credentials("http://x", ensure_admin())
+        return out.getvalue()
+
+    first = start()
+    password = (tmp_path / "var" / "admin_password").read_text().strip()
+    key = (tmp_path / "var" / "api_key").read_text().strip()
+    assert password in first and key in first
+    for name in ("admin_password", "api_key", "admin_token"):
+        assert (tmp_path / "var" / name).stat().st_mode & 0o777 == 0o600
+    second = start()
+    assert password not in second and key not in second and "var/api_key" in second
+    ApiKey.objects.filter(name="make-run").update(revoked=True)
+    third = start()
+    assert "was revoked" in third and ApiKey.objects.filter(revoked=False).count() == 0
+    assert (tmp_path / "var" / "api_key").read_text().strip() == key  # not replaced
 
 
 def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subprocess.Popen[bytes]:

@@ -3,7 +3,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 
+from deployments import host_access
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.memory import need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
@@ -90,6 +92,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
             problems.setdefault("aliases", []).extend(clashes)
         if problems:
             raise serializers.ValidationError(problems)
+        request = self.context.get("request")
+        before = self.instance.snapshot() if self.instance is not None else None
+        try:
+            host_access.check(getattr(request, "user", None), before, merged)
+        except host_access.HostAccessDenied as exc:
+            raise PermissionDenied({field: [str(exc)] for field in exc.fields}) from exc
         return attrs
 
 

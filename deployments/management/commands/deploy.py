@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import tasks
+from deployments import host_access, tasks
 from deployments.apply import Job, apply, clashes_with_others
 from deployments.models import Deployment, State
 from deployments.models_yaml import ModelsFileError, load
@@ -26,6 +28,11 @@ class Command(BaseCommand):
             "--replace-strategy", choices=["blue_green", "stop_start"], default="blue_green"
         )
         parser.add_argument(
+            "--user",
+            help="apply as this user, with that user's permissions (and audited as them): a"
+            " file that sets what runs on the host needs deployments.run_arbitrary_engine",
+        )
+        parser.add_argument(
             "--wait",
             action="store_true",
             help="run the engine work here and block until every touched deployment is "
@@ -43,7 +50,12 @@ class Command(BaseCommand):
                 f"{options['file']}: nothing was changed.\n"
                 + "\n".join(f"  - {p}" for p in exc.problems)
             ) from exc
-        outcome = apply(entries, reconcile=options["reconcile"], actor=ACTOR)
+        user = self.user(options["user"])
+        actor = user.get_username() if user is not None else ACTOR
+        try:
+            outcome = apply(entries, reconcile=options["reconcile"], actor=actor, user=user)
+        except host_access.HostAccessDenied as exc:
+            raise CommandError(f"{options['file']}: nothing was changed: {exc}") from exc
         for label in ("created", "updated", "unchanged", "removed"):
             names = getattr(outcome, label)
             if names:
@@ -57,6 +69,15 @@ class Command(BaseCommand):
             for job in outcome.jobs:
                 args = (strategy,) if job.action == "replace" else ()
                 tasks.enqueue(job.action, job.deployment_id, *args, ACTOR)
+
+    @staticmethod
+    def user(name: str | None) -> Any:
+        if name is None:
+            return None
+        try:
+            return get_user_model().objects.get(username=name)
+        except ObjectDoesNotExist as exc:
+            raise CommandError(f"no user {name!r}") from exc
 
     def run_jobs(self, jobs: list[Job], strategy: str) -> list[str]:
         failed = []

@@ -1,7 +1,12 @@
-"""Make sure an admin login exists and say how to sign in (make run)."""
+"""Make sure an admin login exists and say how to sign in (make run).
+
+The password and the admin's API token are kept in the var folder, readable by their owner
+only, and printed only by the run that made them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,37 +14,51 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils.crypto import get_random_string
+from rest_framework.authtoken.models import Token
+
+from common.secret_files import write_secret
 
 
 def password_file() -> Path:
     return Path(settings.VAR_DIR) / "admin_password"
 
 
-def ensure_admin(username: str = "admin") -> tuple[str, str | None]:
-    """(username, password or None when the admin was made elsewhere)."""
+def token_file() -> Path:
+    return Path(settings.VAR_DIR) / "admin_token"
+
+
+@dataclass(frozen=True)
+class AdminLogin:
+    username: str
+    password: str | None  # only when this call made the login
+    token: str | None  # only when this call made the token
+
+
+def ensure_admin(username: str = "admin") -> AdminLogin:
+    """The admin login, made when no superuser exists; its /api token, made when the
+    admin has none (kept in var/admin_token for scripts)."""
     users = get_user_model()
-    pw_file = password_file()
-    if users.objects.filter(is_superuser=True).exists():
-        user = users.objects.filter(username=username).first()
-        if user is not None and pw_file.exists():
-            password = pw_file.read_text().strip()
-            if user.check_password(password):
-                return username, password
-        return username, None
-    password = get_random_string(20)
-    users.objects.create_superuser(username, f"{username}@localhost", password)
-    pw_file.parent.mkdir(parents=True, exist_ok=True)
-    pw_file.write_text(password + "\n")
-    pw_file.chmod(0o600)
-    return username, password
+    password = None
+    if not users.objects.filter(is_superuser=True).exists():
+        password = get_random_string(20)
+        users.objects.create_superuser(username, f"{username}@localhost", password)
+        write_secret(password_file(), password)
+    admin = users.objects.filter(username=username, is_superuser=True).first()
+    token = None
+    if admin is not None and not Token.objects.filter(user=admin).exists():
+        token = Token.objects.create(user=admin).key
+        write_secret(token_file(), token)
+    return AdminLogin(username, password, token)
 
 
 class Command(BaseCommand):
     help = "Create the admin login when no superuser exists, and print how to sign in."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        username, password = ensure_admin()
-        if password:
-            self.stdout.write(f"Sign in at /admin/ as {username!r} with password {password!r}")
+        login = ensure_admin()
+        if login.password:
+            self.stdout.write(
+                f"Sign in at /admin/ as {login.username!r} with password {login.password!r}"
+            )
         else:
             self.stdout.write("An admin login exists (python manage.py changepassword to reset).")

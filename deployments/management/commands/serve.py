@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
-from deployments.management.commands.ensure_admin import ensure_admin
+from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
@@ -42,7 +42,7 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop_event.set())
 
-        username, password = ensure_admin()
+        login = ensure_admin()
         key_file = settings.MSHIP_ONDEMAND_KEY_FILE
         if ensure_key_file(key_file):
             self.stdout.write(f"made the on-demand gateway's key (for LiteLLM): {key_file}")
@@ -59,12 +59,7 @@ class Command(BaseCommand):
         try:
             url = f"http://{options['host']}:{options['port']}"
             self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
-            if password:
-                self.stdout.write(f"Sign in as {username!r} with password {password!r}")
-            self.stdout.write(
-                f"OpenAI-compatible API: {url}/v1  with the key {ensure_dev_key()}"
-                + ("  (authentication is off)" if not settings.MSHIP_AUTH else "")
-            )
+            self.say_credentials(url, login)
             if options["models"]:
                 try:
                     call_command("deploy", file=options["models"], stdout=self.stdout)
@@ -79,6 +74,30 @@ class Command(BaseCommand):
         if exited:
             codes = ", ".join(f"the {n} exited with code {children[n].returncode}" for n in exited)
             raise CommandError(f"Modelship stopped: {codes}")
+
+    def say_credentials(self, url: str, login: AdminLogin) -> None:
+        """Secrets are printed once, by the run that made them; later runs say where they
+        are kept."""
+        var = settings.VAR_DIR
+        if login.password:
+            self.stdout.write(f"Sign in as {login.username!r} with password {login.password!r}")
+        else:
+            self.stdout.write(f"Sign in as {login.username!r} (password: {var}/admin_password)")
+        if login.token:
+            self.stdout.write(f"/api token of {login.username!r}: {login.token}")
+        key = ensure_dev_key()
+        off = "  (authentication is off)" if not settings.MSHIP_AUTH else ""
+        if key.created:
+            self.stdout.write(f"OpenAI-compatible API: {url}/v1  with the key {key.secret}{off}")
+        elif key.revoked:
+            self.stdout.write(
+                f"OpenAI-compatible API: {url}/v1  (the key in {var}/api_key was revoked;"
+                " make a new one in the admin){off}"
+            )
+        else:
+            self.stdout.write(
+                f"OpenAI-compatible API: {url}/v1  with the key in {var}/api_key{off}"
+            )
 
     @staticmethod
     def watch(

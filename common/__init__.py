@@ -1,0 +1,1 @@
+"""Shared helpers that import no app of Modelship."""
