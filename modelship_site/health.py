@@ -13,12 +13,13 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
-    """503 until every always-on deployment is ready, with each one's state."""
+    """503 until every always-on deployment is ready. Anyone learns whether it is ready;
+    only a signed-in staff user also sees each deployment's state and reason (names and
+    failure texts are the operator's business)."""
     rows = Deployment.objects.all().only("name", "state", "state_reason", "mode", "system")
     pinned = [d for d in rows if d.effective_mode == Mode.ALWAYS_ON]
-    detail = {d.name: {"state": d.state, "reason": d.state_reason} for d in pinned}
     ready = all(d.state == State.READY for d in pinned)
-    return JsonResponse(
-        {"status": "ready" if ready else "not_ready", "deployments": detail},
-        status=200 if ready else 503,
-    )
+    body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
+    if request.user.is_authenticated and request.user.is_staff:
+        body["deployments"] = {d.name: {"state": d.state, "reason": d.state_reason} for d in pinned}
+    return JsonResponse(body, status=200 if ready else 503)

@@ -245,6 +245,8 @@ if not MSHIP_AUTH and not DEBUG:
     raise ImproperlyConfigured("MSHIP_AUTH=off is for local development: set MSHIP_DEBUG=true")
 # A header a trusted proxy in front sets to name the caller (e.g. x-user-id); else the key.
 MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").strip().lower()
+# The proxies whose identity header is believed (addresses or networks); none by default.
+MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
 MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import ipaddress
 import math
 import time
 from collections import deque
@@ -40,11 +42,46 @@ def invalid(message: str = "Incorrect API key provided.") -> GatewayError:
     return GatewayError(401, message, "invalid_api_key")
 
 
-def authenticate(snapshot: Snapshot, headers: dict[str, str]) -> Caller:
-    trusted = settings.MSHIP_TRUSTED_IDENTITY_HEADER
+MAX_IDENTITY_CHARS = 128
+
+
+def trusted_identity(headers: dict[str, str], peer: str) -> str:
+    """The caller a trusted proxy names in MSHIP_TRUSTED_IDENTITY_HEADER, namespaced apart
+    from key identities; "" when the header is not set up, absent, or sent by a peer outside
+    MSHIP_TRUSTED_PROXY_CIDRS (anyone can send a header)."""
+    name = settings.MSHIP_TRUSTED_IDENTITY_HEADER
+    value = headers.get(name, "").strip() if name else ""
+    if not value or not from_trusted_proxy(peer):
+        return ""
+    if len(value) > MAX_IDENTITY_CHARS or not value.isprintable():
+        raise GatewayError(
+            400,
+            f"The {name} header must be printable and at most {MAX_IDENTITY_CHARS} characters.",
+            "invalid_identity",
+        )
+    return f"user:{value}"
+
+
+def from_trusted_proxy(peer: str) -> bool:
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in network for network in trusted_proxies())
+
+
+@functools.cache
+def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+
+def trusted_proxies() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return _networks(tuple(settings.MSHIP_TRUSTED_PROXY_CIDRS))
+
+
+def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") -> Caller:
     if not settings.MSHIP_AUTH:
-        identity = headers.get(trusted, "") if trusted else ""
-        return Caller(None, identity or "anonymous")
+        return Caller(None, trusted_identity(headers, peer) or "anonymous")
     raw = presented_key(headers)
     if raw is None:
         raise invalid("You didn't provide an API key (Authorization: Bearer or x-api-key).")
@@ -56,8 +93,7 @@ def authenticate(snapshot: Snapshot, headers: dict[str, str]) -> Caller:
         raise invalid()
     if key.revoked:
         raise invalid("This API key has been revoked.")
-    identity = headers.get(trusted, "") if trusted else ""
-    return Caller(key, identity or f"key:{key.id}")
+    return Caller(key, trusted_identity(headers, peer) or f"key:{key.id}")
 
 
 class RateLimiter:

@@ -87,9 +87,10 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dic
         for token in value.decode("latin-1").split(",")
     }
     out: dict[str, str] = {}
+    identity = settings.MSHIP_TRUSTED_IDENTITY_HEADER  # the proxy's word, not the engine's
     for raw_name, raw_value in headers:
         name = raw_name.decode("latin-1").lower()
-        if name in REQUEST_DROP or name in named_in_connection:
+        if name in REQUEST_DROP or name in named_in_connection or name == identity:
             continue
         out[name] = raw_value.decode("latin-1")
     out["accept-encoding"] = "identity"

@@ -18,14 +18,14 @@ from urllib.parse import parse_qsl
 from django.conf import settings
 
 from modelship_site.request_id import make_request_id
-from openai_api.auth import authenticate, last_used, rate_limiter
+from openai_api.auth import Caller, authenticate, last_used, rate_limiter
 from openai_api.bodies import form_field, json_value
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError, error_body
 from openai_api.forwarder import send_sse_error
 from openai_api.relay import Traffic, relay
-from openai_api.responses import background
+from openai_api.responses import background, store
 from openai_api.responses import handler as responses
 
 log = logging.getLogger(__name__)
@@ -181,13 +181,17 @@ async def handle(exchange: Exchange) -> None:
         return await preflight(exchange)
     endpoint = UNVERSIONED.get(path) or (path[4:] if path.startswith("/v1/") else "")
     snapshot = await catalog.current()
-    caller = authenticate(snapshot, exchange.headers)
+    peer = (scope.get("client") or ("", 0))[0]
+    caller = authenticate(snapshot, exchange.headers, peer)
     if endpoint == "models" or endpoint.startswith("models/"):
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
         return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
     if endpoint.startswith("responses/"):
-        return await stored_response(exchange, caller.identity, method, endpoint.split("/")[1:])
+        parts = endpoint.split("/")[1:]
+        if parts and parts[0]:
+            await check_response_scope(caller, snapshot, parts[0])
+        return await stored_response(exchange, caller.identity, method, parts)
     if endpoint not in TRAFFIC:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
@@ -199,11 +203,13 @@ async def handle(exchange: Exchange) -> None:
         raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
     if caller.key is not None:
         if not caller.key.may_use(route):
-            raise GatewayError(
-                403, f"This API key may not use the model {name!r}.", "model_not_allowed"
-            )
+            # As if it did not exist: a restricted key learns nothing of other models.
+            raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
         rate_limiter.check(caller.key)
         last_used.touch(caller.key)
+    previous = (data or {}).get("previous_response_id")
+    if endpoint == "responses" and isinstance(previous, str):
+        await check_response_scope(caller, snapshot, previous)
     if endpoint == "responses" and "chat/completions" in route.endpoints:
         # Built from the engine's chat completions, for every chat-capable deployment.
         return await responses.create(exchange, route, caller.identity, data or {})
@@ -218,6 +224,18 @@ async def handle(exchange: Exchange) -> None:
 
 
 application = asgi(handle)
+
+
+async def check_response_scope(caller: Caller, snapshot: Snapshot, response_id: str) -> None:
+    """A key restricted to some models cannot read, delete, cancel or continue a stored
+    response made with another model (it is not found, as another caller's is)."""
+    key = caller.key
+    if key is None or not key.allowed_models:
+        return
+    model = await store.run(store.model_of, caller.identity, response_id)
+    route = snapshot.routes.get(model) if model is not None else None
+    if route is None or not key.may_use(route):
+        raise store.not_found(response_id)
 
 
 async def stored_response(exchange: Exchange, identity: str, method: str, parts: list[str]) -> None:

@@ -123,8 +123,9 @@ def test_it_enforces_allowed_models_and_the_rate_limit(
     serving("closed")
     sdk = client(gateway_url, api_key(allowed_models=["open"], requests_per_minute=3))
     assert [m.id for m in sdk.models.list()] == ["open"]
-    with pytest.raises(openai.PermissionDeniedError):
+    with pytest.raises(openai.NotFoundError) as hidden:  # 404: it learns nothing of the model
         sdk.chat.completions.create(model="closed", messages=[{"role": "user", "content": "x"}])
+    assert hidden.value.code == "model_not_found"
     for _ in range(3):
         sdk.chat.completions.create(model="open", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.RateLimitError) as limited:

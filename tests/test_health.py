@@ -27,8 +27,14 @@ def test_it_keeps_a_callers_request_id(client: Client) -> None:
 def test_it_is_not_ready_until_every_always_on_deployment_is(
     client: Client, make_deployment: Any
 ) -> None:
+    from django.contrib.auth.models import User
+
     pinned = make_deployment("pinned")
     make_deployment("lazy", mode="on_demand")
+    anonymous = client.get("/readyz")
+    assert anonymous.status_code == 503
+    assert anonymous.json() == {"status": "not_ready"}  # no names or reasons to anyone
+    client.force_login(User.objects.create_user("ops", password="pw-123456", is_staff=True))
     answer = client.get("/readyz")
     assert answer.status_code == 503
     assert answer.json() == {

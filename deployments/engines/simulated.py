@@ -81,6 +81,7 @@ class SimState:
     sleeping: bool = False
     cancellations: list[dict[str, Any]] = field(default_factory=list)
     last_chat_request: dict[str, Any] | None = None
+    last_chat_headers: dict[str, str] = field(default_factory=dict)
 
 
 STATE = web.AppKey("state", SimState)
@@ -221,6 +222,7 @@ async def chat_completions(
         words = f"The tool said: {tool_result}".split()
         tokens = [(" " if i else "") + w for i, w in enumerate(words)]
     state.last_chat_request = body
+    state.last_chat_headers = dict(request.headers)
     async with Inflight(state, request):
         if body.get("stream"):
 
@@ -570,6 +572,11 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response({"served": state.served, "running": state.running, "pid": os.getpid()})
 
 
+async def last_chat_headers(request: web.Request) -> web.Response:
+    """The headers of the last chat completion request, as the engine received them."""
+    return web.json_response(request.app[STATE].last_chat_headers)
+
+
 def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
     routes = [
         web.post("/v1/chat/completions", chat_completions),
@@ -586,6 +593,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),
         web.get("/sim/last_chat_request", last_chat_request),
+        web.get("/sim/last_chat_headers", last_chat_headers),
     ]
     app = engine_app(served_names, routes, owner="simulated", client_max_size=64 * 2**20)
     app[STATE] = SimState(config=config, served_names=served_names)

@@ -56,6 +56,12 @@ def get(identity: str, response_id: str) -> StoredResponse:
     return stored
 
 
+def model_of(identity: str, response_id: str) -> str | None:
+    """The model a caller's stored response was made with; None when there is none."""
+    stored = _live(identity, response_id)
+    return stored.model if stored is not None else None
+
+
 def history(identity: str, response_id: str) -> list[dict[str, Any]]:
     """The items a continuation of `response_id` starts from: its conversation and its
     output."""
