@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from common.json_shapes import command_line, json_object, list_of_names
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
 name_validator = RegexValidator(
     NAME_PATTERN,
@@ -65,19 +67,25 @@ class Deployment(models.Model):
     name = models.CharField(
         max_length=200, unique=True, validators=[name_validator], help_text="Served model name."
     )
-    aliases = models.JSONField(default=list, blank=True)
+    aliases = models.JSONField(default=list, blank=True, validators=[list_of_names])
     loader = models.CharField(max_length=32, choices=Loader.choices)
     usecase = models.CharField(max_length=32, choices=Usecase.choices, default=Usecase.GENERATE)
     model = models.CharField(max_length=500, help_text="Path or id, as the engine takes it.")
     runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.PROCESS)
     image = models.CharField(max_length=500, blank=True, default="")
     command = models.JSONField(
-        null=True, blank=True, help_text="Replaces the loader's command line when set."
+        null=True,
+        blank=True,
+        validators=[command_line],
+        help_text="Replaces the loader's command line when set.",
     )
-    config = models.JSONField(default=dict, blank=True, help_text="The loader's own options.")
+    config = models.JSONField(
+        default=dict, blank=True, validators=[json_object], help_text="The loader's own options."
+    )
     docker_options = models.JSONField(
         default=dict,
         blank=True,
+        validators=[json_object],
         help_text="Container settings for the docker runtime: gpus, ipc_mode, shm_size, "
         "environment, volumes, mem_limit, cpus, working_dir, user.",
     )

@@ -250,6 +250,8 @@ MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
 MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
+# A route table not refreshed for this long (the database is down) fails requests closed.
+MSHIP_ROUTE_STALE_S = env_float("MSHIP_ROUTE_STALE_S", 30)
 MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment
+from openai_api.errors import GatewayError
+from openai_api.models import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -68,49 +70,73 @@ class Snapshot:
         return next((r for r in self.models if r.deployment_id == deployment_id), None)
 
 
-def load() -> Snapshot:
-    from openai_api.models import ApiKey
+def route_of(d: Deployment) -> Route:
+    loader = LOADERS.get(d.loader)
+    endpoints = loader.endpoints(EngineSpec.of(d)) if loader else ()
+    handles = (d.runtime_handle or {}).get("replicas", [])
+    return Route(
+        deployment_id=d.pk,
+        name=d.name,
+        aliases=tuple(str(a) for a in (d.aliases or ())),
+        loader=d.loader,
+        usecase=d.usecase,
+        endpoints=frozenset(endpoints),
+        state=d.state,
+        on_demand=d.is_on_demand,
+        urls=tuple(str(u) for u in (d.engine_urls or ())),
+        created=int(d.created.timestamp()),
+        idle_timeout_s=float(d.effective_idle_timeout_s),
+        system=d.system,
+        networks=tuple(str(subnet) for h in handles for subnet in h.get("subnets", ())),
+    )
 
+
+def key_of(k: ApiKey) -> Key:
+    allowed = k.allowed_models or []
+    if not isinstance(allowed, list) or not all(isinstance(m, str) for m in allowed):
+        raise TypeError("allowed_models is not a list of names")
+    return Key(
+        id=k.pk,
+        name=k.name,
+        prefix=k.prefix,
+        secret_hash=k.secret_hash,
+        revoked=k.revoked,
+        allowed_models=frozenset(allowed),
+        requests_per_minute=k.requests_per_minute,
+    )
+
+
+_reported: set[tuple[str, int, str]] = set()
+
+
+def skipped(kind: str, pk: int, exc: Exception) -> None:
+    """A row that cannot become a route or a key is left out (a key left out fails closed),
+    and said once per row and problem, not at every reload."""
+    report = (kind, pk, repr(exc))
+    if report not in _reported:
+        _reported.add(report)
+        log.error("the %s row %s cannot be loaded, left out of the route table: %r", kind, pk, exc)
+
+
+def load() -> Snapshot:
     routes: dict[str, Route] = {}
     models = []
+    keys: dict[str, Key] = {}
     try:
         for d in Deployment.objects.all().order_by("name"):
-            loader = LOADERS.get(d.loader)
-            endpoints = loader.endpoints(EngineSpec.of(d)) if loader else ()
-            route = Route(
-                deployment_id=d.pk,
-                name=d.name,
-                aliases=tuple(d.aliases or ()),
-                loader=d.loader,
-                usecase=d.usecase,
-                endpoints=frozenset(endpoints),
-                state=d.state,
-                on_demand=d.is_on_demand,
-                urls=tuple(d.engine_urls or ()),
-                created=int(d.created.timestamp()),
-                idle_timeout_s=float(d.effective_idle_timeout_s),
-                system=d.system,
-                networks=tuple(
-                    subnet
-                    for handle in (d.runtime_handle or {}).get("replicas", [])
-                    for subnet in handle.get("subnets", ())
-                ),
-            )
+            try:
+                route = route_of(d)
+            except Exception as exc:  # one bad row must not take the others down
+                skipped("deployment", d.pk, exc)
+                continue
             models.append(route)
-            for served in (d.name, *route.aliases):
+            for served in (route.name, *route.aliases):
                 routes.setdefault(served, route)
-        keys = {
-            k.prefix: Key(
-                id=k.pk,
-                name=k.name,
-                prefix=k.prefix,
-                secret_hash=k.secret_hash,
-                revoked=k.revoked,
-                allowed_models=frozenset(k.allowed_models or ()),
-                requests_per_minute=k.requests_per_minute,
-            )
-            for k in ApiKey.objects.all()
-        }
+        for k in ApiKey.objects.all():
+            try:
+                keys[k.prefix] = key_of(k)
+            except Exception as exc:
+                skipped("API key", k.pk, exc)
     finally:
         # The refresher's thread holds no connection between loads.
         connection.close()
@@ -133,16 +159,36 @@ class Catalog:
         self.listeners: list[Callable[[], None]] = []
 
     async def current(self) -> Snapshot:
+        """The route table; 503 when it cannot be loaded or is older than
+        MSHIP_ROUTE_STALE_S (the database stopped answering): keys fail closed, a revoked
+        key is never honoured from an old table."""
         if self.snapshot is None:
             if self._first is None:
                 self._first = asyncio.Lock()
             async with self._first:
                 if self.snapshot is None:
-                    self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                    try:
+                        self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                    except DatabaseError as exc:
+                        raise GatewayError(
+                            503,
+                            f"The route table cannot be loaded ({exc.__class__.__name__}).",
+                            "route_table_unavailable",
+                            {"retry-after": "5"},
+                        ) from exc
         if self._task is None or self._task.done():
             self.loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()
             self._task = asyncio.create_task(self._refresh())
+        age = time.monotonic() - self.snapshot.loaded_at
+        if age > settings.MSHIP_ROUTE_STALE_S:
+            raise GatewayError(
+                503,
+                f"The route table is {age:.0f} s old: the database does not answer, so keys"
+                " and routes cannot be checked.",
+                "route_table_stale",
+                {"retry-after": "5"},
+            )
         return self.snapshot
 
     def request_refresh(self) -> None:

@@ -7,6 +7,8 @@ import secrets
 
 from django.db import models
 
+from common.json_shapes import list_of_names
+
 KEY_PREFIX = "msk"
 
 
@@ -24,7 +26,10 @@ class ApiKey(models.Model):
     last_used = models.DateTimeField(null=True, blank=True, editable=False)
     revoked = models.BooleanField(default=False)
     allowed_models = models.JSONField(
-        default=list, blank=True, help_text="Served names or aliases this key may call; empty: all."
+        default=list,
+        blank=True,
+        validators=[list_of_names],
+        help_text="Served names or aliases this key may call; empty: all.",
     )
     requests_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Empty: no limit."
