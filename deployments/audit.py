@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.redact import redact
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
 from modelship_site.request_id import current_request_id
 
@@ -35,8 +36,9 @@ def record(
         action=action,
         deployment=deployment if deployment is not None and deployment.pk else None,
         object_repr=object_repr if object_repr is not None else str(deployment or ""),
-        before=before,
-        after=after,
+        # Environment values, tokens and secret-named options never reach an audit row.
+        before=redact(before),
+        after=redact(after),
         text=text,
     )
 

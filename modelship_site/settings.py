@@ -100,6 +100,19 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# Admin messages (a new API key is shown once in one) stay on the server, not in a cookie.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# Behind TLS (a terminating proxy that sets X-Forwarded-Proto): secure cookies and HSTS.
+MSHIP_HTTPS = env_bool("MSHIP_HTTPS", False)
+if MSHIP_HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = int(env_float("MSHIP_HSTS_SECONDS", 31536000))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MSHIP_HSTS_INCLUDE_SUBDOMAINS", False)
+SESSION_COOKIE_HTTPONLY = True
+
 ROOT_URLCONF = "modelship_site.urls"
 ASGI_APPLICATION = "modelship_site.asgi.application"
 

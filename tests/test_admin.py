@@ -82,3 +82,55 @@ def test_it_keeps_audit_and_events_read_only(staff: Client) -> None:
     assert staff.get("/admin/deployments/auditentry/add/").status_code == 403
     assert staff.get("/admin/deployments/deploymentevent/add/").status_code == 403
     assert staff.get("/admin/deployments/auditentry/").status_code == 200
+
+
+def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Client) -> None:
+    from openai_api.models import ApiKey
+
+    made = staff.post(
+        "/admin/openai_api/apikey/add/",
+        {"name": "ci", "allowed_models": "[]", "requests_per_minute": ""},
+    )
+    assert made.status_code == 302
+    assert "messages" not in made.cookies  # the secret is not carried in a cookie
+    import re
+
+    shown = staff.get(made["Location"]).content.decode()
+    key = ApiKey.objects.get(name="ci")
+    secret = re.search(rf"msk-{key.prefix}-[A-Za-z0-9_-]{{20,}}", shown)
+    assert secret is not None  # the whole key, this once
+    assert secret.group() not in staff.get(made["Location"]).content.decode()
+    staff.post(
+        "/admin/openai_api/apikey/",
+        {"action": "revoke", "_selected_action": [key.pk]},
+    )
+    key.refresh_from_db()
+    assert key.revoked
+    rows = list(AuditEntry.objects.filter(action__startswith="api_key").order_by("id"))
+    assert [r.action for r in rows] == ["api_key_create", "api_key_revoke"]
+    assert all(key.secret_hash not in str(r.after) for r in rows)
+    assert rows[1].before["revoked"] is False and rows[1].after["revoked"] is True  # type: ignore[index]
+
+
+def test_it_sends_secure_cookies_and_hsts_behind_tls() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = (
+        "import django; django.setup(); from django.conf import settings as s;"
+        "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"
+    )
+    env = {"DJANGO_SETTINGS_MODULE": "modelship_site.settings", "MSHIP_HTTPS": "true"}
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "True", "31536000"]

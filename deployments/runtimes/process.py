@@ -20,6 +20,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from common.redact import redact_argv
 from deployments.runtimes.base import Handle, Launch, RuntimeError_
 
 # Exit codes of children this process started, filled by their reaper threads.
@@ -107,7 +108,8 @@ class ProcessRuntime:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             offset = out.tell()
-            out.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+            shown = " ".join(redact_argv(argv))
+            out.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shown}\n".encode())
             out.flush()
             try:
                 proc = subprocess.Popen(
