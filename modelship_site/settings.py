@@ -261,6 +261,8 @@ MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").str
 # The proxies whose identity header is believed (addresses or networks); none by default.
 MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
 MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
+# Requests per minute of a key that sets no limit of its own (0: none).
+MSHIP_DEFAULT_RPM = int(env_float("MSHIP_DEFAULT_RPM", 6000))
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
 # A route table not refreshed for this long (the database is down) fails requests closed.
@@ -274,6 +276,10 @@ MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900
 MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
+# Per caller (a key, or the trusted identity): stored-response bytes, and background runs at
+# once (0: no limit).
+MSHIP_RESPONSES_QUOTA_BYTES = int(env_float("MSHIP_RESPONSES_QUOTA_BYTES", 2**30))
+MSHIP_MAX_BACKGROUND_RUNS = int(env_float("MSHIP_MAX_BACKGROUND_RUNS", 16))
 # A streamed background run's replay log is kept at most this long; its heartbeat is written
 # this often, and a running response whose last beat is older than the limit is reported
 # failed by the next poll.

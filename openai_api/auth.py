@@ -103,7 +103,7 @@ class RateLimiter:
         self.arrivals: dict[int, deque[float]] = {}
 
     def check(self, key: Key) -> None:
-        limit = key.requests_per_minute
+        limit = key.requests_per_minute or settings.MSHIP_DEFAULT_RPM
         if not limit:
             return
         now = time.monotonic()

@@ -35,15 +35,21 @@ class Dispatcher:
             async with self.on_demand_slot(route, on_queued) as url:
                 yield url
             return
-        if route.state != "ready" or not route.urls:
-            kind = "on-demand" if route.on_demand else "always-on"
-            raise GatewayError(
-                503,
-                f"The model {route.name!r} is not ready: the {kind} deployment is {route.state}.",
-                "model_not_ready",
-            )
+        self.check_servable(route)
         async with self.replica(route.urls) as url:
             yield url
+
+    @staticmethod
+    def check_servable(route: Route) -> None:
+        """503 for an always-on deployment that cannot take a request now (an on-demand one
+        is started by its request)."""
+        if not route.on_demand and (route.state != "ready" or not route.urls):
+            raise GatewayError(
+                503,
+                f"The model {route.name!r} is not ready: the always-on deployment is"
+                f" {route.state}.",
+                "model_not_ready",
+            )
 
     @asynccontextmanager
     async def replica(self, urls: tuple[str, ...]) -> AsyncIterator[str]:

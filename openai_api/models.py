@@ -67,6 +67,8 @@ class StoredResponse(models.Model):
     status = models.CharField(max_length=16)
     response = models.JSONField()
     conversation = models.JSONField(default=list)
+    # Bytes of the response and its conversation as JSON: the identity's storage quota.
+    size = models.PositiveBigIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(db_index=True)
 

@@ -39,6 +39,10 @@ Emit = Callable[[list[Event]], Awaitable[None]]
 
 async def create(exchange: Exchange, route: Route, identity: str, data: dict[str, Any]) -> None:
     request = protocol.parse(data)
+    # Refused before anything is written: a model that cannot serve now, a caller over quota.
+    dispatcher.check_servable(route)
+    if request.store:
+        await store.run(store.check_quota, identity, request.background)
     history: list[dict[str, Any]] = []
     if request.previous_response_id:
         history = await store.run(store.history, identity, request.previous_response_id)

@@ -9,7 +9,10 @@ a short grace, long enough for the readers already tailing it to reach its end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
+import weakref
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any, Protocol
@@ -24,8 +27,11 @@ from openai_api.responses.translator import Event
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 ENDED_GRACE_S = 60
-POLL_S = 0.05
-FINISHED_EVERY = 10  # idle polls between looks at whether the run ended without its event
+POLL_S = 0.05  # Redis: a read is cheap
+# The database log: a reader in the writer's process is woken by the append itself; one in
+# another process (a resume through another gateway) looks this often, not every 50 ms.
+DB_POLL_S = 0.5
+FINISHED_EVERY_S = 0.5  # between looks at whether the run ended without its event
 
 
 def unavailable(exc: Exception) -> GatewayError:
@@ -48,6 +54,10 @@ class ReplayLog(Protocol):
         ...
 
     async def drop(self, response_id: str) -> None: ...
+
+    async def wait(self, response_id: str) -> None:
+        """Until events may have been appended (or a while has passed)."""
+        ...
 
 
 class RedisLog:
@@ -92,8 +102,30 @@ class RedisLog:
     async def drop(self, response_id: str) -> None:
         await self._call(self.client.delete(self.key(response_id)))
 
+    async def wait(self, response_id: str) -> None:
+        await asyncio.sleep(POLL_S)
+
 
 class DatabaseLog:
+    def __init__(self) -> None:
+        # Held by the readers waiting on them: gone with the last reader of a response.
+        self.appended: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+
+    async def wait(self, response_id: str) -> None:
+        signal = self.appended.get(response_id)
+        if signal is None:
+            signal = self.appended[response_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), DB_POLL_S)
+        signal.clear()
+
+    def _signal(self, response_id: str) -> None:
+        signal = self.appended.get(response_id)
+        if signal is not None:
+            signal.set()
+
     async def append(self, response_id: str, events: list[Event]) -> None:
         expires = timezone.now() + timedelta(seconds=settings.MSHIP_RESPONSES_STREAM_BUFFER_TTL_S)
         rows = [
@@ -106,6 +138,7 @@ class DatabaseLog:
             for event in events
         ]
         await store.run(ResponseEvent.objects.bulk_create, rows)
+        self._signal(response_id)
 
     async def read(self, response_id: str, after: int) -> list[Event]:
         def rows() -> list[str]:
@@ -131,9 +164,11 @@ class DatabaseLog:
         await store.run(
             lambda: ResponseEvent.objects.filter(response_id=response_id).update(expires_at=expires)
         )
+        self._signal(response_id)
 
     async def drop(self, response_id: str) -> None:
         await store.run(lambda: ResponseEvent.objects.filter(response_id=response_id).delete())
+        self._signal(response_id)
 
 
 _logs: dict[tuple[asyncio.AbstractEventLoop, str], ReplayLog] = {}
@@ -151,7 +186,7 @@ def replay_log() -> ReplayLog:
 async def tail(log: ReplayLog, response_id: str, after: int, finished: Any) -> AsyncIterator[Event]:
     """The log's events after `after` as they come, to the terminal event; `finished()`
     says whether the run ended without one (cancelled, lost), which ends the tail too."""
-    idle = 0
+    looked = time.monotonic()
     while True:
         events = await log.read(response_id, after)
         for event in events:
@@ -159,14 +194,16 @@ async def tail(log: ReplayLog, response_id: str, after: int, finished: Any) -> A
             yield event
             if event["type"] in TERMINAL_EVENTS:
                 return
-        idle = 0 if events else idle + 1
-        if idle and idle % FINISHED_EVERY == 0 and await finished():
-            # One last look: the final events may have landed since.
-            for event in await log.read(response_id, after):
-                yield event
-            return
-        if not events:
-            await asyncio.sleep(POLL_S)
+        if events:
+            continue
+        if time.monotonic() - looked >= FINISHED_EVERY_S:
+            looked = time.monotonic()
+            if await finished():
+                # One last look: the final events may have landed since.
+                for event in await log.read(response_id, after):
+                    yield event
+                return
+        await log.wait(response_id)
 
 
 def sweep() -> int:

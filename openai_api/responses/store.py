@@ -6,16 +6,20 @@ that cannot be reached is 503 `store_unavailable`, before any engine work."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
+from django.db.models import Sum
 from django.utils import timezone
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
+
+RUNNING = ("queued", "in_progress")
 
 
 def unavailable(exc: Exception) -> GatewayError:
@@ -71,6 +75,7 @@ def history(identity: str, response_id: str) -> list[dict[str, Any]]:
 
 def save(identity: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
     expires = timezone.now() + timedelta(seconds=settings.MSHIP_RESPONSES_TTL_S)
+    size = len(json.dumps(response)) + len(json.dumps(conversation))
     StoredResponse.objects.update_or_create(
         pk=response["id"],
         defaults={
@@ -79,9 +84,38 @@ def save(identity: str, response: dict[str, Any], conversation: list[dict[str, A
             "status": response["status"],
             "response": response,
             "conversation": conversation,
+            "size": size,
             "expires_at": expires,
         },
     )
+
+
+def check_quota(identity: str, background: bool) -> None:
+    """429 before any engine work when the caller already stores MSHIP_RESPONSES_QUOTA_BYTES
+    or, for a background run, already runs MSHIP_MAX_BACKGROUND_RUNS."""
+    live = StoredResponse.objects.filter(identity=identity, expires_at__gt=timezone.now())
+    held = live.aggregate(total=Sum("size"))["total"] or 0
+    quota = settings.MSHIP_RESPONSES_QUOTA_BYTES
+    if quota and held >= quota:
+        raise GatewayError(
+            429,
+            f"Stored responses of this caller take {held} bytes, the quota is {quota}: delete"
+            " some (DELETE /v1/responses/{id}) or send store: false.",
+            "storage_quota_exceeded",
+        )
+    if not background:
+        return
+    fresh = timezone.now() - timedelta(seconds=settings.MSHIP_RESPONSES_HEARTBEAT_STALE_S)
+    beating = ResponseHeartbeat.objects.filter(beat_at__gt=fresh).values("response_id")
+    running = live.filter(status__in=RUNNING, pk__in=beating).count()
+    limit = settings.MSHIP_MAX_BACKGROUND_RUNS
+    if limit and running >= limit:
+        raise GatewayError(
+            429,
+            f"This caller already runs {running} background responses (at most {limit}).",
+            "too_many_background_runs",
+            {"retry-after": "5"},
+        )
 
 
 def delete(identity: str, response_id: str) -> None:
