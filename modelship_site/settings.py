@@ -261,6 +261,13 @@ MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").str
 # The proxies whose identity header is believed (addresses or networks); none by default.
 MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
 MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
+# Connections (modelship_site/server.py): headers must arrive within this, a body must not
+# stall longer than this between chunks, an idle keep-alive connection closes after this, and
+# at most this many connections and requests at once.
+MSHIP_HEADER_TIMEOUT_S = env_float("MSHIP_HEADER_TIMEOUT_S", 10)
+MSHIP_BODY_IDLE_TIMEOUT_S = env_float("MSHIP_BODY_IDLE_TIMEOUT_S", 30)
+MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
+MSHIP_MAX_CONNECTIONS = int(env_float("MSHIP_MAX_CONNECTIONS", 4096))
 # Requests per minute of a key that sets no limit of its own (0: none).
 MSHIP_DEFAULT_RPM = int(env_float("MSHIP_DEFAULT_RPM", 6000))
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])

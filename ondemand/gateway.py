@@ -25,7 +25,7 @@ from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
-from openai_api.gateway import Exchange, asgi
+from openai_api.gateway import INLINE_PARSE_BYTES, Exchange, asgi
 from openai_api.relay import Traffic, relay
 
 # The inference endpoints of the pinned vLLM under /v1 (llama.cpp's are a subset).
@@ -107,7 +107,11 @@ async def handle(exchange: Exchange) -> None:
         return await models(exchange, route)
     if kind == "model":
         return await model(exchange, route, method, upstream_path)
-    streaming, data = _peek(body, exchange.headers.get("content-type", ""))
+    content_type = exchange.headers.get("content-type", "")
+    if len(body) > INLINE_PARSE_BYTES:  # parsed in a thread: other streams keep flowing
+        streaming, data = await asyncio.to_thread(_peek, body, content_type)
+    else:
+        streaming, data = _peek(body, content_type)
     if exchange.headers.get(health_probe.HEADER, "").strip() == "1":
         return await probe(exchange, route, endpoint, streaming)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import re
 from email.message import Message
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 
 from openai_api.errors import GatewayError
@@ -52,24 +50,63 @@ def json_value(body: bytes) -> Any:
 
 def form_field(content_type: str, body: bytes, name: str) -> str | None:
     """One text field of a multipart/form-data body; 400 invalid_form when it cannot be
-    read (no boundary, a part in an unknown charset, a nested multipart part)."""
+    read (no boundary, a part in an unknown charset, a nested multipart part).
+
+    A scan for the part by its boundary, not a full MIME parse: the standard library's
+    parser takes 20 s of CPU for a 16 MiB form of 300,000 empty parts; this takes a
+    fraction of a second, stops at the field, and gives up after MAX_PARTS parts."""
     invalid = GatewayError(400, "The body is not a readable multipart form.", "invalid_form")
-    try:
-        message = BytesParser(policy=HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-        )
-        if not message.is_multipart() or message.defects:
+    boundary = header_params(content_type).get("boundary", "")
+    if not boundary or len(boundary) > 200:
+        raise invalid
+    delimiter = b"--" + boundary.encode("latin-1")
+    pos = body.find(delimiter)
+    if pos < 0:
+        raise invalid
+    for _ in range(MAX_PARTS):
+        start = pos + len(delimiter)
+        if body[start : start + 2] == b"--":
+            return None  # the closing delimiter: no such field
+        headers_end = body.find(b"\r\n\r\n", start)
+        following = body.find(b"\r\n" + delimiter, headers_end)
+        if headers_end < 0 or following < 0 or headers_end - start > MAX_PART_HEADER_BYTES:
             raise invalid
-        for part in message.iter_parts():
-            assert isinstance(part, Message)
-            if part.get_param("name", header="content-disposition") != name:
-                continue
-            if part.is_multipart():
-                raise invalid
-            payload = part.get_payload(decode=True)
-            if not isinstance(payload, bytes):
-                raise invalid
-            return payload.decode(part.get_content_charset() or "utf-8")
-    except (LookupError, UnicodeError, ValueError, TypeError, AssertionError) as exc:
-        raise invalid from exc
-    return None
+        block = body[start:headers_end]
+        if name.encode() in block:  # a candidate: read its headers properly
+            headers = part_headers(block)
+            disposition = header_params(headers.get("content-disposition", ""))
+            if disposition.get("name") == name:
+                part_type = headers.get("content-type", "text/plain")
+                if part_type.lower().startswith("multipart/"):
+                    raise invalid
+                charset = header_params(part_type).get("charset", "utf-8")
+                try:
+                    return body[headers_end + 4 : following].decode(charset)
+                except (LookupError, UnicodeError) as exc:
+                    raise invalid from exc
+        pos = following + 2
+    raise GatewayError(
+        400, f"The form has more than {MAX_PARTS} parts before its '{name}'.", "invalid_form"
+    )
+
+
+MAX_PART_HEADER_BYTES = 8192
+MAX_PARTS = 1000  # an audio or image upload has a handful
+
+
+def part_headers(block: bytes) -> dict[str, str]:
+    """A part's header block as lower-case names to values."""
+    headers = {}
+    for line in block.decode("latin-1").split("\r\n"):
+        key, sep, value = line.partition(":")
+        if sep:
+            headers[key.strip().lower()] = value.strip()
+    return headers
+
+
+def header_params(value: str) -> dict[str, str]:
+    """The parameters of a header value (`form-data; name="model"`), names lower-cased."""
+    message = Message()
+    message["content-type"] = value
+    params = message.get_params(header="content-type") or []
+    return {str(k).lower(): str(v) for k, v in params[1:]}

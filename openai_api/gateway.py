@@ -7,6 +7,7 @@ the dispatcher for an engine and to the forwarder for the bytes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -52,6 +53,7 @@ TRAFFIC = frozenset(
     }
 )
 UNVERSIONED = {"/rerank": "rerank", "/score": "score"}
+INLINE_PARSE_BYTES = 256 * 1024  # parsed on the event loop up to this size
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
 
 
@@ -73,6 +75,7 @@ class Exchange:
         self.request_id = make_request_id(self.headers.get("x-request-id"))
         self.started = False
         self.finished = False
+        self.body_read = False
         self.sse = False
         # How an answer already under way ends when something unexpected breaks it (the
         # Responses API ends with response.failed); None: the plain SSE error event.
@@ -102,6 +105,12 @@ class Exchange:
             (b"vary", b"origin"),
         ]
 
+    @property
+    def has_unread_body(self) -> bool:
+        declared = self.headers.get("content-length", "0")
+        has_body = "transfer-encoding" in self.headers or (declared != "0" and declared != "")
+        return has_body and not self.body_read
+
     async def json(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
         headers = [
             (b"content-type", b"application/json"),
@@ -109,6 +118,10 @@ class Exchange:
             (b"x-request-id", self.request_id.encode()),
             *[(k.encode(), v.encode()) for k, v in (extra or {}).items()],
         ]
+        if self.has_unread_body:
+            # Refused before its body was read (or read whole): the connection closes rather
+            # than take in the rest of an upload nobody will use.
+            headers.append((b"connection", b"close"))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
 
@@ -135,17 +148,27 @@ class Exchange:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks, size = [], 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks)
+        idle = settings.MSHIP_BODY_IDLE_TIMEOUT_S
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(idle) as deadline:
+                while True:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        self.body_read = True
+                        return b"".join(chunks)
+                    deadline.reschedule(loop.time() + idle)  # a trickle, not a stall
+        except TimeoutError as exc:
+            raise GatewayError(
+                408, f"The request body stalled for {idle:g} s.", "request_timeout"
+            ) from exc
 
 
 def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
@@ -196,17 +219,21 @@ async def handle(exchange: Exchange) -> None:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
-    body = await exchange.read_body()
-    name, streaming, data = requested_model(exchange.headers.get("content-type", ""), body)
-    route = snapshot.routes.get(name)
-    if route is None:
-        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
     if caller.key is not None:
-        if not caller.key.may_use(route):
-            # As if it did not exist: a restricted key learns nothing of other models.
-            raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
+        # Before the body is read or parsed: a caller over its rate costs nothing more.
         rate_limiter.check(caller.key)
         last_used.touch(caller.key)
+    body = await exchange.read_body()
+    content_type = exchange.headers.get("content-type", "")
+    if len(body) > INLINE_PARSE_BYTES or content_type.startswith("multipart/"):
+        # A big or multipart body is parsed in a thread: other streams keep flowing.
+        name, streaming, data = await asyncio.to_thread(requested_model, content_type, body)
+    else:
+        name, streaming, data = requested_model(content_type, body)
+    route = snapshot.routes.get(name)
+    if route is None or (caller.key is not None and not caller.key.may_use(route)):
+        # As if it did not exist: a restricted key learns nothing of other models.
+        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
     previous = (data or {}).get("previous_response_id")
     if endpoint == "responses" and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)

@@ -1,4 +1,5 @@
-"""The gateway served for real: the project's ASGI application under uvicorn, in a thread of
+"""The gateway served for real: the project's ASGI application under the server `serve` runs
+(uvicorn with Modelship's limits), in a thread of
 the test process (so the test can watch its database queries), for the whole session."""
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ def gateway_url(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     import uvicorn
 
     from modelship_site.asgi import application
+    from modelship_site.server import config
 
     port = free_port("127.0.0.1")
-    config = uvicorn.Config(
-        application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
+    # The server `serve` runs, with its limits.
+    server = uvicorn.Server(config(application, "127.0.0.1", port, log_level="warning"))
     with django_db_blocker.unblock():
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("engines")
 @pytest.fixture
 def gw(gateway_url: str, api_key: Callable[..., str], serving: Any) -> httpx.Client:
     serving("sim")
+    serving("emb", usecase="embed")
     return httpx.Client(
         base_url=gateway_url, headers={"authorization": f"Bearer {api_key()}"}, timeout=30
     )
@@ -30,7 +31,7 @@ def gw(gateway_url: str, api_key: Callable[..., str], serving: Any) -> httpx.Cli
 
 def openai_error(answer: httpx.Response, status: int) -> dict[str, Any]:
     assert answer.status_code == status, answer.text
-    assert answer.headers["content-type"] == "application/json"
+    assert answer.headers["content-type"].startswith("application/json")
     assert answer.headers["x-request-id"]
     error: dict[str, Any] = answer.json()["error"]
     assert error["message"] and error["type"] and error["code"]
@@ -148,7 +149,8 @@ def test_it_names_the_field_of_a_responses_request_of_the_wrong_shape(
 def test_it_has_the_simulated_engine_refuse_what_a_real_engine_refuses(
     gw: httpx.Client, path: str, fields: dict[str, Any]
 ) -> None:
-    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], **fields}
+    model = "emb" if path == "/v1/embeddings" else "sim"
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
     openai_error(gw.post(path, json=body), 400)
 
 

@@ -29,13 +29,14 @@ CHILD_GRACE_S = 15
 
 
 class Command(BaseCommand):
-    help = "Run Modelship: the ASGI server (daphne or uvicorn) and the django-q cluster."
+    help = "Run Modelship: the ASGI server (uvicorn, or daphne) and the django-q cluster."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--models", help="a models.yaml to deploy once the cluster runs")
-        parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
+        # uvicorn with Modelship's limits (modelship_site/server.py says why not daphne).
+        parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
 
     def handle(self, *args: Any, **options: Any) -> None:
         stop_event = threading.Event()
@@ -111,7 +112,7 @@ class Command(BaseCommand):
     def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
         python = sys.executable
         if options["server"] == "uvicorn":
-            server = [python, "-m", "uvicorn", "modelship_site.asgi:application", "--no-access-log"]
+            server = [python, "-m", "modelship_site.server"]
             server += ["--host", options["host"], "--port", str(options["port"])]
         else:
             server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]

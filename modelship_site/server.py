@@ -1,0 +1,101 @@
+"""The ASGI server `serve` runs by default: uvicorn, with the limits a public gateway needs.
+
+Why uvicorn rather than daphne: daphne (Twisted) reads a whole request body before the
+application sees it and buffers a slow reader's answer without bound, so neither the 16 MiB
+body limit nor flow control to the engine would hold. uvicorn hands the body over as it
+arrives (a refused body stops being read) and makes `send` wait while the client's socket is
+full, so a slow reader slows the engine's stream instead of growing the gateway.
+
+Limits (each an MSHIP_* setting, see README):
+- a connection must finish its request headers within MSHIP_HEADER_TIMEOUT_S (uvicorn has no
+  such timeout of its own: a client trickling headers would hold a connection forever);
+- an idle keep-alive connection is closed after MSHIP_KEEPALIVE_TIMEOUT_S;
+- at most MSHIP_MAX_CONNECTIONS connections and requests at once (past it: 503);
+- request headers of at most 64 KiB.
+
+Run: ``python -m modelship_site.server --host 127.0.0.1 --port 8000``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def header_timeout() -> float:
+    from django.conf import settings
+
+    return float(settings.MSHIP_HEADER_TIMEOUT_S)
+
+
+class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol with a deadline for each request's headers: from the
+    connection's start, and again from the end of each response (the next request's)."""
+
+    _deadline: asyncio.TimerHandle | None = None
+    _armed_for: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._armed_for = self.cycle
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(header_timeout(), self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.cycle is self._armed_for and not self.transport.is_closing():
+            # No request began since the deadline was set: headers that never finish.
+            self.transport.close()
+
+
+def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
+    from django.conf import settings
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=GuardedHTTPProtocol,
+        lifespan="off",
+        access_log=False,
+        timeout_keep_alive=int(settings.MSHIP_KEEPALIVE_TIMEOUT_S),
+        limit_concurrency=settings.MSHIP_MAX_CONNECTIONS or None,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        **options,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="modelship-server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
+    from modelship_site.asgi import application
+
+    uvicorn.Server(config(application, args.host, args.port)).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""What a hostile connection cannot do to the server `serve` runs: hold it with headers that
+never end or a body that stalls, or grow it with a body of a gigabyte."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from deployments.runtimes.process import free_port
+from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.gateway_support import api_key, gateway_url
+
+__all__ = ["api_key", "gateway_url"]  # fixtures
+
+
+def connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    return socket.create_connection((parts.hostname or "", parts.port or 80), timeout=10)
+
+
+def closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> bool:
+    """Whether the server closes the connection while the client trickles bytes."""
+    deadline = time.monotonic() + seconds
+    sock.settimeout(0.2)
+    while time.monotonic() < deadline:
+        try:
+            if trickle:
+                sock.sendall(trickle)
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_it_closes_a_connection_whose_headers_never_end(gateway_url: str, site: Any) -> None:
+    site.MSHIP_HEADER_TIMEOUT_S = 1.0
+    with connect(gateway_url) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        assert closed_within(sock, 5, trickle=b"X-Slow: 1\r\n")  # slowloris, one line a beat
+    with connect(gateway_url) as idle:
+        assert closed_within(idle, 5)  # a connection that says nothing at all
+
+
+def test_it_answers_408_to_a_body_that_stalls(
+    gateway_url: str, api_key: Callable[..., str], site: Any
+) -> None:
+    site.MSHIP_BODY_IDLE_TIMEOUT_S = 0.5
+    key = api_key()
+    with connect(gateway_url) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {key}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"model": "x", '
+        )
+        sock.settimeout(10)
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer
+
+
+@pytest.fixture(scope="module")
+def server_process(django_db_setup: None, django_db_blocker: Any) -> Iterator[tuple[str, int]]:
+    """The server as `make run` starts it, in a process of its own (its memory is its own)."""
+    port = free_port("127.0.0.1")
+    with django_db_blocker.unblock():
+        env = env_for_subprocess(MSHIP_HEADER_TIMEOUT_S="10")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: answers(url + "/health"), 60)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def stream_upload(url: str, total: int, headers: dict[str, str]) -> tuple[int, str]:
+    """Send `total` bytes chunked as fast as the server takes them; (bytes sent, answer)."""
+    chunk = b"x" * (1 << 20)
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sent = 0
+    with connect(url) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            + b"Content-Type: application/json\r\n"
+            + head.encode()
+            + b"\r\n"
+        )
+        try:
+            while sent < total:
+                sock.sendall(frame)
+                sent += len(chunk)
+        except OSError:
+            pass  # the server answered and closed: the rest is not read
+        sock.settimeout(10)
+        try:
+            answer = sock.recv(65536).decode(errors="replace")
+        except OSError:
+            answer = ""
+    return sent, answer
+
+
+@pytest.mark.parametrize("authorised", [False, True])
+def test_it_holds_the_body_limit_against_a_gigabyte_upload(
+    server_process: tuple[str, int], api_key: Callable[..., str], authorised: bool
+) -> None:
+    url, pid = server_process
+    headers = {"authorization": f"Bearer {api_key()}"} if authorised else {}
+    expected = 401 if not authorised else 200
+    wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code == expected)
+    idle = rss_kib(pid)
+    peak = [idle]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak.append(rss_kib(pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        sent, answer = stream_upload(url, 2**30, headers)
+    finally:
+        done.set()
+        sampler.join()
+    status = "413" if authorised else "401"
+    assert answer.startswith(f"HTTP/1.1 {status}"), answer[:200]
+    assert "connection: close" in answer.lower()
+    assert sent < 2**30  # the server closed instead of reading the rest
+    grown_mib = (max(peak) - idle) / 1024
+    print(f"RSS idle {idle / 1024:.1f} MiB, grown by {grown_mib:.1f} MiB, sent {sent >> 20} MiB")
+    assert grown_mib < 64
+    assert answers(url + "/health")  # and it still serves
+
+
+def test_it_is_the_server_serve_runs_by_default() -> None:
+    from deployments.management.commands.serve import Command
+
+    parser = Command().create_parser("manage.py", "serve")
+    assert parser.parse_args([]).server == "uvicorn"
+    assert os.path.exists(REPO / "modelship_site" / "server.py")
