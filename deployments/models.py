@@ -89,8 +89,13 @@ class Deployment(models.Model):
         help_text="Container settings for the docker runtime: gpus, ipc_mode, shm_size, "
         "environment, volumes, mem_limit, cpus, working_dir, user.",
     )
-    memory_gib = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
-    num_gpus = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    # Bounded so that sums over replicas and deployments stay finite numbers.
+    memory_gib = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2**20)]
+    )
+    num_gpus = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(1024)]
+    )
     num_replicas = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )

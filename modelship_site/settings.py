@@ -212,6 +212,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema maps every operation: staff only, like the API itself.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "deployments.api.schema.add_error_responses",
+    ],
+    "ENUM_NAME_OVERRIDES": {"ModeEnum": "deployments.models.Mode"},
 }
 
 LOGGING = {

@@ -112,7 +112,8 @@ class ModeSerializer(serializers.Serializer):
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
-    user: serializers.StringRelatedField = serializers.StringRelatedField()
+    # Null for a system actor (the reaper, a CLI run).
+    user: serializers.StringRelatedField = serializers.StringRelatedField(allow_null=True)
 
     class Meta:
         model = AuditEntry

@@ -3,9 +3,16 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
+from django import forms
 from django.db import transaction
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
@@ -13,6 +20,7 @@ from rest_framework.response import Response
 
 from deployments import audit, operations, tasks
 from deployments.api.errors import Conflict, insufficient_memory
+from deployments.api.schema import ConflictAnswer, HostAnswer, LogsAnswer, OperationAnswer
 from deployments.api.serializers import (
     AuditEntrySerializer,
     DeploymentEventSerializer,
@@ -32,10 +40,40 @@ def accepted(deployment: Deployment, outcome: str) -> Response:
     return Response({"id": deployment.pk, "name": deployment.name, "status": outcome}, status=code)
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class IdFilter(django_filters.Filter):
+    """An object's id: an integer (else 400); an id that matches nothing finds nothing."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, field_name: str) -> None:
+        super().__init__(field_name=field_name, min_value=1, max_value=2**63 - 1)
+
+
+OPERATION_RESPONSES = {200: OperationAnswer, 202: OperationAnswer, 409: ConflictAnswer}
+TRUE_FALSE = (("true", "true"), ("false", "false"))
+
+
+def strict_boolean(field_name: str) -> django_filters.TypedChoiceFilter:
+    """A boolean filter that refuses what is not true or false (instead of ignoring it)."""
+    return django_filters.TypedChoiceFilter(
+        field_name=field_name, choices=TRUE_FALSE, coerce=lambda value: value == "true"
+    )
+
+
+class DeploymentFilter(django_filters.FilterSet):
+    system = strict_boolean("system")
+
+    class Meta:
+        model = Deployment
+        fields = ("state", "loader", "usecase", "runtime", "mode", "system")
+
+
+@extend_schema_view(destroy=extend_schema(responses={204: None, 202: OperationAnswer}))
 class DeploymentViewSet(viewsets.ModelViewSet):
     queryset = Deployment.objects.all()
     serializer_class = DeploymentSerializer
-    filterset_fields = ("state", "loader", "usecase", "runtime", "mode", "system")
+    filterset_class = DeploymentFilter
 
     def perform_create(self, serializer: Any) -> None:
         with transaction.atomic():
@@ -78,22 +116,22 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         except operations.InvalidState as exc:
             raise Conflict(str(exc), "invalid_state", state=deployment.state) from exc
 
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
         return self._operate(operations.request_start)
 
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
         return self._operate(operations.request_stop)
 
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def sleep(self, request: Request, pk: str | None = None) -> Response:
         return self._operate(operations.request_sleep)
 
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def wake(self, request: Request, pk: str | None = None) -> Response:
         return self._operate(operations.request_wake)
@@ -104,7 +142,10 @@ class DeploymentViewSet(viewsets.ModelViewSet):
             OpenApiParameter("follow", bool, description="stream new lines as server-sent events"),
             OpenApiParameter("replica", int, description="the replica to follow (default 0)"),
         ],
-        responses={200: dict},
+        responses={
+            (200, "application/json"): LogsAnswer,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+        },
     )
     @action(detail=True, methods=["get"])
     def logs(self, request: Request, pk: str | None = None) -> Any:
@@ -124,7 +165,9 @@ class DeploymentViewSet(viewsets.ModelViewSet):
             {"id": deployment.pk, "name": deployment.name, "replicas": tails(deployment, lines)}
         )
 
-    @extend_schema(request=ModeSerializer, responses=DeploymentSerializer)
+    @extend_schema(
+        request=ModeSerializer, responses={200: DeploymentSerializer, 409: ConflictAnswer}
+    )
     @action(detail=True, methods=["patch"])
     def mode(self, request: Request, pk: str | None = None) -> Response:
         body = ModeSerializer(data=request.data)
@@ -140,6 +183,9 @@ class DeploymentViewSet(viewsets.ModelViewSet):
 
 
 class AuditFilter(django_filters.FilterSet):
+    # By id, as the schema says: an id with no deployment finds nothing (not a 400).
+    deployment = IdFilter("deployment_id")
+    user = IdFilter("user_id")
     since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
 
@@ -155,6 +201,7 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class EventFilter(django_filters.FilterSet):
+    deployment = IdFilter("deployment_id")
     since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
 
     class Meta:
@@ -168,7 +215,7 @@ class DeploymentEventViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = EventFilter
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: HostAnswer})
 @api_view(["GET"])
 def host(request: Request) -> Response:
     from ondemand.litellm import status_now

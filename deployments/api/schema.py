@@ -1,0 +1,94 @@
+"""What the OpenAPI schema says beyond the serializers: the shapes of the answers that are
+not a deployment (operations, the host, logs), and the errors every operation can answer.
+Kept true by tests/test_fuzz_api.py, which checks every answer against this schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+ERRORS = {
+    "400": "Invalid input: {field: [messages]} or {detail}.",
+    "401": "Not signed in (session or token).",
+    "403": "Signed in, but without the permission this needs.",
+    "404": "No such object.",
+}
+
+
+class OperationAnswer(serializers.Serializer):
+    """A start, stop, sleep, wake or removal: queued (202) or already done (200)."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    status = serializers.CharField(help_text="queued, or the state it already is in")
+
+
+class ConflictAnswer(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField(required=False)
+    state = serializers.CharField(required=False)
+    shortfall_gib = serializers.FloatField(required=False)
+    need_gib = serializers.FloatField(required=False)
+    free_gib = serializers.FloatField(required=False)
+    capacity_gib = serializers.FloatField(required=False)
+
+
+class GpuReading(serializers.Serializer):
+    index = serializers.IntegerField()
+    name = serializers.CharField()
+    total_gib = serializers.FloatField()
+    used_gib = serializers.FloatField()
+
+
+class Holding(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    mode = serializers.CharField()
+    holding_gib = serializers.FloatField()
+
+
+class HostAnswer(serializers.Serializer):
+    capacity_gib = serializers.FloatField()
+    held_gib = serializers.FloatField()
+    free_gib = serializers.FloatField()
+    on_demand_capacity_gib = serializers.FloatField()
+    used_gib = serializers.FloatField(allow_null=True)
+    gpus = GpuReading(many=True)
+    deployments = Holding(many=True)
+    ondemand = serializers.DictField(help_text="LiteLLM registration status", allow_null=True)
+
+
+class ReplicaLog(serializers.Serializer):
+    replica = serializers.IntegerField()
+    lines = serializers.ListField(child=serializers.CharField(allow_blank=True))
+
+
+class LogsAnswer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    replicas = ReplicaLog(many=True)
+
+
+def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing: every operation documents the errors it can
+    answer (400 where it takes input, 404 where it names an object)."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = {
+        "type": "object",
+        "description": "{detail: message} or {field: [messages]}",
+        "additionalProperties": True,
+    }
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            codes = ["401", "403"]
+            if "{" in path:
+                codes.append("404")
+            if method in ("post", "put", "patch") or operation.get("parameters"):
+                codes.append("400")
+            for code in codes:
+                responses.setdefault(code, {"description": ERRORS[code], "content": error})
+    return result
