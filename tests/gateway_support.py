@@ -1,6 +1,6 @@
 """The gateway served for real: the project's ASGI application under the server `serve` runs
-(uvicorn with Modelship's limits), in a thread of
-the test process (so the test can watch its database queries), for the whole session."""
+(uvicorn with Modelship's limits), in a thread of the test process (so the test can watch its
+database queries), for the whole session."""
 
 from __future__ import annotations
 
@@ -87,3 +87,14 @@ def serving(make_deployment: Any, engines: None, site: Any) -> Callable[..., Dep
         return deployment
 
     return start
+
+
+def reread_guard() -> None:
+    """The gateway reads its peer policy and key file again on the next request (they are
+    otherwise read every 30 s and at most once a second)."""
+    from ondemand import gateway
+
+    gateway.application.policy = None
+    gateway.application.read_at = float("-inf")
+    gateway.keyfile.checked_at = float("-inf")
+    gateway.failures.clear()

@@ -234,3 +234,15 @@ def test_it_serves_the_openapi_schema(api: APIClient) -> None:
     paths = answer.json()["paths"]
     assert "/api/deployments/{id}/start/" in paths
     assert "/api/deployments/{id}/mode/" in paths
+
+
+def test_it_takes_any_iso_time_in_filters_and_refuses_what_is_not_an_id(api: APIClient) -> None:
+    # PostgreSQL takes offsets up to ±15:59 only: times are compared in UTC.
+    for query in ("since=4817-03-29T15:09:10.677-23:39", "until=0001-01-01T00:00:00%2B00:00"):
+        assert api.get(f"/api/events/?{query}").status_code == 200, query
+        assert api.get(f"/api/audit/?{query}").status_code == 200, query
+    assert api.get("/api/events/?since=0001-01-01T00:00:00%2B23:00").status_code == 400
+    assert api.get("/api/audit/?deployment=999999").json()["results"] == []
+    for bad in ("deployment=1.5", "deployment=-1e300", "user=x"):
+        assert api.get(f"/api/audit/?{bad}").status_code == 400, bad
+    assert api.get("/api/deployments/?system=AAA").status_code == 400

@@ -27,8 +27,9 @@ from deployments.models import Deployment, State
 from openai_api.catalog import catalog
 from openai_api.dispatch import dispatcher
 from openai_api.forwarder import forwarder
+from openai_api.gateway import TRAFFIC
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway
+from tests.gateway_support import api_key, gateway_url, reread_guard, seen_by_gateway
 
 __all__ = ["api_key", "gateway_url"]  # fixtures
 
@@ -47,20 +48,7 @@ ALLOWED_5XX = {502, 503, 504}
 TIMEOUT_S = 30.0
 SEEN: dict[str, int] = {"requests": 0}
 
-V1_POST = [
-    "chat/completions",
-    "completions",
-    "embeddings",
-    "messages",
-    "responses",
-    "audio/transcriptions",
-    "audio/translations",
-    "audio/speech",
-    "images/generations",
-    "images/edits",
-    "rerank",
-    "score",
-]
+V1_POST = sorted(TRAFFIC)
 TEMPLATES: dict[str, dict[str, Any]] = {
     "chat/completions": {"model": "sim", "messages": [{"role": "user", "content": "hi"}]},
     "completions": {"model": "sim", "prompt": "hi", "max_tokens": 4},
@@ -272,11 +260,7 @@ def fuzz_site(
     key_file.write_text(ondemand_key + "\n")
     site.MSHIP_ONDEMAND_KEY_FILE = key_file
     site.MSHIP_ONDEMAND_ALLOWED_CIDRS = f"{PEER}/32"
-    from ondemand import gateway as ondemand_gateway
-
-    ondemand_gateway.application.policy = None
-    ondemand_gateway.application.read_at = float("-inf")
-    ondemand_gateway.keyfile.checked_at = float("-inf")
+    reread_guard()
     deployments = [
         make_deployment("sim", config={"tokens_per_second": 0}),
         make_deployment("emb", usecase="embed"),
@@ -300,7 +284,7 @@ def fuzz_site(
         ) as ondemand,
     ):
         yield Site(v1, ondemand, deployments[2].pk)
-    ondemand_gateway.failures.clear()
+    reread_guard()
     assert_nothing_in_flight()
     print(f"fuzz: {SEEN['requests']} requests answered")
 

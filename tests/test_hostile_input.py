@@ -201,3 +201,23 @@ def test_it_names_the_deployment_not_the_engine_address_when_it_cannot_reach_it(
     body = {"model": "gone", "messages": [{"role": "user", "content": "hi"}]}
     error = openai_error(gw.post("/v1/chat/completions", json=body), 502)
     assert "gone" in error["message"] and str(port) not in error["message"]
+
+
+def test_it_answers_503_when_the_control_plane_store_fails_during_an_on_demand_acquire(
+    gw: httpx.Client, make_deployment: Callable[..., Deployment], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    from ondemand.adapter import DjangoDeployer
+
+    make_deployment("lazy", mode="on_demand")
+    seen_by_gateway(lambda s: "lazy" in s.routes)
+
+    async def down(self: Any, deployment_id: int) -> Any:
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr(DjangoDeployer, "view", down)
+    body = {"model": "lazy", "messages": [{"role": "user", "content": "hi"}]}
+    error = openai_error(gw.post("/v1/chat/completions", json=body), 503)
+    assert error["code"] == "ondemand_unavailable"
+    assert "could not connect" not in error["message"]  # the cause stays in the log

@@ -23,7 +23,7 @@ import pytest
 from deployments import deployer
 from deployments.models import Deployment, State
 from tests.conftest import in_thread, wait_until
-from tests.gateway_support import gateway_url, seen_by_gateway
+from tests.gateway_support import gateway_url, reread_guard, seen_by_gateway
 
 __all__ = ["gateway_url"]  # fixtures
 
@@ -71,17 +71,6 @@ class OnDemandSite:
         body = response.read()
         conn.close()
         return response.status, (json.loads(body)["error"]["code"] if body else "")
-
-
-def reread_guard() -> None:
-    """The gateway reads its peer policy and key file again on the next request (they are
-    otherwise read every 30 s and at most once a second)."""
-    from ondemand import gateway
-
-    gateway.application.policy = None
-    gateway.application.read_at = float("-inf")
-    gateway.keyfile.checked_at = float("-inf")
-    gateway.failures.clear()
 
 
 @pytest.fixture

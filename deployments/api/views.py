@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import django_filters
 from django import forms
 from django.db import transaction
 from django.http import StreamingHttpResponse
+from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -48,6 +50,23 @@ class IdFilter(django_filters.Filter):
 
     def __init__(self, field_name: str) -> None:
         super().__init__(field_name=field_name, min_value=1, max_value=2**63 - 1)
+
+
+class UtcDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time as UTC: databases take only some offsets (PostgreSQL ±15:59)."""
+
+    def clean(self, value: Any) -> Any:
+        parsed = super().clean(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(datetime.UTC)
+        except (OverflowError, ValueError) as exc:
+            raise forms.ValidationError("The time is out of range.", code="invalid") from exc
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField
 
 
 OPERATION_RESPONSES = {200: OperationAnswer, 202: OperationAnswer, 409: ConflictAnswer}
@@ -186,8 +205,8 @@ class AuditFilter(django_filters.FilterSet):
     # By id, as the schema says: an id with no deployment finds nothing (not a 400).
     deployment = IdFilter("deployment_id")
     user = IdFilter("user_id")
-    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
+    since = UtcDateTimeFilter(field_name="time", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="time", lookup_expr="lt")
 
     class Meta:
         model = AuditEntry
@@ -202,7 +221,7 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
 
 class EventFilter(django_filters.FilterSet):
     deployment = IdFilter("deployment_id")
-    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+    since = UtcDateTimeFilter(field_name="time", lookup_expr="gte")
 
     class Meta:
         model = DeploymentEvent
