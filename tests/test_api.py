@@ -246,3 +246,11 @@ def test_it_takes_any_iso_time_in_filters_and_refuses_what_is_not_an_id(api: API
     for bad in ("deployment=1.5", "deployment=-1e300", "user=x"):
         assert api.get(f"/api/audit/?{bad}").status_code == 400, bad
     assert api.get("/api/deployments/?system=AAA").status_code == 400
+
+
+def test_it_pages_within_what_the_database_takes(api: APIClient) -> None:
+    api.post("/api/deployments/", SIM, format="json")
+    for query in ("limit=3255031453454229307392", "offset=99999999999999999999999", "limit=0"):
+        answer = api.get(f"/api/deployments/?{query}")
+        assert answer.status_code == 200, query
+    assert len(api.get("/api/deployments/?limit=5000").json()["results"]) == 1
