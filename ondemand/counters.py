@@ -31,14 +31,21 @@ class CounterPublisher:
         self.pending[deployment_id] = asyncio.ensure_future(self._send(deployment_id, due))
 
     async def _send(self, deployment_id: int, due: float) -> None:
+        me = asyncio.current_task()
         try:
             if due > self.clock.now():
                 await self.clock.wait(asyncio.Event(), due - self.clock.now())
             self.last[deployment_id] = self.clock.now()
-            del self.pending[deployment_id]
+            # From here a change schedules the next message (this one may already be stale
+            # when it arrives); that message's task is not ours to forget.
+            self._forget(deployment_id, me)
             await self.publish(deployment_id)
         finally:
-            self.pending.pop(deployment_id, None)
+            self._forget(deployment_id, me)
+
+    def _forget(self, deployment_id: int, task: asyncio.Task[Any] | None) -> None:
+        if self.pending.get(deployment_id) is task:
+            del self.pending[deployment_id]
 
 
 def channel_publisher(status: Callable[[int], dict[str, Any]]) -> Publish:

@@ -43,3 +43,32 @@ async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> Non
     publisher.changed(7)  # a second after the last: at once again
     await settle()
     assert (await layer.receive(channel))["ondemand"] == {"inflight": 0}
+
+
+async def test_it_schedules_the_next_message_while_a_slow_publish_is_under_way() -> None:
+    """A change during a publish (a slow channel layer) gets its own message a second later;
+    the publish finishing does not forget it."""
+    import asyncio
+
+    sent: list[int] = []
+    release = asyncio.Event()
+
+    async def publish(deployment_id: int) -> None:
+        sent.append(deployment_id)
+        if len(sent) == 1:
+            await release.wait()
+
+    clock = FakeClock()
+    publisher = CounterPublisher(publish, clock)  # type: ignore[arg-type]
+    publisher.changed(3)
+    await settle()
+    assert sent == [3]  # the first publish is under way and slow
+    publisher.changed(3)  # a change meanwhile: the next message is scheduled
+    following = publisher.pending[3]
+    release.set()
+    await settle()
+    assert publisher.pending.get(3) is following  # not forgotten by the first's end
+    await clock.advance(1.0)
+    await settle()
+    assert sent == [3, 3] and not publisher.pending
+    assert following.done() and following.exception() is None
