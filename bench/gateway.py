@@ -1,5 +1,7 @@
 """Benchmark: the /v1 gateway against the engine called directly and against the yardstick
-(a minimal aiohttp pass-through, bench/yardstick.py), under daphne and under uvicorn.
+(a minimal aiohttp pass-through, bench/yardstick.py), under daphne, uvicorn and `modelship`
+(the gateway as `make run` serves it, modelship_site/server.py; the yardstick under plain
+uvicorn).
 
 Everything runs on this machine in one run: one simulated engine (no token pacing), the
 gateway and the yardstick as ASGI servers in their own processes, and the load from this
@@ -8,7 +10,7 @@ Streaming: tokens per second over 8 concurrent streams from an engine paced at 1
 per second per stream (a fast real engine: the proxy must not slow it), and time to first
 token.
 
-    .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn]
+    .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn,modelship]
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ def process(argv: list[str], env: dict[str, str], probe: str) -> Iterator[None]:
 
 
 def server_argv(server: str, app: str, port: int) -> list[str]:
-    if server == "uvicorn":
+    if server == "modelship" and app == "modelship_site.asgi:application":
+        # What `make run` serves: uvicorn with Modelship's connection limits.
+        return [sys.executable, "-m", "modelship_site.server", "--port", str(port)]
+    if server in ("uvicorn", "modelship"):  # the yardstick under the same uvicorn
         return [
             sys.executable,
             "-m",
