@@ -55,6 +55,14 @@ def test_it_runs_the_simulated_engine_as_a_container(
     assert box.attrs["HostConfig"]["Init"] is True
     assert box.attrs["HostConfig"]["RestartPolicy"]["Name"] == "no"
     assert "modelship-test" in box.attrs["NetworkSettings"]["Networks"]
+    # The engines' network is recorded, so MCP egress refuses its addresses.
+    address = box.attrs["NetworkSettings"]["Networks"]["modelship-test"]["IPAddress"]
+    from openai_api.catalog import route_of
+    from openai_api.mcp.egress import Policy, host_networks, normalise
+
+    networks = route_of(deployment).networks
+    policy = Policy(frozenset(), (), host_networks(networks), False)
+    assert networks and "Modelship's engines" in str(policy.verdict("x", normalise(address)))
 
     assert deployer.stop(deployment.pk)
     deployment.refresh_from_db()

@@ -193,6 +193,9 @@ def test_it_fails_cleanly_when_the_server_cannot_be_reached(
     kinds = [e.type for e in events]
     assert "response.mcp_list_tools.failed" in kinds
     assert kinds[-2:] == ["error", "response.failed"]
+    # One sentence whatever the cause: a caller cannot tell a closed port from a filtered one.
+    message = events[-2].message  # type: ignore[union-attr]
+    assert message.endswith("the MCP server could not be reached") and "refused" not in message
     sim.refresh_from_db()
     import httpx
 

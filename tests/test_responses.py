@@ -468,3 +468,38 @@ def test_it_starts_an_on_demand_model_for_a_response_with_no_notice(
     assert kinds[0] == "response.created" and final.output_text == "up"
     lazy.refresh_from_db()
     assert lazy.state == "ready"
+
+
+def test_it_wakes_a_database_log_reader_on_append_instead_of_polling(
+    transactional_db: None, settings: Any
+) -> None:
+    """A reader tailing a quiet run looks at the table every DB_POLL_S, not every 50 ms, and
+    an append in its own process wakes it at once."""
+    import asyncio
+
+    from openai_api.responses import replay
+
+    class Counting(replay.DatabaseLog):
+        reads = 0
+
+        async def read(self, response_id: str, after: int) -> list[Any]:
+            Counting.reads += 1
+            return await super().read(response_id, after)
+
+    async def scenario() -> list[str]:
+        log = Counting()
+        await log.append("resp_q", [{"type": "response.created", "sequence_number": 0}])
+        seen: list[str] = []
+
+        async def reader() -> None:
+            async for event in replay.tail(log, "resp_q", -1, lambda: asyncio.sleep(0, False)):
+                seen.append(event["type"])
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(1.2)  # a quiet run
+        await log.append("resp_q", [{"type": "response.completed", "sequence_number": 1}])
+        await asyncio.wait_for(task, 5)
+        return seen
+
+    assert asyncio.run(scenario()) == ["response.created", "response.completed"]
+    assert Counting.reads <= 6  # 50 ms polling would have read about 25 times

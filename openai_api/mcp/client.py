@@ -11,6 +11,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
+
 from openai_api.mcp import egress
 
 LIST_TIMEOUT_S = 30.0
@@ -161,9 +163,13 @@ def truncate(text: str) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """The first real cause inside the SDK's task-group exception groups."""
+    """The first real cause inside the SDK's task-group exception groups. A failure to
+    connect is told in one sentence whatever its cause, so the caller cannot map which
+    ports are open (refused, reset and timed out all read the same)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if isinstance(exc, httpx2.TransportError | OSError):
+        return "the MCP server could not be reached"
     return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
 
 
