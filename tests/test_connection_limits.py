@@ -73,10 +73,11 @@ def test_it_answers_408_to_a_body_that_stalls(
 
 @pytest.fixture(scope="module")
 def server_process(django_db_setup: None, django_db_blocker: Any) -> Iterator[tuple[str, int]]:
-    """The server as `make run` starts it, in a process of its own (its memory is its own)."""
+    """The server as `make run` starts it, in a process of its own (its memory is its own),
+    with a small connection cap."""
     port = free_port("127.0.0.1")
     with django_db_blocker.unblock():
-        env = env_for_subprocess(MSHIP_HEADER_TIMEOUT_S="10")
+        env = env_for_subprocess(MSHIP_HEADER_TIMEOUT_S="10", MSHIP_MAX_CONNECTIONS="8")
     process = subprocess.Popen(
         [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
         cwd=REPO,
@@ -159,6 +160,60 @@ def test_it_holds_the_body_limit_against_a_gigabyte_upload(
     print(f"RSS idle {idle / 1024:.1f} MiB, grown by {grown_mib:.1f} MiB, sent {sent >> 20} MiB")
     assert grown_mib < 64
     assert answers(url + "/health")  # and it still serves
+
+
+def test_it_refuses_connections_past_the_cap(server_process: tuple[str, int]) -> None:
+    url, _ = server_process
+    held = [connect(url) for _ in range(8)]  # idle connections, up to the cap
+    try:
+        with connect(url) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            extra.settimeout(10)
+            assert extra.recv(65536).startswith(b"HTTP/1.1 503")
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200)
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
+    server_process: tuple[str, int], api_key: Callable[..., str], make_deployment: Any
+) -> None:
+    """A client that stops reading a 60 MB stream: the server's memory stays flat (the
+    engine waits), and every byte still arrives once the client reads again."""
+    from deployments import deployer
+
+    url, pid = server_process
+    word = "x" * 20_000
+    sim = make_deployment("big", config={"reply": word, "tokens_per_second": 0})
+    deployer.restart(sim.pk)
+    headers = {"authorization": f"Bearer {api_key()}"}
+    body = {"model": "big", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3000}
+    wait_until(
+        lambda: (
+            httpx.post(
+                url + "/v1/chat/completions", json={**body, "max_tokens": 1}, headers=headers
+            ).status_code
+            == 200
+        )
+    )
+    idle = rss_kib(pid)
+    with httpx.stream(
+        "POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers
+    ) as answer:
+        chunks = answer.iter_bytes()
+        received = len(next(chunks))
+        peak = idle
+        for _ in range(30):  # three seconds of not reading
+            time.sleep(0.1)
+            peak = max(peak, rss_kib(pid))
+        for chunk in chunks:
+            received += len(chunk)
+    grown_mib = (peak - idle) / 1024
+    print(f"slow reader: RSS grown by {grown_mib:.1f} MiB, {received >> 20} MiB delivered")
+    assert received > 3000 * len(word)  # all of it, in the end
+    assert grown_mib < 32  # not the 60 MB the engine had to say
 
 
 def test_it_is_the_server_serve_runs_by_default() -> None:
