@@ -20,12 +20,12 @@ from django.conf import settings
 from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
-from openai_api.bodies import json_value
+from openai_api.bodies import INLINE_PARSE_BYTES, json_value
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange, asgi
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
-from openai_api.gateway import INLINE_PARSE_BYTES, Exchange, asgi
 from openai_api.relay import Traffic, relay
 
 # The inference endpoints of the pinned vLLM under /v1 (llama.cpp's are a subset).

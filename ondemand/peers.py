@@ -23,6 +23,7 @@ from django.conf import settings
 
 from deployments.runtimes.docker_network import AttachedNetwork, attached_networks, in_container
 from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +149,6 @@ class PeerGuard:
         self._refreshing: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        from openai_api.gateway import Exchange
-
         policy = await self.current()
         client = scope.get("client") or ("", 0)
         headers = {name.lower() for name, _ in scope.get("headers", [])}

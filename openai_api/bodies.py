@@ -16,6 +16,7 @@ from typing import Any
 from openai_api.errors import GatewayError
 
 MAX_DEPTH = 64
+INLINE_PARSE_BYTES = 256 * 1024  # parsed on the event loop up to this size, else in a thread
 # A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 

@@ -8,32 +8,23 @@ the dispatcher for an engine and to the forwarder for the bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from django.conf import settings
-
-from modelship_site.request_id import make_request_id
 from openai_api.auth import Caller, authenticate, last_used, rate_limiter
-from openai_api.bodies import form_field, json_value
+from openai_api.bodies import INLINE_PARSE_BYTES, form_field, json_value
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
-from openai_api.errors import GatewayError, error_body
-from openai_api.forwarder import send_sse_error
+from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange, asgi
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, store
 from openai_api.responses import handler as responses
 
 log = logging.getLogger(__name__)
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 # The inference endpoints, as paths under /v1.
 TRAFFIC = frozenset(
@@ -53,148 +44,7 @@ TRAFFIC = frozenset(
     }
 )
 UNVERSIONED = {"/rerank": "rerank", "/score": "score"}
-INLINE_PARSE_BYTES = 256 * 1024  # parsed on the event loop up to this size
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
-
-
-class ClientGone(Exception):
-    pass
-
-
-class Exchange:
-    """One request's plumbing: its headers, its id, and whether its answer has started."""
-
-    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.scope = scope
-        self.receive = receive
-        self._send = send
-        self.raw_headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
-        self.headers = {
-            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers
-        }
-        self.request_id = make_request_id(self.headers.get("x-request-id"))
-        self.started = False
-        self.finished = False
-        self.body_read = False
-        self.sse = False
-        # How an answer already under way ends when something unexpected breaks it (the
-        # Responses API ends with response.failed); None: the plain SSE error event.
-        self.on_failure: Callable[[str], Awaitable[None]] | None = None
-        origin = self.headers.get("origin")
-        allowed = settings.MSHIP_CORS_ORIGINS
-        self.cors_origin = origin if origin and ("*" in allowed or origin in allowed) else None
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-            self.sse = (b"content-type", b"text/event-stream") in message.get("headers", [])
-            if self.cors_origin:
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), *self.cors_headers()],
-                }
-        elif not message.get("more_body"):
-            self.finished = True
-        await self._send(message)
-
-    def cors_headers(self) -> list[tuple[bytes, bytes]]:
-        assert self.cors_origin is not None
-        return [
-            (b"access-control-allow-origin", self.cors_origin.encode()),
-            (b"access-control-expose-headers", b"x-request-id, retry-after"),
-            (b"vary", b"origin"),
-        ]
-
-    @property
-    def has_unread_body(self) -> bool:
-        declared = self.headers.get("content-length", "0")
-        has_body = "transfer-encoding" in self.headers or (declared != "0" and declared != "")
-        return has_body and not self.body_read
-
-    async def json(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", self.request_id.encode()),
-            *[(k.encode(), v.encode()) for k, v in (extra or {}).items()],
-        ]
-        if self.has_unread_body:
-            # Refused before its body was read (or read whole): the connection closes rather
-            # than take in the rest of an upload nobody will use.
-            headers.append((b"connection", b"close"))
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body})
-
-    async def fail(self) -> None:
-        """Answer an unexpected error: a JSON 500 while nothing went out, else an error
-        event (an SSE answer) and the end of the answer. The details stay in the log."""
-        message = f"The server had an error processing the request {self.request_id}."
-        if not self.started:
-            await self.json(500, error_body(500, message, "internal_error"))
-        elif not self.finished:
-            if self.on_failure is not None:
-                await self.on_failure(message)
-            elif self.sse:
-                await send_sse_error(self.send, 500, message, "internal_error")
-            else:
-                await self.send({"type": "http.response.body", "body": b""})
-
-    async def read_body(self) -> bytes:
-        limit = settings.MSHIP_MAX_BODY_BYTES
-        too_large = GatewayError(
-            413, f"The request body is larger than {limit} bytes.", "request_too_large"
-        )
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
-        idle = settings.MSHIP_BODY_IDLE_TIMEOUT_S
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(idle) as deadline:
-                while True:
-                    message = await self.receive()
-                    if message["type"] == "http.disconnect":
-                        raise ClientGone
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise too_large
-                    chunks.append(chunk)
-                    if not message.get("more_body"):
-                        self.body_read = True
-                        return b"".join(chunks)
-                    deadline.reschedule(loop.time() + idle)  # a trickle, not a stall
-        except TimeoutError as exc:
-            raise GatewayError(
-                408, f"The request body stalled for {idle:g} s.", "request_timeout"
-            ) from exc
-
-
-def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-    """An ASGI application of a handler: its errors answered OpenAI-style while nothing of
-    the answer went out yet, a caller's hang-up ending it quietly."""
-
-    async def application(scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = Exchange(scope, receive, send)
-        try:
-            await handler(exchange)
-        except GatewayError as exc:
-            if not exchange.started:
-                await exchange.json(exc.status, exc.body(), exc.headers)
-        except ClientGone:
-            pass
-        except Exception:
-            log.exception(
-                "%s %s failed (request %s)",
-                scope.get("method"),
-                scope.get("path"),
-                exchange.request_id,
-            )
-            with contextlib.suppress(Exception):  # the caller may be gone too
-                await exchange.fail()
-
-    return application
 
 
 async def handle(exchange: Exchange) -> None:

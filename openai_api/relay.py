@@ -8,16 +8,14 @@ import asyncio
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ondemand.notice import QueuedNotice
 from ondemand.notice import eligible as notice_eligible
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
-
-if TYPE_CHECKING:
-    from openai_api.gateway import Exchange
 
 SlotFactory = Callable[[Callable[[], Any] | None], AbstractAsyncContextManager[str]]
 

@@ -16,22 +16,20 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
 from openai_api.catalog import Route
 from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange
 from openai_api.forwarder import cancel_on_hangup, sse_start
 from openai_api.responses import store
 from openai_api.responses.handler import conclude, respond
 from openai_api.responses.protocol import ResponsesRequest
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.translator import Event, StreamTranslator, sse
-
-if TYPE_CHECKING:
-    from openai_api.gateway import Exchange
 
 log = logging.getLogger(__name__)
 _runs: dict[str, asyncio.Task[None]] = {}  # this process's live runs, by response id

@@ -12,13 +12,14 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
 from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
+from openai_api.exchange import Exchange
 from openai_api.forwarder import (
     cancel_on_hangup,
     engine_message,
@@ -29,10 +30,6 @@ from openai_api.forwarder import (
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol, store
 from openai_api.responses.translator import Event, StreamTranslator, sse
-
-if TYPE_CHECKING:
-    from openai_api.gateway import Exchange
-
 
 Emit = Callable[[list[Event]], Awaitable[None]]
 
