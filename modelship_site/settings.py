@@ -15,39 +15,13 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from common.env import env_bool, env_float, env_int, env_list, env_path, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    return [item.strip() for item in raw.split(",") if item.strip()]
-
-
 DEBUG = env_bool("MSHIP_DEBUG", False)
-VAR_DIR = Path(env_str("MSHIP_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+VAR_DIR = env_path("MSHIP_VAR_DIR", BASE_DIR / "var").resolve()
 
 _secret = os.environ.get("MSHIP_SECRET_KEY", "")
 if not _secret:
@@ -109,7 +83,7 @@ if MSHIP_HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = int(env_float("MSHIP_HSTS_SECONDS", 31536000))
+    SECURE_HSTS_SECONDS = env_int("MSHIP_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MSHIP_HSTS_INCLUDE_SUBDOMAINS", False)
 SESSION_COOKIE_HTTPONLY = True
 
@@ -150,13 +124,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- redis: django-q broker and channel layer ----------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 
+# Read here once: the cluster's task timeouts follow it.
+MSHIP_START_TIMEOUT_S = env_float("MSHIP_START_TIMEOUT_S", 600)
 Q_CLUSTER: dict[str, Any] = {
     "name": env_str("MSHIP_Q_NAME", "modelship"),
     # One worker is mostly the on-demand reaper's (a pass every 15 s); the others start engines.
-    "workers": int(env_float("MSHIP_Q_WORKERS", 3)),
+    "workers": env_int("MSHIP_Q_WORKERS", 3),
     # A start waits for the engine's health, so a task may run as long as the start timeout.
-    "timeout": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 120,
-    "retry": int(env_float("MSHIP_START_TIMEOUT_S", 600)) + 300,
+    "timeout": int(MSHIP_START_TIMEOUT_S) + 120,
+    "retry": int(MSHIP_START_TIMEOUT_S) + 300,
     "max_attempts": 1,
     "ack_failures": True,
     "catch_up": False,
@@ -236,7 +212,6 @@ MSHIP_DEFAULT_CAPACITY_GIB = 16.0
 # Size of one GPU, for deployments that state num_gpus (a fraction of one GPU).
 MSHIP_GPU_MEMORY_GIB = env_float("MSHIP_GPU_MEMORY_GIB", 0.0) or None
 MSHIP_DEFAULT_RUNTIME = env_str("MSHIP_DEFAULT_RUNTIME", "process")
-MSHIP_START_TIMEOUT_S = env_float("MSHIP_START_TIMEOUT_S", 600)
 MSHIP_STOP_GRACE_S = env_float("MSHIP_STOP_GRACE_S", 10)
 # A blue-green replacement keeps the old engines this long at least, and until they are idle
 # at most the timeout, so requests routed just before the switch finish on them.
@@ -258,40 +233,40 @@ MSHIP_CONTAINER_PYTHON = env_str("MSHIP_CONTAINER_PYTHON", "python3")
 MSHIP_REPLACE_STRATEGY = env_str("MSHIP_REPLACE_STRATEGY", "blue_green")
 # The public /v1 gateway.
 # API keys are required unless MSHIP_AUTH=off, which only a debug site may set.
-MSHIP_AUTH = env_str("MSHIP_AUTH", "on").strip().lower() not in {"off", "0", "false", "no"}
+MSHIP_AUTH = env_bool("MSHIP_AUTH", True)
 if not MSHIP_AUTH and not DEBUG:
     raise ImproperlyConfigured("MSHIP_AUTH=off is for local development: set MSHIP_DEBUG=true")
 # A header a trusted proxy in front sets to name the caller (e.g. x-user-id); else the key.
 MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").strip().lower()
 # The proxies whose identity header is believed (addresses or networks); none by default.
 MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
-MSHIP_MAX_BODY_BYTES = int(env_float("MSHIP_MAX_BODY_BYTES", 16 * 2**20))
+MSHIP_MAX_BODY_BYTES = env_int("MSHIP_MAX_BODY_BYTES", 16 * 2**20)
 # Connections (modelship_site/server.py): headers must arrive within this, a body must not
 # stall longer than this between chunks, an idle keep-alive connection closes after this, and
 # at most this many connections and requests at once.
 MSHIP_HEADER_TIMEOUT_S = env_float("MSHIP_HEADER_TIMEOUT_S", 10)
 MSHIP_BODY_IDLE_TIMEOUT_S = env_float("MSHIP_BODY_IDLE_TIMEOUT_S", 30)
 MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
-MSHIP_MAX_CONNECTIONS = int(env_float("MSHIP_MAX_CONNECTIONS", 4096))
+MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
 # Requests per minute of a key that sets no limit of its own (0: none).
-MSHIP_DEFAULT_RPM = int(env_float("MSHIP_DEFAULT_RPM", 6000))
+MSHIP_DEFAULT_RPM = env_int("MSHIP_DEFAULT_RPM", 6000)
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
 # A route table not refreshed for this long (the database is down) fails requests closed.
 MSHIP_ROUTE_STALE_S = env_float("MSHIP_ROUTE_STALE_S", 30)
 MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
-MSHIP_ONDEMAND_IDLE_TIMEOUT_S = int(env_float("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600))
+MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)
 # A request for a stopped on-demand model waits at most this long (its start included), and
 # at most this many requests wait at once.
 MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
-MSHIP_ONDEMAND_MAX_QUEUED = int(env_float("MSHIP_ONDEMAND_MAX_QUEUED", 1000))
+MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # Per caller (a key, or the trusted identity): stored-response bytes, and background runs at
 # once (0: no limit).
-MSHIP_RESPONSES_QUOTA_BYTES = int(env_float("MSHIP_RESPONSES_QUOTA_BYTES", 2**30))
-MSHIP_MAX_BACKGROUND_RUNS = int(env_float("MSHIP_MAX_BACKGROUND_RUNS", 16))
+MSHIP_RESPONSES_QUOTA_BYTES = env_int("MSHIP_RESPONSES_QUOTA_BYTES", 2**30)
+MSHIP_MAX_BACKGROUND_RUNS = env_int("MSHIP_MAX_BACKGROUND_RUNS", 16)
 # A streamed background run's replay log is kept at most this long; its heartbeat is written
 # this often, and a running response whose last beat is older than the limit is reported
 # failed by the next poll.
@@ -305,19 +280,19 @@ MSHIP_MCP_REQUIRE_HTTPS = env_bool("MSHIP_MCP_REQUIRE_HTTPS", False)
 # A site's LiteLLM proxy, where every deployment is registered (empty: none), its master key
 # (read from a file), and the URL at which LiteLLM reaches Modelship.
 MSHIP_LITELLM_URL = env_str("MSHIP_LITELLM_URL", "")
-MSHIP_LITELLM_MASTER_KEY_FILE = Path(
-    env_str("MSHIP_LITELLM_MASTER_KEY_FILE", str(VAR_DIR / "litellm_master_key"))
+MSHIP_LITELLM_MASTER_KEY_FILE = env_path(
+    "MSHIP_LITELLM_MASTER_KEY_FILE", VAR_DIR / "litellm_master_key"
 )
 MSHIP_INTERNAL_URL = env_str("MSHIP_INTERNAL_URL", "http://127.0.0.1:8000")
 # The on-demand gateway (/ondemand/{id}/v1): its key, read from this file and re-read when
 # it changes, and who may call it: "auto" (the subnets of the Docker networks Modelship's
 # own container is attached to; nobody when it runs outside Docker) or a list of networks.
-MSHIP_ONDEMAND_KEY_FILE = Path(env_str("MSHIP_ONDEMAND_KEY_FILE", str(VAR_DIR / "ondemand_key")))
+MSHIP_ONDEMAND_KEY_FILE = env_path("MSHIP_ONDEMAND_KEY_FILE", str(VAR_DIR / "ondemand_key"))
 MSHIP_ONDEMAND_ALLOWED_CIDRS = env_str("MSHIP_ONDEMAND_ALLOWED_CIDRS", "auto")
 # The Docker network of the system (decision) deployments: never allowed on /ondemand.
 MSHIP_DECIDER_NETWORK = env_str("MSHIP_DECIDER_NETWORK", "")
 # Environment variables passed to engine processes beyond the built-in allow-list.
 MSHIP_ENGINE_ENV_PASSTHROUGH = env_list("MSHIP_ENGINE_ENV_PASSTHROUGH", [])
-MSHIP_ENGINE_LOG_DIR = Path(env_str("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs")))
+MSHIP_ENGINE_LOG_DIR = env_path("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs"))
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
-MSHIP_RUN_DIR = Path(env_str("MSHIP_RUN_DIR", str(VAR_DIR / "run")))
+MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))

@@ -1,0 +1,77 @@
+"""Settings from the environment, parsed strictly: a value that is not what the setting
+takes stops the start with an error naming the variable, instead of quietly becoming a
+default (MSHIP_AUTH=flase must not mean anything at all)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def raw(name: str) -> str | None:
+    """The variable's value, None when it is unset or empty."""
+    value = os.environ.get(name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = raw(name)
+    if value is None:
+        return default
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise ImproperlyConfigured(
+        f"{name} must be true or false (or 1/0, yes/no, on/off), got {value!r}"
+    )
+
+
+def env_float(name: str, default: float) -> float:
+    value = raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def env_int(name: str, default: int) -> int:
+    value = raw(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    # 16e6 or 1.0 read as the whole number they are; 1.5 is refused.
+    number = env_float(name, float(default))
+    if not number.is_integer():
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}")
+    return int(number)
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_path(name: str, default: Path | str) -> Path:
+    value = raw(name)
+    return Path(value if value is not None else default)
