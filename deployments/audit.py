@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from common.redact import redact
+from common.request_id import current_request_id
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
-from modelship_site.request_id import current_request_id
 
 
 def actor_of(user: Any | None, actor: str | None) -> str:

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_q",
     "channels",
+    "modelship_site",  # site-wide commands (serve)
     "deployments",
     "ondemand",
     "openai_api",

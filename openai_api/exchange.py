@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
-from modelship_site.request_id import make_request_id
+from common.request_id import make_request_id
 from openai_api.errors import GatewayError, error_body
 from openai_api.forwarder import send_sse_error
 

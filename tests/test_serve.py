@@ -89,7 +89,7 @@ def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revok
     import io
 
     from deployments.management.commands.ensure_admin import ensure_admin
-    from deployments.management.commands.serve import Command
+    from modelship_site.management.commands.serve import Command
     from openai_api.models import ApiKey
 
     settings.VAR_DIR = tmp_path / "var"
