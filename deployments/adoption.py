@@ -7,7 +7,7 @@ import logging
 
 from django.conf import settings
 
-from deployments import tasks
+from deployments import task_queue
 from deployments.deployer import handles_of, stop, stop_handles
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
@@ -55,7 +55,7 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
         outcome["adopted"].append(deployment.name)
         if deployment.running_fingerprint != deployment_fingerprint(deployment):
             # A replacement the previous run had not finished, or a change made meanwhile.
-            tasks.enqueue("replace", deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")
+            task_queue.enqueue("replace", deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")
             outcome["replaced"].append(deployment.name)
         return
     if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):

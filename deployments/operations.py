@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import audit, tasks
+from deployments import audit, task_queue
 from deployments.deployer import CannotSleep
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit
@@ -34,7 +34,7 @@ def request_start(deployment: Deployment, user: Any) -> str:
     check_fit(deployment)
     with transaction.atomic():
         audit.record("start", deployment, user=user)
-        tasks.enqueue("start", deployment.pk, audit.actor_of(user, None))
+        task_queue.enqueue("start", deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
@@ -44,7 +44,7 @@ def request_stop(deployment: Deployment, user: Any) -> str:
     actor = audit.actor_of(user, None)
     with transaction.atomic():
         audit.record("stop", deployment, user=user)
-        tasks.enqueue("stop", deployment.pk, actor, f"stopped by {actor}")
+        task_queue.enqueue("stop", deployment.pk, actor, f"stopped by {actor}")
     return QUEUED
 
 
@@ -55,7 +55,7 @@ def request_sleep(deployment: Deployment, user: Any) -> str:
         raise InvalidState(f"{deployment.name} is {deployment.state}; only a ready one can sleep")
     with transaction.atomic():
         audit.record("sleep", deployment, user=user)
-        tasks.enqueue("sleep", deployment.pk, audit.actor_of(user, None))
+        task_queue.enqueue("sleep", deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
@@ -65,7 +65,7 @@ def request_wake(deployment: Deployment, user: Any) -> str:
     check_fit(deployment)
     with transaction.atomic():
         audit.record("wake", deployment, user=user)
-        tasks.enqueue("wake", deployment.pk, audit.actor_of(user, None))
+        task_queue.enqueue("wake", deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
@@ -106,7 +106,7 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
         request_litellm_sync()  # the mode changes where LiteLLM sends the name
         if needs_start:
             task = "wake" if deployment.state == State.ASLEEP else "start"
-            tasks.enqueue(task, deployment.pk, audit.actor_of(user, None))
+            task_queue.enqueue(task, deployment.pk, audit.actor_of(user, None))
     return deployment
 
 
@@ -127,5 +127,5 @@ def request_remove(deployment: Deployment, user: Any) -> str:
             audit.record("delete", deployment, user=user, before=deployment.snapshot())
             deployment.delete()
             return "deleted"
-        tasks.enqueue("remove", deployment.pk, actor)
+        task_queue.enqueue("remove", deployment.pk, actor)
     return QUEUED

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
-
 from deployments import audit, deployer
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable
+from deployments.watchdog import check_once
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +61,4 @@ def remove(deployment_id: int, actor: str = "system") -> bool:
 
 
 def watchdog() -> list[str]:
-    from deployments.watchdog import check_once
-
     return check_once()
-
-
-def enqueue(task: str, *args: object) -> None:
-    """Queue a task once the current transaction commits (a rollback queues nothing)."""
-    from django_q.tasks import async_task
-
-    def send() -> None:
-        async_task(f"deployments.tasks.{task}", *args, group=f"deployment-{args[0]}")
-
-    transaction.on_commit(send)

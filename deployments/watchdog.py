@@ -12,7 +12,7 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import tasks
+from deployments import task_queue
 from deployments.audit import event
 from deployments.deployer import failure_reason, handles_of, stop_handles
 from deployments.models import Deployment, Mode, State
@@ -56,7 +56,7 @@ def check_once() -> list[str]:
         if deployment.effective_mode == Mode.ALWAYS_ON:
             if uptime >= settings.MSHIP_CRASH_RESTART_MIN_UPTIME_S:
                 event(deployment, "restart_after_crash", why, actor="watchdog")
-                tasks.enqueue("start", deployment.pk, "watchdog")
+                task_queue.enqueue("start", deployment.pk, "watchdog")
             else:
                 event(
                     deployment,

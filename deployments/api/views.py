@@ -20,7 +20,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from deployments import audit, operations, tasks
+from deployments import audit, operations, task_queue
 from deployments.api.errors import Conflict, insufficient_memory
 from deployments.api.schema import ConflictAnswer, HostAnswer, LogsAnswer, OperationAnswer
 from deployments.api.serializers import (
@@ -113,7 +113,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
             operations.forgive_start_failures(deployment.pk)
             running = deployment.running_fingerprint
             if running and running != deployment_fingerprint(deployment):
-                tasks.enqueue(
+                task_queue.enqueue(
                     "replace", deployment.pk, "blue_green", audit.actor_of(self.request.user, None)
                 )
 

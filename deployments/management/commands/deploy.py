@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import host_access, tasks
+from deployments import host_access, task_queue, tasks
 from deployments.apply import Job, apply, clashes_with_others
 from deployments.models import Deployment, State
 from deployments.models_yaml import ModelsFileError, load
@@ -68,7 +68,7 @@ class Command(BaseCommand):
         else:
             for job in outcome.jobs:
                 args = (strategy,) if job.action == "replace" else ()
-                tasks.enqueue(job.action, job.deployment_id, *args, ACTOR)
+                task_queue.enqueue(job.action, job.deployment_id, *args, ACTOR)
 
     @staticmethod
     def user(name: str | None) -> Any:

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import tasks
+from deployments import task_queue
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
@@ -129,7 +129,7 @@ class Command(BaseCommand):
         stopped = Deployment.objects.filter(state=State.STOPPED, state_reason=SHUTDOWN_REASON)
         for deployment in stopped:
             if deployment.effective_mode == Mode.ALWAYS_ON:
-                tasks.enqueue("start", deployment.pk, "system")
+                task_queue.enqueue("start", deployment.pk, "system")
 
     def shutdown(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         self.stdout.write("stopping the server and the cluster…")
