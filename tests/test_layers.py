@@ -38,7 +38,6 @@ KNOWN: set[tuple[str, str]] = {
 }
 KNOWN_CYCLES = [
     {"deployments.deployer", "deployments.transitions", "ondemand.reaper", "ondemand.tasks"},
-    {"openai_api.mcp.loop", "openai_api.responses.background", "openai_api.responses.handler"},
 ]
 KNOWN_LONG = {"deployments.engines.simulated", "ondemand.controller"}  # over 500 lines
 

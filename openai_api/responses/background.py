@@ -26,9 +26,10 @@ from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange
 from openai_api.forwarder import cancel_on_hangup, sse_start
 from openai_api.responses import store
-from openai_api.responses.handler import conclude, respond
+from openai_api.responses.engine_turn import conclude
 from openai_api.responses.protocol import ResponsesRequest
 from openai_api.responses.replay import ReplayLog, replay_log, tail
+from openai_api.responses.respond import respond
 from openai_api.responses.translator import Event, StreamTranslator, sse
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
-
-import aiohttp
 
 from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
@@ -22,16 +19,13 @@ from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange
 from openai_api.forwarder import (
     cancel_on_hangup,
-    engine_message,
-    forwarder,
     sse_start,
-    unreachable,
 )
 from openai_api.mcp import loop as mcp_loop
-from openai_api.responses import protocol, store
+from openai_api.responses import background, protocol, store
+from openai_api.responses.engine_turn import conclude
+from openai_api.responses.respond import respond
 from openai_api.responses.translator import Event, StreamTranslator, sse
-
-Emit = Callable[[list[Event]], Awaitable[None]]
 
 
 async def create(exchange: Exchange, route: Route, identity: str, data: dict[str, Any]) -> None:
@@ -51,8 +45,6 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     translator = StreamTranslator(response)
     conversation = [*history, *request.input_items]
     if request.background:
-        from openai_api.responses import background
-
         return await background.start(
             exchange, route, identity, request, translator, history, conversation
         )
@@ -75,54 +67,6 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
             with contextlib.suppress(GatewayError):
                 await save(translator.response)
         await out.end()
-
-
-async def respond(
-    route: Route,
-    request: protocol.ResponsesRequest,
-    history: list[dict[str, Any]],
-    translator: StreamTranslator,
-    emit: Emit,
-    request_id: str,
-) -> bool:
-    """The response's output: one engine turn, or the MCP loop's many."""
-    if request.uses_mcp:
-        return await mcp_loop.run(route, request, history, translator, emit, request_id)
-    body = protocol.chat_request(request, history)
-    return await generate(route, body, translator, emit, request_id)
-
-
-async def generate(
-    route: Route, body: dict[str, Any], translator: StreamTranslator, emit: Emit, request_id: str
-) -> bool:
-    """One engine turn through the translator, in a slot; False when the engine failed
-    mid-answer (its failure already emitted). Before its answer began, an engine error is
-    raised as the request's error."""
-    async with dispatcher.slot(route) as base_url:
-        try:
-            await call_engine(base_url, body, translator, emit, request_id, route.name)
-        except EngineFailed:
-            return False
-    return True
-
-
-async def conclude(
-    translator: StreamTranslator,
-    emit: Emit,
-    save: Callable[[dict[str, Any]], Awaitable[None]] | None,
-) -> None:
-    """Close the items, store the response, then send its terminal event; a failed write
-    turns that event into `response.failed` (the id would not be continuable)."""
-    closing = translator.finish()
-    terminal = closing.pop()
-    await emit(closing)
-    if save is not None:
-        try:
-            await save(translator.response)
-        except GatewayError as exc:
-            await emit(translator.fail("store_unavailable", exc.message))
-            return
-    await emit([terminal])
 
 
 class HttpOut:
@@ -160,66 +104,8 @@ class HttpOut:
             await self.exchange.json(200, json.dumps(self.translator.response).encode())
 
 
-async def call_engine(
-    base_url: str,
-    body: dict[str, Any],
-    translator: StreamTranslator,
-    emit: Emit,
-    request_id: str,
-    name: str,
-) -> None:
-    """Stream the engine's chat completion through the translator."""
-    url = base_url + "/v1/chat/completions"
-    headers = {"content-type": "application/json", "x-request-id": request_id}
-    async with forwarder.using(base_url) as session:
-        try:
-            answer = await session.post(url, json=body, headers=headers)
-        except aiohttp.ClientError as exc:
-            raise GatewayError(502, unreachable(exc, name), "upstream_error") from exc
-        async with answer:
-            if answer.status != 200:
-                raise await engine_error(answer)
-            try:
-                async for chunk in chat_chunks(answer):
-                    if "error" in chunk:
-                        error = chunk["error"] or {}
-                        code = str(error.get("code") or "engine_error")
-                        message = str(error.get("message") or "the engine failed")
-                        await emit(translator.fail(code, message))
-                        raise EngineFailed
-                    await emit(translator.feed(chunk))
-            except aiohttp.ClientError as exc:
-                await emit(translator.fail("upstream_error", unreachable(exc, name)))
-                raise EngineFailed from exc
-
-
-class EngineFailed(Exception):
-    """The engine failed mid-answer; the failure already went out as events."""
-
-
-async def chat_chunks(answer: aiohttp.ClientResponse) -> Any:
-    """The JSON objects of an SSE chat completion stream, to its [DONE]."""
-    async for raw in answer.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        try:
-            yield json.loads(payload)
-        except ValueError:
-            continue
-
-
-async def engine_error(answer: aiohttp.ClientResponse) -> GatewayError:
-    return GatewayError(answer.status, await engine_message(answer), "upstream_error")
-
-
 async def retrieve(exchange: Exchange, identity: str, response_id: str) -> None:
-    from openai_api.responses.background import poll
-
-    response = await store.run(poll, identity, response_id)
+    response = await store.run(background.poll, identity, response_id)
     await exchange.json(200, json.dumps(response).encode())
 
 
