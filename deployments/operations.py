@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import audit, task_queue
+from deployments import audit, hooks, task_queue
 from deployments.deployer import CannotSleep
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit
@@ -101,9 +101,7 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
             before={"mode": old},
             after={"mode": mode, "pending_mode": deployment.pending_mode},
         )
-        from ondemand.tasks import request_litellm_sync
-
-        request_litellm_sync()  # the mode changes where LiteLLM sends the name
+        hooks.listing_has_changed()  # the mode changes where LiteLLM sends the name
         if needs_start:
             task = "wake" if deployment.state == State.ASLEEP else "start"
             task_queue.enqueue(task, deployment.pk, audit.actor_of(user, None))
@@ -113,10 +111,7 @@ def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
 def forgive_start_failures(deployment_id: int) -> None:
     """A mode switch or a changed configuration resets the on-demand start backoff of the
     controller in this process (the gateway's, when Modelship runs as one server)."""
-    from ondemand.runtime import _controllers
-
-    for controller in list(_controllers.values()):
-        controller.reset_backoff(deployment_id)
+    hooks.forgive_start_failures(deployment_id)
 
 
 def request_remove(deployment: Deployment, user: Any) -> str:
@@ -126,6 +121,7 @@ def request_remove(deployment: Deployment, user: Any) -> str:
         if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):
             audit.record("delete", deployment, user=user, before=deployment.snapshot())
             deployment.delete()
+            hooks.listing_has_changed()  # its entries leave LiteLLM
             return "deleted"
         task_queue.enqueue("remove", deployment.pk, actor)
     return QUEUED

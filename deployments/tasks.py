@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from deployments import audit, deployer
+from deployments import audit, deployer, hooks
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable
@@ -57,6 +57,7 @@ def remove(deployment_id: int, actor: str = "system") -> bool:
         return False
     audit.record("delete", deployment, actor=actor, before=deployment.snapshot())
     deployment.delete()
+    hooks.listing_has_changed()  # its entries leave LiteLLM
     return True
 
 

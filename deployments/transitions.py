@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from deployments import hooks
 from deployments.audit import event
 from deployments.models import Deployment, Mode, State
 
@@ -63,9 +64,7 @@ def transition(
             deployment.refresh_from_db()
             event(deployment, to, reason, actor=actor)
             if {to, *expected} & LITELLM_STATES:
-                from ondemand.tasks import request_litellm_sync
-
-                request_litellm_sync()
+                hooks.listing_has_changed()
     if not changed:
         with contextlib.suppress(Deployment.DoesNotExist):
             deployment.refresh_from_db()

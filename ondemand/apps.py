@@ -6,13 +6,10 @@ class OndemandConfig(AppConfig):
     name = "ondemand"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete
+        # The control plane calls these hooks; it imports nothing of this app. Imported here,
+        # once the apps are loaded (these modules use the models).
+        from deployments import hooks
+        from ondemand import runtime, tasks
 
-        from deployments.models import Deployment
-
-        def removed(**_: object) -> None:
-            from ondemand.tasks import request_litellm_sync
-
-            request_litellm_sync()  # its entries leave LiteLLM
-
-        post_delete.connect(removed, sender=Deployment, dispatch_uid="ondemand-litellm-removed")
+        hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
+        hooks.register(hooks.start_failures_forgiven, runtime.forgive_start_failures)

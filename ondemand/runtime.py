@@ -45,6 +45,16 @@ def controller() -> Controller:
     return _controllers[loop]
 
 
+def controllers() -> list[Controller]:
+    """The controllers of this process (one per event loop that served on-demand traffic)."""
+    return list(_controllers.values())
+
+
+def forgive_start_failures(deployment_id: int) -> None:
+    for ctl in controllers():
+        ctl.reset_backoff(deployment_id)
+
+
 def view_of_route(route: Route) -> View:
     """The controller's view of a deployment, from the gateway's route table (no query)."""
     return View(

@@ -12,14 +12,10 @@ from ondemand.controller import Entry, describe
 def status_of(deployment: Deployment) -> dict[str, Any] | None:
     if not deployment.is_on_demand:
         return None
-    from ondemand.runtime import _controllers
+    from ondemand.runtime import controllers
 
     entry = next(
-        (
-            c.entries[deployment.pk]
-            for c in list(_controllers.values())
-            if deployment.pk in c.entries
-        ),
+        (c.entries[deployment.pk] for c in controllers() if deployment.pk in c.entries),
         Entry(),
     )
     return describe(entry, deployment.state)

@@ -291,10 +291,10 @@ def fuzz_site(
 
 def assert_nothing_in_flight() -> None:
     """The gateway's counters are back at zero: no slot, stream or waiter was leaked."""
-    from ondemand.runtime import _controllers
+    from ondemand.runtime import controllers
 
     def settled() -> bool:
-        entries = [e for c in _controllers.values() for e in c.entries.values()]
+        entries = [e for c in controllers() for e in c.entries.values()]
         return (
             not any(dispatcher.outstanding.values())
             and not forwarder.active

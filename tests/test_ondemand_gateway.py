@@ -399,7 +399,7 @@ def test_it_answers_health_probes_without_the_engine(
 def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
-    from ondemand.runtime import _controllers
+    from ondemand.runtime import controllers
 
     started(deploy(make_deployment, "od-busy", memory_gib=6))  # idle for less than its timeout
     waiting = deploy(make_deployment, "od-waiting", memory_gib=4)
@@ -419,7 +419,7 @@ def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     assert queued.wait(30)
     thread.join(10)
     # The gateway's controller: the one that saw this deployment's request.
-    ctl = next(c for c in _controllers.values() if waiting.pk in c.entries)
+    ctl = next(c for c in controllers() if waiting.pk in c.entries)
     wait_until(lambda: ctl.entry(waiting.pk).waiting == 0 and not ctl.queue, 10)
     waiting.refresh_from_db()
     assert waiting.state == State.PLANNED

@@ -78,9 +78,9 @@ def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> thre
 
 
 def queued_count() -> int:
-    from ondemand.runtime import _controllers
+    from ondemand.runtime import controllers
 
-    return sum(e.queued for c in _controllers.values() for e in c.entries.values())
+    return sum(e.queued for c in controllers() for e in c.entries.values())
 
 
 def test_it_streams_the_notice_first_then_the_engines_answer(

@@ -105,11 +105,11 @@ def test_it_makes_room_by_putting_an_idle_model_to_sleep(
     client = sdk(gateway_url, api_key())
     assert ask(client, "first")
     # Long idle: in the controller's memory and on the row's lease.
-    from ondemand.runtime import _controllers
+    from ondemand.runtime import controllers
 
     # The slot is released after the last byte, which the client may read first.
-    wait_until(lambda: all(c.entry(first.pk).inflight == 0 for c in _controllers.values()))
-    for ctl in _controllers.values():
+    wait_until(lambda: all(c.entry(first.pk).inflight == 0 for c in controllers()))
+    for ctl in controllers():
         ctl.entry(first.pk).idle_since -= 3600
     Deployment.objects.filter(pk=first.pk).update(lease_until=timezone.now())
     assert ask(client, "second")

@@ -1,0 +1,34 @@
+"""What the layers above the control plane do when it changes something.
+
+deployments imports no upper layer (DESIGN.md, "Architecture rules"): where a change here
+must cause something there (LiteLLM's list, the on-demand controller's backoff), this module
+calls the functions the upper layer registered at start-up. Plain lists of functions, called
+in order; no Django signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# What LiteLLM should list may have changed: a state entered or left, a mode switched, a
+# deployment removed. The on-demand app registers its LiteLLM sync request.
+listing_changed: list[Callable[[], None]] = []
+# A mode switch or a new configuration: the on-demand start backoff of a deployment is
+# forgiven (its id is passed).
+start_failures_forgiven: list[Callable[[int], None]] = []
+
+
+def listing_has_changed() -> None:
+    for hook in list(listing_changed):
+        hook()
+
+
+def forgive_start_failures(deployment_id: int) -> None:
+    for hook in list(start_failures_forgiven):
+        hook(deployment_id)
+
+
+def register(hooks: list[Callable[..., None]], hook: Callable[..., None]) -> None:
+    """Add a hook once, however often the registering code runs."""
+    if hook not in hooks:
+        hooks.append(hook)
