@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from deployments import audit, host_access, operations
+from deployments import audit, hooks, host_access, operations
 from deployments.deployer import CannotSleep
 from deployments.engine_logs import tails
 from deployments.memory import InsufficientMemory, host_summary, need_gib
@@ -98,9 +98,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="on demand")
     def phase(self, obj: Deployment) -> str:
-        from ondemand.status import status_of
-
-        status = status_of(obj)
+        status = hooks.reports.ondemand_status(obj)
         if status is None:
             return "—"
         return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"

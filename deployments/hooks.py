@@ -9,6 +9,8 @@ in order; no Django signals.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 # What LiteLLM should list may have changed: a state entered or left, a mode switched, a
 # deployment removed. The on-demand app registers its LiteLLM sync request.
@@ -16,6 +18,28 @@ listing_changed: list[Callable[[], None]] = []
 # A mode switch or a new configuration: the on-demand start backoff of a deployment is
 # forgiven (its id is passed).
 start_failures_forgiven: list[Callable[[int], None]] = []
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+@dataclass
+class Reports:
+    """What the upper layers tell about deployments, shown by the admin and /api: each
+    reads None until the on-demand app registers its reader."""
+
+    # A deployment's on-demand counts and phase (None for an always-on one).
+    ondemand_status: Callable[[Any], dict[str, Any] | None] = _nothing
+    # Every deployment's LiteLLM registration word by id, read once for a list.
+    litellm_statuses: Callable[[], dict[str, str] | None] = _nothing
+    # One deployment's word out of those.
+    litellm_status: Callable[[int, dict[str, str] | None], str | None] = _nothing
+    # The site's LiteLLM sync status, for /api/host.
+    litellm_site_status: Callable[[], dict[str, Any] | None] = _nothing
+
+
+reports = Reports()
 
 
 def listing_has_changed() -> None:

@@ -20,10 +20,6 @@ MAX_LINES = 500
 
 # (importing module, imported module) pairs still running up the layers.
 KNOWN: set[tuple[str, str]] = {
-    ("deployments.admin", "ondemand.status"),
-    ("deployments.api.serializers", "ondemand.litellm"),
-    ("deployments.api.serializers", "ondemand.status"),
-    ("deployments.api.views", "ondemand.litellm"),
     ("openai_api.dispatch", "ondemand.runtime"),
     ("openai_api.relay", "ondemand.notice"),
     # The simulated engine borrows the gateway's Responses translator (it should write its

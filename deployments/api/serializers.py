@@ -5,7 +5,7 @@ from typing import Any, cast
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
-from deployments import host_access
+from deployments import hooks, host_access
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.memory import need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
@@ -58,19 +58,15 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return round(need_gib(obj), 3)
 
     def get_ondemand(self, obj: Deployment) -> dict[str, Any] | None:
-        from ondemand.status import status_of
-
-        return status_of(obj)
+        return hooks.reports.ondemand_status(obj)
 
     def get_litellm(self, obj: Deployment) -> str | None:
-        from ondemand.litellm import deployment_status, deployment_statuses
-
         # Read once per request: a list shares its context dict with each row's serializer.
         context = cast(dict[str, Any], self.context)
         if "litellm_statuses" not in context:
-            context["litellm_statuses"] = deployment_statuses()
+            context["litellm_statuses"] = hooks.reports.litellm_statuses()
         statuses = context["litellm_statuses"]
-        return None if statuses is None else deployment_status(obj.pk, statuses)
+        return None if statuses is None else hooks.reports.litellm_status(obj.pk, statuses)
 
     def get_config_current(self, obj: Deployment) -> bool:
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)

@@ -20,7 +20,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from deployments import audit, operations, task_queue
+from deployments import audit, hooks, operations, task_queue
 from deployments.api.errors import Conflict, insufficient_memory
 from deployments.api.schema import ConflictAnswer, HostAnswer, LogsAnswer, OperationAnswer
 from deployments.api.serializers import (
@@ -237,6 +237,4 @@ class DeploymentEventViewSet(viewsets.ReadOnlyModelViewSet):
 @extend_schema(responses={200: HostAnswer})
 @api_view(["GET"])
 def host(request: Request) -> Response:
-    from ondemand.litellm import status_now
-
-    return Response({**host_summary(), "ondemand": status_now()})
+    return Response({**host_summary(), "ondemand": hooks.reports.litellm_site_status()})
