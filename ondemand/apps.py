@@ -10,6 +10,7 @@ class OndemandConfig(AppConfig):
         # once the apps are loaded (these modules use the models).
         from deployments import hooks
         from ondemand import litellm, runtime, status, tasks
+        from openai_api.dispatch import dispatcher
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
         hooks.register(hooks.start_failures_forgiven, runtime.forgive_start_failures)
@@ -17,3 +18,4 @@ class OndemandConfig(AppConfig):
         hooks.reports.litellm_statuses = litellm.deployment_statuses
         hooks.reports.litellm_status = litellm.deployment_status
         hooks.reports.litellm_site_status = litellm.status_now
+        dispatcher.on_demand = runtime.ControllerSlots()

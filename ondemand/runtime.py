@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 
 from ondemand.adapter import DjangoDeployer
-from ondemand.controller import LEASE_RENEW_S, Controller, View
+from ondemand.controller import LEASE_RENEW_S, Controller, Slot, View
 from ondemand.counters import CounterPublisher, channel_publisher
 from openai_api.catalog import Route, catalog
 
@@ -53,6 +54,19 @@ def controllers() -> list[Controller]:
 def forgive_start_failures(deployment_id: int) -> None:
     for ctl in controllers():
         ctl.reset_backoff(deployment_id)
+
+
+class ControllerSlots:
+    """On-demand slots for the /v1 dispatcher, from this event loop's controller."""
+
+    async def acquire(self, route: Route, on_queued: Callable[[], Any] | None) -> Slot:
+        ctl = controller()
+        return await ctl.acquire(
+            route.deployment_id, on_queued=on_queued, hint=view_of_route(route)
+        )
+
+    def release(self, slot: Slot) -> None:
+        controller().release(slot)
 
 
 def view_of_route(route: Route) -> View:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError
 from redis.exceptions import RedisError
@@ -21,9 +21,25 @@ from openai_api.errors import GatewayError
 log = logging.getLogger(__name__)
 
 
+class Slot(Protocol):
+    urls: tuple[str, ...]
+
+
+class OnDemandSlots(Protocol):
+    """Where on-demand slots come from: the on-demand app's controller, which it registers
+    here at start-up (this package imports nothing of it)."""
+
+    async def acquire(self, route: Route, on_queued: Callable[[], Any] | None) -> Slot: ...
+
+    def release(self, slot: Any) -> None:
+        """Give back a slot this source's acquire returned."""
+        ...
+
+
 class Dispatcher:
     def __init__(self) -> None:
         self.outstanding: dict[str, int] = {}
+        self.on_demand: OnDemandSlots | None = None
 
     @asynccontextmanager
     async def slot(
@@ -67,12 +83,13 @@ class Dispatcher:
     ) -> AsyncIterator[str]:
         """A slot from the on-demand controller: it may start the model, make room for it
         or queue; the slot is released after the last byte, on every path."""
-        from ondemand.runtime import controller, view_of_route
-
-        hint = view_of_route(route)
-        ctl = controller()
+        slots = self.on_demand
+        if slots is None:
+            raise GatewayError(
+                503, f"{route.name} is on demand, and no controller runs here.", "not_on_demand"
+            )
         try:
-            slot = await ctl.acquire(route.deployment_id, on_queued=on_queued, hint=hint)
+            slot = await slots.acquire(route, on_queued)
         except (DatabaseError, RedisError, OSError) as exc:
             # The controller's database (or broker) is down: say so now rather than hang.
             log.warning("on-demand acquire for %s failed: %r", route.name, exc)
@@ -92,7 +109,7 @@ class Dispatcher:
             async with self.replica(urls) as url:
                 yield url
         finally:
-            ctl.release(slot)
+            slots.release(slot)
 
 
 dispatcher = Dispatcher()

@@ -10,12 +10,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ondemand.notice import QueuedNotice
-from ondemand.notice import eligible as notice_eligible
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
+from openai_api.queued_notice import QueuedNotice
+from openai_api.queued_notice import eligible as notice_eligible
 
 SlotFactory = Callable[[Callable[[], Any] | None], AbstractAsyncContextManager[str]]
 

@@ -20,8 +20,6 @@ MAX_LINES = 500
 
 # (importing module, imported module) pairs still running up the layers.
 KNOWN: set[tuple[str, str]] = {
-    ("openai_api.dispatch", "ondemand.runtime"),
-    ("openai_api.relay", "ondemand.notice"),
     # The simulated engine borrows the gateway's Responses translator (it should write its
     # own answer, as vLLM does).
     ("deployments.engines.simulated", "openai_api.errors"),
