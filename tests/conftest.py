@@ -18,6 +18,8 @@ from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 
 REPO = Path(__file__).resolve().parent.parent
+# Fixtures every test file may use: the in-process gateway and a key, the Docker Engine.
+pytest_plugins = ["tests.gateway_support", "tests.docker_support"]
 
 
 @pytest.fixture(scope="session")

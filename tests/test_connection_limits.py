@@ -19,9 +19,6 @@ import pytest
 
 from deployments.runtimes.process import free_port
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
-from tests.gateway_support import api_key, gateway_url
-
-__all__ = ["api_key", "gateway_url"]  # fixtures
 
 
 def connect(url: str) -> socket.socket:

@@ -20,10 +20,9 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from deployments.runtimes import EngineUnreachable
 from deployments.watchdog import check_once
 from tests.conftest import reply_of, wait_until
-from tests.docker_support import docker_block, docker_client, docker_site, engine_image
+from tests.docker_support import docker_block
 
 pytestmark = pytest.mark.usefixtures("engines", "docker_site")
-__all__ = ["docker_client", "docker_site", "engine_image"]
 
 
 BRIDGE = "msd-br0"

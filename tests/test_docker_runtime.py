@@ -17,10 +17,9 @@ from deployments import deployer
 from deployments.adoption import adopt_all
 from deployments.models import Deployment, State
 from tests.conftest import REPO, env_for_subprocess, reply_of
-from tests.docker_support import docker_block, docker_client, docker_site, engine_image
+from tests.docker_support import docker_block
 
 pytestmark = pytest.mark.usefixtures("engines", "docker_site")
-__all__ = ["docker_client", "docker_site", "engine_image"]  # fixtures used by this module
 
 
 def container(make_deployment: Any, name: str = "box", **fields: Any) -> Deployment:

@@ -13,10 +13,9 @@ from rest_framework.test import APIClient
 from deployments import deployer
 from deployments.models import Deployment
 from tests.conftest import chat
-from tests.docker_support import docker_block, docker_client, docker_site, engine_image
+from tests.docker_support import docker_block
 
 pytestmark = pytest.mark.usefixtures("engines")
-__all__ = ["docker_client", "docker_site", "engine_image"]
 
 
 def close_connection() -> None:

@@ -29,9 +29,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.forwarder import forwarder
 from openai_api.gateway import TRAFFIC
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, reread_guard, seen_by_gateway
-
-__all__ = ["api_key", "gateway_url"]  # fixtures
+from tests.gateway_support import reread_guard, seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

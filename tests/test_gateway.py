@@ -16,9 +16,7 @@ from deployments.models import Deployment
 from openai_api.catalog import catalog
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
+from tests.gateway_support import seen_by_gateway
 
 Serving = Callable[..., Deployment]
 

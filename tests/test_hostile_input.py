@@ -13,9 +13,7 @@ import pytest
 
 from deployments.models import Deployment
 from deployments.runtimes.process import free_port
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
+from tests.gateway_support import seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

@@ -10,10 +10,6 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway_support import api_key, gateway_url, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
-
 pytestmark = pytest.mark.usefixtures("engines")
 
 

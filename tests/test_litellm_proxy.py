@@ -24,9 +24,7 @@ from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from tests.conftest import answers, wait_until
-from tests.gateway_support import api_key, gateway_url, reread_guard, seen_by_gateway
-
-__all__ = ["api_key", "gateway_url"]  # fixtures
+from tests.gateway_support import reread_guard, seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 MASTER = "sk-master-" + secrets.token_hex(4)

@@ -18,11 +18,9 @@ from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from tests.conftest import wait_until
-from tests.docker_support import docker_client, docker_site, engine_image
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway, serving
+from tests.gateway_support import seen_by_gateway
 
 # fixtures
-__all__ = ["api_key", "docker_client", "docker_site", "engine_image", "gateway_url", "serving"]
 
 pytestmark = pytest.mark.usefixtures("engines")
 

@@ -18,9 +18,6 @@ from deployments.models import Deployment
 from deployments.runtimes.process import free_port
 from openai_api.models import StoredResponse
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
 
 pytestmark = pytest.mark.usefixtures("engines")
 

@@ -23,9 +23,7 @@ import pytest
 from deployments import deployer
 from deployments.models import Deployment, State
 from tests.conftest import in_thread, wait_until
-from tests.gateway_support import gateway_url, reread_guard, seen_by_gateway
-
-__all__ = ["gateway_url"]  # fixtures
+from tests.gateway_support import reread_guard, seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

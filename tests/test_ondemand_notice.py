@@ -14,9 +14,7 @@ import pytest
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway
-
-__all__ = ["api_key", "gateway_url"]  # fixtures
+from tests.gateway_support import seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

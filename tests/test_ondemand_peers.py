@@ -16,9 +16,7 @@ import pytest
 from deployments.runtimes.docker_network import AttachedNetwork
 from ondemand.peers import build_policy
 from tests.conftest import REPO, wait_until
-from tests.docker_support import docker_client, docker_site, engine_image, engine_volumes
-
-__all__ = ["docker_client", "docker_site", "engine_image"]  # fixtures
+from tests.docker_support import engine_volumes
 
 ENGINES = AttachedNetwork("modelship", ("172.30.0.0/16",), ("172.30.0.1",), ("172.30.0.1",))
 EXTRA = AttachedNetwork("lan-side", ("10.9.0.0/24",), ("10.9.0.254",), ("10.9.0.1",))

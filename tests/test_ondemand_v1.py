@@ -12,9 +12,7 @@ import pytest
 
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from tests.conftest import wait_until
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway
-
-__all__ = ["api_key", "gateway_url"]  # fixtures
+from tests.gateway_support import seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

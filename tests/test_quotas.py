@@ -11,9 +11,7 @@ import openai
 import pytest
 
 from openai_api.models import StoredResponse
-from tests.gateway_support import api_key, gateway_url, seen_by_gateway, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
+from tests.gateway_support import seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 

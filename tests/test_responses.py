@@ -20,9 +20,6 @@ import pytest
 from deployments.models import Deployment
 from deployments.runtimes.process import free_port
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
-from tests.gateway_support import api_key, gateway_url, serving
-
-__all__ = ["api_key", "gateway_url", "serving"]  # fixtures
 
 pytestmark = pytest.mark.usefixtures("engines")
 
