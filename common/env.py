@@ -4,6 +4,7 @@ default (MSHIP_AUTH=flase must not mean anything at all)."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from pathlib import Path
@@ -70,6 +71,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """A list of addresses or networks (10.0.0.0/8, ::1), each checked now: a typo must stop
+    the start, not make every request that reads the list fail."""
+    values = env_list(name, default)
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"{name} must list addresses or networks, got {value!r}"
+            ) from exc
+    return values
 
 
 def env_path(name: str, default: Path | str) -> Path:

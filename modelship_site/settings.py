@@ -15,7 +15,15 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from common.env import env_bool, env_float, env_int, env_list, env_path, env_str
+from common.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_path,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -240,7 +248,7 @@ if not MSHIP_AUTH and not DEBUG:
 # A header a trusted proxy in front sets to name the caller (e.g. x-user-id); else the key.
 MSHIP_TRUSTED_IDENTITY_HEADER = env_str("MSHIP_TRUSTED_IDENTITY_HEADER", "").strip().lower()
 # The proxies whose identity header is believed (addresses or networks); none by default.
-MSHIP_TRUSTED_PROXY_CIDRS = env_list("MSHIP_TRUSTED_PROXY_CIDRS", [])
+MSHIP_TRUSTED_PROXY_CIDRS = env_networks("MSHIP_TRUSTED_PROXY_CIDRS", [])
 MSHIP_MAX_BODY_BYTES = env_int("MSHIP_MAX_BODY_BYTES", 16 * 2**20)
 # Connections (modelship_site/server.py): headers must arrive within this, a body must not
 # stall longer than this between chunks, an idle keep-alive connection closes after this, and

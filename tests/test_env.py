@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from common.env import env_bool, env_float, env_int, env_list, env_path, env_str
+from common.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_path,
+    env_str,
+)
 from tests.conftest import REPO
 
 
@@ -75,6 +83,14 @@ def test_it_refuses_a_number_that_is_not_one(
     monkeypatch.setenv("MSHIP_N", value)
     with pytest.raises(ImproperlyConfigured, match=f"MSHIP_N {message}"):
         reader("MSHIP_N", 1)  # type: ignore[operator]
+
+
+def test_it_checks_a_list_of_networks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSHIP_NETS", "10.0.0.0/8, 127.0.0.1,::1")
+    assert env_networks("MSHIP_NETS", []) == ["10.0.0.0/8", "127.0.0.1", "::1"]
+    monkeypatch.setenv("MSHIP_NETS", "10.0.0.0/8,proxy.local")
+    with pytest.raises(ImproperlyConfigured, match="MSHIP_NETS must list addresses"):
+        env_networks("MSHIP_NETS", [])
 
 
 def test_it_stops_the_site_on_a_bad_setting_with_the_variables_name() -> None:
