@@ -20,7 +20,7 @@ from django.conf import settings
 from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
-from openai_api.bodies import INLINE_PARSE_BYTES, json_value
+from openai_api.bodies import json_value, parsed
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
@@ -107,11 +107,7 @@ async def handle(exchange: Exchange) -> None:
         return await models(exchange, route)
     if kind == "model":
         return await model(exchange, route, method, upstream_path)
-    content_type = exchange.headers.get("content-type", "")
-    if len(body) > INLINE_PARSE_BYTES:  # parsed in a thread: other streams keep flowing
-        streaming, data = await asyncio.to_thread(_peek, body, content_type)
-    else:
-        streaming, data = _peek(body, content_type)
+    streaming, data = await parsed(_peek, exchange.headers.get("content-type", ""), body)
     if exchange.headers.get(health_probe.HEADER, "").strip() == "1":
         return await probe(exchange, route, endpoint, streaming)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
@@ -127,7 +123,7 @@ async def handle(exchange: Exchange) -> None:
 application = PeerGuard(asgi(handle))
 
 
-def _peek(body: bytes, content_type: str) -> tuple[bool, dict[str, Any] | None]:
+def _peek(content_type: str, body: bytes) -> tuple[bool, dict[str, Any] | None]:
     """Whether a JSON body asks for a stream, and the body; the engine judges the rest."""
     if not content_type.startswith("application/json") and not body.startswith(b"{"):
         return False, None

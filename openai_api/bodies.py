@@ -8,17 +8,30 @@ OpenAI itself caps those at 10 levels).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Callable
 from email.message import Message
-from typing import Any
+from typing import Any, TypeVar
 
 from openai_api.errors import GatewayError
 
+T = TypeVar("T")
 MAX_DEPTH = 64
 INLINE_PARSE_BYTES = 256 * 1024  # parsed on the event loop up to this size, else in a thread
 # A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+async def parsed(
+    parse: Callable[[str, bytes], T], content_type: str, body: bytes, *, heavy: bool = False
+) -> T:
+    """`parse(content_type, body)`: on the event loop for a small body, in a thread for a
+    big one or one the caller knows is costly (`heavy`), so other streams keep flowing."""
+    if heavy or len(body) > INLINE_PARSE_BYTES:
+        return await asyncio.to_thread(parse, content_type, body)
+    return parse(content_type, body)
 
 
 def too_deep(body: bytes, limit: int = MAX_DEPTH) -> bool:

@@ -7,15 +7,13 @@ the dispatcher for an engine and to the forwarder for the bytes.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import re
 from typing import Any
 from urllib.parse import parse_qsl
 
 from openai_api.auth import Caller, authenticate, last_used, rate_limiter
-from openai_api.bodies import INLINE_PARSE_BYTES, form_field, json_value
+from openai_api.bodies import form_field, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
@@ -23,8 +21,6 @@ from openai_api.exchange import Exchange, asgi
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, store
 from openai_api.responses import handler as responses
-
-log = logging.getLogger(__name__)
 
 # The inference endpoints, as paths under /v1.
 TRAFFIC = frozenset(
@@ -75,11 +71,9 @@ async def handle(exchange: Exchange) -> None:
         last_used.touch(caller.key)
     body = await exchange.read_body()
     content_type = exchange.headers.get("content-type", "")
-    if len(body) > INLINE_PARSE_BYTES or content_type.startswith("multipart/"):
-        # A big or multipart body is parsed in a thread: other streams keep flowing.
-        name, streaming, data = await asyncio.to_thread(requested_model, content_type, body)
-    else:
-        name, streaming, data = requested_model(content_type, body)
+    name, streaming, data = await parsed(
+        requested_model, content_type, body, heavy=content_type.startswith("multipart/")
+    )
     route = snapshot.routes.get(name)
     if route is None or (caller.key is not None and not caller.key.may_use(route)):
         # As if it did not exist: a restricted key learns nothing of other models.

@@ -98,9 +98,8 @@ class Connection:
     (initialize, then the request) inside one coroutine, so the SDK's task groups are
     entered and left in the same task whatever fails."""
 
-    def __init__(self, server: McpServer, policy: egress.Policy | None = None) -> None:
+    def __init__(self, server: McpServer) -> None:
         self.server = server
-        self.policy = policy
 
     @contextlib.asynccontextmanager
     async def _session(self) -> Any:
@@ -108,7 +107,7 @@ class Connection:
         from mcp.client.streamable_http import streamable_http_client
 
         async with (
-            egress.http_client(self.server.headers, self.policy) as http,
+            egress.http_client(self.server.headers) as http,
             streamable_http_client(
                 self.server.url, http_client=http, max_sse_event_size=MAX_EVENT_BYTES
             ) as (read, write),
