@@ -7,11 +7,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from deployments import audit, hooks, host_access, operations
-from deployments.deployer import CannotSleep
+from deployments import hooks, host_access, operations
 from deployments.engine_logs import tails
-from deployments.memory import InsufficientMemory, host_summary, need_gib
+from deployments.memory import host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+from deployments.refusals import OperationRefused
 
 ADMIN_LOG_LINES = 50
 BADGE_COLOURS = {
@@ -35,7 +35,7 @@ def run_operation(
     for deployment in queryset:
         try:
             outcome = operation(deployment, request.user)
-        except (InsufficientMemory, CannotSleep, operations.InvalidState) as exc:
+        except OperationRefused as exc:
             modeladmin.message_user(request, f"{deployment.name}: {exc}", messages.ERROR)
             continue
         modeladmin.message_user(request, f"{deployment.name}: {verb} {outcome}")
@@ -122,18 +122,24 @@ class DeploymentAdmin(admin.ModelAdmin):
     ) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
         user = request.user
-        before = obj.snapshot() if obj is not None and obj.pk else None
+        current = Deployment.objects.get(pk=obj.pk) if obj is not None and obj.pk else None
 
         class CheckedForm(form):  # type: ignore[misc, valid-type]
             def clean(self) -> dict[str, Any]:
+                # The refusals /api answers with, as this form's errors (operations.check).
                 data: dict[str, Any] = super().clean()
-                after = {**(before or {}), **data}
+                if self.errors:
+                    return data
+                changes = {f: v for f, v in data.items() if f in operations.SETTABLE_FIELDS}
                 try:
-                    host_access.check(user, before, after)
-                except host_access.HostAccessDenied as exc:
-                    for field in exc.fields:
+                    operations.check(current, changes, user)
+                except OperationRefused as exc:
+                    if not exc.fields:
+                        self.add_error(None, str(exc))
+                    for field, problems in exc.fields.items():
                         name = field.split(".")[0]
-                        self.add_error(name if name in self.fields else None, str(exc))
+                        for problem in problems:
+                            self.add_error(name if name in self.fields else None, problem)
                 return data
 
         return CheckedForm
@@ -154,38 +160,34 @@ class DeploymentAdmin(admin.ModelAdmin):
         return format_html("<pre style='white-space:pre-wrap'>{}</pre>", obj.state_reason)
 
     def save_model(self, request: HttpRequest, obj: Deployment, form: Any, change: bool) -> None:
-        before = Deployment.objects.get(pk=obj.pk).snapshot() if change else None
-        super().save_model(request, obj, form, change)
-        audit.record(
-            "update" if change else "create",
-            obj,
-            user=request.user,
-            before=before,
-            after=obj.snapshot(),
-        )
+        if change:
+            saved = operations.update(obj, request.user)
+            obj.mode, obj.pending_mode = saved.mode, saved.pending_mode
+        else:
+            operations.create(obj, request.user)
 
     def delete_model(self, request: HttpRequest, obj: Deployment) -> None:
-        operations.request_remove(obj, request.user)
+        operations.remove(obj, request.user)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         for obj in queryset:
-            operations.request_remove(obj, request.user)
+            operations.remove(obj, request.user)
 
     @admin.action(description="Start", permissions=["change"])
     def start(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.request_start, "start")
+        run_operation(self, request, queryset, operations.start, "start")
 
     @admin.action(description="Stop", permissions=["change"])
     def stop(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.request_stop, "stop")
+        run_operation(self, request, queryset, operations.stop, "stop")
 
     @admin.action(description="Sleep", permissions=["change"])
     def sleep(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.request_sleep, "sleep")
+        run_operation(self, request, queryset, operations.sleep, "sleep")
 
     @admin.action(description="Wake", permissions=["change"])
     def wake(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.request_wake, "wake")
+        run_operation(self, request, queryset, operations.wake, "wake")
 
     @admin.action(description="Switch to on demand", permissions=["change"])
     def switch_on_demand(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:

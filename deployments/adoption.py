@@ -7,13 +7,14 @@ import logging
 
 from django.conf import settings
 
-from deployments import task_queue
+from deployments import tasks
 from deployments.deployer import handles_of, stop, stop_handles
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.models import Deployment, State
 from deployments.runtimes import EngineUnreachable, get_runtime
 from deployments.runtimes.base import Handle
+from deployments.task_queue import enqueue
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
         outcome["adopted"].append(deployment.name)
         if deployment.running_fingerprint != deployment_fingerprint(deployment):
             # A replacement the previous run had not finished, or a change made meanwhile.
-            task_queue.enqueue("replace", deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")
+            enqueue(tasks.replace, deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")
             outcome["replaced"].append(deployment.name)
         return
     if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):

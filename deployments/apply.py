@@ -1,30 +1,43 @@
 """Applying a models.yaml: add and update, or reconcile to match it exactly.
 
-The database changes happen in one transaction, each audited; the engine work they call for
-(start, replace, remove) is returned as jobs for the caller to run or enqueue.
+The database changes go through deployments/operations.py in one transaction, each audited;
+the engine work they call for (start, replace, remove) is collected as jobs for the caller
+to run in place or enqueue.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
-from deployments import audit, host_access
-from deployments.fingerprint import CONFIG_FIELDS
-from deployments.models import STARTABLE_STATES, Deployment
+from deployments import operations, tasks
+from deployments.models import STARTABLE_STATES, Deployment, Mode
 from deployments.validation import name_clashes
 
 # Model fields a models.yaml sets; a field the file leaves out goes back to its default.
-FILE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
+FILE_FIELDS = operations.SETTABLE_FIELDS
 
 
 @dataclass
 class Job:
-    action: str  # start | replace | remove
+    task: Callable[..., object]  # a function of deployments/tasks.py
     deployment_id: int
-    name: str
+    args: tuple[object, ...] = ()
+
+    def run(self) -> object:
+        return self.task(self.deployment_id, *self.args)
+
+
+class Jobs(list[Job]):
+    """The engine work of one file: an operation's `work`, each task once per deployment."""
+
+    def __call__(self, task: Callable[..., object], deployment_id: int, *args: object) -> None:
+        if not any(j.task is task and j.deployment_id == deployment_id for j in self):
+            self.append(Job(task, deployment_id, args))
 
 
 @dataclass
@@ -33,7 +46,7 @@ class Outcome:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    jobs: list[Job] = field(default_factory=list)
+    jobs: Jobs = field(default_factory=Jobs)
 
 
 def defaults() -> dict[str, Any]:
@@ -57,53 +70,46 @@ def clashes_with_others(entries: list[dict[str, Any]], *, reconcile: bool) -> li
 
 
 def apply(
-    entries: list[dict[str, Any]], *, reconcile: bool, actor: str, user: Any = None
+    entries: list[dict[str, Any]],
+    *,
+    reconcile: bool,
+    actor: str,
+    user: Any = None,
+    strategy: str | None = None,
 ) -> Outcome:
     """Apply the file in one transaction. With a `user`, only what that user may change:
-    one entry that sets what runs on the host without the permission undoes it all
-    (HostAccessDenied)."""
+    one entry that the operations refuse (OperationRefused: a host setting without the
+    permission, a start that cannot fit) undoes it all."""
     outcome = Outcome()
+    jobs = outcome.jobs
     base = defaults()
     with transaction.atomic():
         existing = {d.name: d for d in Deployment.objects.select_for_update()}
         for values in entries:
             wanted = {**base, **values}
             current = existing.get(wanted["name"])
-            host_access.check(user, current.snapshot() if current else None, wanted)
             if current is None:
-                deployment = Deployment.objects.create(**wanted)
-                audit.record(
-                    "create", deployment, user=user, actor=actor, after=deployment.snapshot()
-                )
-                outcome.created.append(deployment.name)
-                if deployment.effective_mode == "always_on":
-                    outcome.jobs.append(Job("start", deployment.pk, deployment.name))
-                continue
-            changed = {k: v for k, v in wanted.items() if getattr(current, k) != v}
-            if changed:
-                before = current.snapshot()
-                for key, value in changed.items():
+                current = Deployment(**wanted)
+                operations.create(current, user, actor=actor, check_names=False)
+                outcome.created.append(current.name)
+            elif any(getattr(current, k) != v for k, v in wanted.items()):
+                for key, value in wanted.items():
                     setattr(current, key, value)
-                current.save()
-                audit.record(
-                    "update",
-                    current,
-                    user=user,
-                    actor=actor,
-                    before=before,
-                    after=current.snapshot(),
+                current = operations.update(
+                    current, user, actor=actor, work=jobs, strategy=strategy, check_names=False
                 )
                 outcome.updated.append(current.name)
             else:
                 outcome.unchanged.append(current.name)
             if current.state not in STARTABLE_STATES:
-                outcome.jobs.append(Job("replace", current.pk, current.name))
-            elif current.effective_mode == "always_on":
-                outcome.jobs.append(Job("start", current.pk, current.name))
+                # Nothing happens when the engine already runs this configuration.
+                jobs(tasks.replace, current.pk, strategy or settings.MSHIP_REPLACE_STRATEGY, actor)
+            elif current.effective_mode == Mode.ALWAYS_ON:
+                jobs(tasks.start, current.pk, actor)
         if reconcile:
             named = {values["name"] for values in entries}
             for name, deployment in existing.items():
                 if name not in named:
                     outcome.removed.append(name)
-                    outcome.jobs.append(Job("remove", deployment.pk, name))
+                    jobs(tasks.remove, deployment.pk, actor)
     return outcome

@@ -25,6 +25,7 @@ from deployments.gate import start_gate
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import InsufficientMemory, check_fit
 from deployments.models import STARTABLE_STATES, Deployment, State
+from deployments.refusals import CannotSleep
 from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
 from deployments.transitions import transition
 
@@ -277,10 +278,6 @@ def _post_each(deployment: Deployment, path: str) -> None:
         for url in deployment.engine_urls:
             answer = client.post(url + path)
             answer.raise_for_status()
-
-
-class CannotSleep(Exception):
-    pass
 
 
 def sleep(deployment_id: int, *, actor: str = "system", reason: str = "") -> bool:

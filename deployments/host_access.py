@@ -12,19 +12,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from deployments.refusals import OperationRefused
+
 RUN_ARBITRARY_ENGINE = "deployments.run_arbitrary_engine"
 # The model fields that choose what runs; a loader's `binary` option counts too.
 HOST_FIELDS = ("command", "image", "docker_options")
 HOST_CONFIG_KEYS = ("binary",)
 
 
-class HostAccessDenied(Exception):
+class HostAccessDenied(OperationRefused):
+    status = 403
+    code = "permission_denied"
+
     def __init__(self, fields: list[str]) -> None:
-        self.fields = fields
-        super().__init__(
+        message = (
             f"Setting {', '.join(fields)} decides what runs on the host: it needs the"
             f" {RUN_ARBITRARY_ENGINE} permission."
         )
+        super().__init__(message, {field: [message] for field in fields})
 
 
 def host_settings(values: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,11 +10,14 @@ from django.conf import settings
 from deployments import nvml
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import HOLDING_STATES, Deployment, Mode
+from deployments.refusals import OperationRefused
 
 log = logging.getLogger(__name__)
 
 
-class InsufficientMemory(Exception):
+class InsufficientMemory(OperationRefused):
+    code = "insufficient_memory"
+
     def __init__(self, name: str, need_gib: float, free_gib: float, capacity_gib: float) -> None:
         self.name = name
         self.need_gib = round(need_gib, 3)
@@ -25,6 +28,14 @@ class InsufficientMemory(Exception):
             f"{name} needs {self.need_gib} GiB but {self.free_gib} GiB of "
             f"{self.capacity_gib} GiB is free (short by {self.shortfall_gib} GiB)"
         )
+
+    def extra(self) -> dict[str, Any]:
+        return {
+            "shortfall_gib": self.shortfall_gib,
+            "need_gib": self.need_gib,
+            "free_gib": self.free_gib,
+            "capacity_gib": self.capacity_gib,
+        }
 
 
 def capacity_gib() -> float:

@@ -1,11 +1,16 @@
-"""What an operator asks of a deployment, from the admin or the API.
+"""Every change an operator makes to a deployment, whichever door it comes through.
 
-Each request is checked and audited here, at once, then the engine work is queued for the
-django-q cluster after the transaction commits; the caller answers without waiting for it.
+The admin, /api and `manage.py deploy` (models.yaml) change deployments only here: create,
+update, remove, start, stop, sleep, wake and set_mode. Each one refuses first, with an
+`OperationRefused` and nothing changed; writes and audits in one transaction; and hands the
+engine work it calls for to `work`: the django-q queue by default (after the commit), or a
+collector that runs it in place (`manage.py deploy --wait`). The caller answers without
+waiting for the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -13,115 +18,231 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from deployments import audit, hooks, task_queue
-from deployments.deployer import CannotSleep
+from deployments import audit, hooks, host_access, tasks
+from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit
 from deployments.models import STARTABLE_STATES, Deployment, Mode, State
+from deployments.refusals import CannotSleep, InvalidConfiguration, InvalidState
+from deployments.task_queue import Work, enqueue
+from deployments.validation import cross_field_problems, name_clashes
 
-
-class InvalidState(Exception):
-    pass
-
+# What an operator sets on a deployment (the rest is its state).
+SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
 
 QUEUED = "queued"
+DELETED = "deleted"
 
 
-def request_start(deployment: Deployment, user: Any) -> str:
+def settable(deployment: Deployment) -> dict[str, Any]:
+    return {field: getattr(deployment, field) for field in SETTABLE_FIELDS}
+
+
+def check(
+    deployment: Deployment | None,
+    changes: Mapping[str, Any],
+    user: Any,
+    *,
+    check_names: bool = True,
+) -> None:
+    """Refuse what create (no deployment) or update would refuse, changing nothing: the
+    admin's form asks this before it saves, so it shows what /api answers. A models.yaml
+    has its served names checked as a whole before (`check_names=False`)."""
+    merged = {**(settable(deployment) if deployment else {}), **changes}
+    # Whether the user may set it comes before whether it is right.
+    host_access.check(user, deployment.snapshot() if deployment else None, merged)
+    problems = cross_field_problems(merged)
+    if check_names:
+        others = Deployment.objects.only("name", "aliases")
+        if deployment is not None:
+            others = others.exclude(pk=deployment.pk)
+        clashes = name_clashes(
+            [(merged.get("name", ""), list(merged.get("aliases") or []))],
+            [(d.name, list(d.aliases or [])) for d in others],
+        )
+        if clashes:
+            problems.setdefault("aliases", []).extend(clashes)
+    if problems:
+        raise InvalidConfiguration(problems)
+    if deployment is not None:
+        switch = mode_switch(deployment, merged)
+        if switch is not None:
+            check_mode(deployment, switch)
+
+
+def create(
+    deployment: Deployment, user: Any, *, actor: str | None = None, check_names: bool = True
+) -> Deployment:
+    """Save a new deployment (built but unsaved by the caller's form or file)."""
+    check(None, settable(deployment), user, check_names=check_names)
+    with transaction.atomic():
+        deployment.save()
+        audit.record("create", deployment, user=user, actor=actor, after=deployment.snapshot())
+    return deployment
+
+
+def update(
+    deployment: Deployment,
+    user: Any,
+    *,
+    actor: str | None = None,
+    work: Work = enqueue,
+    strategy: str | None = None,
+    check_names: bool = True,
+) -> Deployment:
+    """Save what the caller changed on `deployment` (in memory, unsaved).
+
+    A running engine whose configuration changed is replaced with `strategy` (the site's
+    MSHIP_REPLACE_STRATEGY by default); a change of the effective mode goes through
+    set_mode, audited as ondemand_mode; a new configuration forgives past start failures.
+    """
+    with transaction.atomic():
+        current = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        wanted, had = settable(deployment), settable(current)
+        changes = {field: value for field, value in wanted.items() if value != had[field]}
+        check(current, changes, user, check_names=check_names)
+        switch = mode_switch(current, {**settable(current), **changes})
+        if switch is not None:
+            changes.pop("mode", None)  # set_mode writes it, with its pending start
+        if changes:
+            before = current.snapshot()
+            for field, value in changes.items():
+                setattr(current, field, value)
+            current.save()
+            audit.record(
+                "update", current, user=user, actor=actor, before=before, after=current.snapshot()
+            )
+            hooks.forgive_start_failures(current.pk)
+            running = current.running_fingerprint
+            if running and running != deployment_fingerprint(current):
+                chosen = strategy or settings.MSHIP_REPLACE_STRATEGY
+                work(tasks.replace, current.pk, chosen, audit.actor_of(user, actor))
+        if switch is not None:
+            current = set_mode(current, switch, user, actor=actor, work=work)
+    return current
+
+
+def mode_switch(deployment: Deployment, values: Mapping[str, Any]) -> str | None:
+    """The effective mode `values` switch the deployment to, or None when they keep it."""
+    wanted = values.get("mode") or Mode.ALWAYS_ON
+    if values.get("system"):
+        wanted = Mode.ALWAYS_ON
+    changed = wanted != deployment.effective_mode
+    return wanted if changed or deployment.pending_mode not in (None, wanted) else None
+
+
+def check_mode(deployment: Deployment, mode: str) -> None:
+    if deployment.system and mode == Mode.ON_DEMAND:
+        raise InvalidState(f"{deployment.name} is a system deployment and is always on")
+    if needs_start(deployment, mode):
+        check_fit(deployment)
+
+
+def needs_start(deployment: Deployment, mode: str) -> bool:
+    return mode == Mode.ALWAYS_ON and deployment.state in (*STARTABLE_STATES, State.ASLEEP)
+
+
+def set_mode(
+    deployment: Deployment,
+    mode: str,
+    user: Any,
+    *,
+    actor: str | None = None,
+    work: Work = enqueue,
+) -> Deployment:
+    """Switch between on demand and always on, audited as ondemand_mode.
+
+    A switch to always on of a deployment that does not run starts it first and keeps it
+    on demand with pending_mode set until the start ends, so its name never stops being
+    served; a start that cannot fit is refused and changes nothing. Every switch forgives
+    past start failures and tells LiteLLM; one to on demand restarts the idle timer.
+    """
+    check_mode(deployment, mode)
+    old = deployment.effective_mode
+    start = needs_start(deployment, mode)
+    with transaction.atomic():
+        if start and old == Mode.ON_DEMAND:
+            Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
+        else:
+            changes: dict[str, Any] = {"mode": mode, "pending_mode": None}
+            if mode == Mode.ON_DEMAND:
+                idle = deployment.effective_idle_timeout_s
+                changes["lease_until"] = timezone.now() + timedelta(seconds=idle)
+            Deployment.objects.filter(pk=deployment.pk).update(**changes)
+        deployment.refresh_from_db()
+        hooks.forgive_start_failures(deployment.pk)
+        audit.record(
+            "ondemand_mode",
+            deployment,
+            user=user,
+            actor=actor,
+            before={"mode": old},
+            after={"mode": mode, "pending_mode": deployment.pending_mode},
+        )
+        hooks.listing_has_changed()  # the mode changes where LiteLLM sends the name
+        if start:
+            task = tasks.wake if deployment.state == State.ASLEEP else tasks.start
+            work(task, deployment.pk, audit.actor_of(user, actor))
+    return deployment
+
+
+def start(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     """Queue a start; raises InsufficientMemory when it cannot fit now."""
     if deployment.state not in STARTABLE_STATES:
         return deployment.state
     check_fit(deployment)
     with transaction.atomic():
         audit.record("start", deployment, user=user)
-        task_queue.enqueue("start", deployment.pk, audit.actor_of(user, None))
+        work(tasks.start, deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
-def request_stop(deployment: Deployment, user: Any) -> str:
+def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     if deployment.state in (State.PLANNED, State.STOPPED, State.STOPPING):
         return deployment.state
     actor = audit.actor_of(user, None)
     with transaction.atomic():
         audit.record("stop", deployment, user=user)
-        task_queue.enqueue("stop", deployment.pk, actor, f"stopped by {actor}")
+        work(tasks.stop, deployment.pk, actor, f"stopped by {actor}")
     return QUEUED
 
 
-def request_sleep(deployment: Deployment, user: Any) -> str:
+def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
         raise CannotSleep(f"the {deployment.loader} engine of {deployment.name} cannot sleep")
     if deployment.state != State.READY:
-        raise InvalidState(f"{deployment.name} is {deployment.state}; only a ready one can sleep")
+        raise InvalidState(
+            f"{deployment.name} is {deployment.state}; only a ready one can sleep",
+            deployment.state,
+        )
     with transaction.atomic():
         audit.record("sleep", deployment, user=user)
-        task_queue.enqueue("sleep", deployment.pk, audit.actor_of(user, None))
+        work(tasks.sleep, deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
-def request_wake(deployment: Deployment, user: Any) -> str:
+def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     if deployment.state != State.ASLEEP:
-        raise InvalidState(f"{deployment.name} is {deployment.state}; only an asleep one wakes")
+        raise InvalidState(
+            f"{deployment.name} is {deployment.state}; only an asleep one wakes", deployment.state
+        )
     check_fit(deployment)
     with transaction.atomic():
         audit.record("wake", deployment, user=user)
-        task_queue.enqueue("wake", deployment.pk, audit.actor_of(user, None))
+        work(tasks.wake, deployment.pk, audit.actor_of(user, None))
     return QUEUED
 
 
-def set_mode(deployment: Deployment, mode: str, user: Any) -> Deployment:
-    """Switch between on demand and always on, audited as ondemand_mode.
-
-    A switch to always on of a deployment that does not run starts it first and keeps it
-    on demand with pending_mode set until the start ends, so its name never stops being
-    served; a start that cannot fit is refused and changes nothing.
-    """
-    if deployment.system and mode == Mode.ON_DEMAND:
-        raise InvalidState(f"{deployment.name} is a system deployment and is always on")
-    old = deployment.effective_mode
-    needs_start = mode == Mode.ALWAYS_ON and deployment.state in (*STARTABLE_STATES, State.ASLEEP)
-    if needs_start:
-        check_fit(deployment)
-    with transaction.atomic():
-        if needs_start and old == Mode.ON_DEMAND:
-            Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
-        else:
-            changes: dict[str, Any] = {"mode": mode, "pending_mode": None}
-            if mode == Mode.ON_DEMAND:
-                # The idle timer restarts when a deployment is switched to on demand.
-                idle = deployment.idle_timeout_s or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
-                changes["lease_until"] = timezone.now() + timedelta(seconds=idle)
-            Deployment.objects.filter(pk=deployment.pk).update(**changes)
-        deployment.refresh_from_db()
-        forgive_start_failures(deployment.pk)
-        audit.record(
-            "ondemand_mode",
-            deployment,
-            user=user,
-            before={"mode": old},
-            after={"mode": mode, "pending_mode": deployment.pending_mode},
-        )
-        hooks.listing_has_changed()  # the mode changes where LiteLLM sends the name
-        if needs_start:
-            task = "wake" if deployment.state == State.ASLEEP else "start"
-            task_queue.enqueue(task, deployment.pk, audit.actor_of(user, None))
-    return deployment
-
-
-def forgive_start_failures(deployment_id: int) -> None:
-    """A mode switch or a changed configuration resets the on-demand start backoff of the
-    controller in this process (the gateway's, when Modelship runs as one server)."""
-    hooks.forgive_start_failures(deployment_id)
-
-
-def request_remove(deployment: Deployment, user: Any) -> str:
+def remove(
+    deployment: Deployment, user: Any, *, actor: str | None = None, work: Work = enqueue
+) -> str:
     """Delete at once when nothing runs; else stop the engine first (queued)."""
-    actor = audit.actor_of(user, None)
+    actor = audit.actor_of(user, actor)
     with transaction.atomic():
         if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):
             audit.record("delete", deployment, user=user, before=deployment.snapshot())
             deployment.delete()
             hooks.listing_has_changed()  # its entries leave LiteLLM
-            return "deleted"
-        task_queue.enqueue("remove", deployment.pk, actor)
+            return DELETED
+        work(tasks.remove, deployment.pk, actor)
     return QUEUED

@@ -8,7 +8,6 @@ from deployments import audit, deployer, hooks
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable
-from deployments.watchdog import check_once
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,3 @@ def remove(deployment_id: int, actor: str = "system") -> bool:
     deployment.delete()
     hooks.listing_has_changed()  # its entries leave LiteLLM
     return True
-
-
-def watchdog() -> list[str]:
-    return check_once()

@@ -12,18 +12,20 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import task_queue
+from deployments import tasks
 from deployments.audit import event
 from deployments.deployer import failure_reason, handles_of, stop_handles
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable, get_runtime
+from deployments.task_queue import enqueue
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
 
 
 def check_once() -> list[str]:
-    """Mark every ready or asleep deployment with a dead engine failed; returns their names."""
+    """The watchdog's scheduled task (setup_schedules), every minute: mark every ready or
+    asleep deployment with a dead engine failed; returns their names."""
     failed = []
     for deployment in Deployment.objects.filter(state__in=(State.READY, State.ASLEEP)):
         handles = handles_of(deployment)
@@ -56,7 +58,7 @@ def check_once() -> list[str]:
         if deployment.effective_mode == Mode.ALWAYS_ON:
             if uptime >= settings.MSHIP_CRASH_RESTART_MIN_UPTIME_S:
                 event(deployment, "restart_after_crash", why, actor="watchdog")
-                task_queue.enqueue("start", deployment.pk, "watchdog")
+                enqueue(tasks.start, deployment.pk, "watchdog")
             else:
                 event(
                     deployment,

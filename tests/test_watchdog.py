@@ -67,7 +67,7 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
     call_command("setup_schedules")
     schedule = Schedule.objects.get(name="modelship-watchdog")
     assert (schedule.func, schedule.schedule_type, schedule.minutes) == (
-        "deployments.tasks.watchdog",
+        "deployments.watchdog.check_once",
         Schedule.MINUTES,
         1,
     )

@@ -1,41 +1,38 @@
-"""API errors: DRF's field errors for bad input, a code and detail for conflicts."""
+"""API errors: DRF's field errors for bad input; a refused operation as its status, detail
+and code (with its figures: the shortfall of a memory refusal, the state of a wrong one)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import status
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from deployments.memory import InsufficientMemory
+from deployments.refusals import OperationRefused
 
 
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-    def __init__(self, detail: str, code: str, **extra: Any) -> None:
-        super().__init__(detail, code)
-        self.extra = {"code": code, **extra}
+class Refused(APIException):
+    def __init__(self, exc: OperationRefused) -> None:
+        super().__init__(str(exc), exc.code)
+        self.status_code = exc.status
+        self.extra = {"code": exc.code, **exc.extra()}
 
 
-def insufficient_memory(exc: InsufficientMemory) -> Conflict:
-    return Conflict(
-        str(exc),
-        "insufficient_memory",
-        shortfall_gib=exc.shortfall_gib,
-        need_gib=exc.need_gib,
-        free_gib=exc.free_gib,
-        capacity_gib=exc.capacity_gib,
-    )
+def as_api_exception(exc: OperationRefused) -> APIException:
+    """Field refusals keep DRF's shape ({field: [message]}): 400 for bad values, 403 for
+    fields the user may not set; the others answer {detail, code, ...}."""
+    if exc.fields and exc.status == 400:
+        return ValidationError(exc.fields, exc.code)
+    if exc.fields and exc.status == 403:
+        return PermissionDenied(exc.fields, exc.code)
+    return Refused(exc)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, InsufficientMemory):
-        exc = insufficient_memory(exc)
+    if isinstance(exc, OperationRefused):
+        exc = as_api_exception(exc)
     response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(exc, Conflict):
+    if response is not None and isinstance(exc, Refused):
         response.data = {"detail": str(exc.detail), **exc.extra}
     return response

@@ -3,16 +3,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
 
-from deployments import hooks, host_access
+from deployments import hooks
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.memory import need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
-from deployments.validation import cross_field_problems, name_clashes
 
-# Everything the cross-field checks read, for a partial update that names only some of it.
-CHECKED_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
 STATE_FIELDS = (
     "state",
     "state_reason",
@@ -25,6 +21,9 @@ STATE_FIELDS = (
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
+    """Single-field checks only: those that span fields, clashing names and host access
+    are the operations' own (deployments/operations.py), so the admin refuses the same."""
+
     effective_mode = serializers.CharField(read_only=True)
     need_gib = serializers.SerializerMethodField()
     config_current = serializers.SerializerMethodField(
@@ -70,31 +69,6 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_config_current(self, obj: Deployment) -> bool:
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
-        if self.instance is not None:
-            merged = {f: getattr(self.instance, f) for f in CHECKED_FIELDS}
-        merged.update(attrs)
-        problems = cross_field_problems(merged)
-        others = Deployment.objects.all()
-        if self.instance is not None:
-            others = others.exclude(pk=self.instance.pk)
-        clashes = name_clashes(
-            [(merged["name"], list(merged.get("aliases") or []))],
-            [(d.name, list(d.aliases or [])) for d in others.only("name", "aliases")],
-        )
-        if clashes:
-            problems.setdefault("aliases", []).extend(clashes)
-        if problems:
-            raise serializers.ValidationError(problems)
-        request = self.context.get("request")
-        before = self.instance.snapshot() if self.instance is not None else None
-        try:
-            host_access.check(getattr(request, "user", None), before, merged)
-        except host_access.HostAccessDenied as exc:
-            raise PermissionDenied({field: [str(exc)] for field in exc.fields}) from exc
-        return attrs
 
 
 class LogParams(serializers.Serializer):

@@ -5,7 +5,6 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db import transaction
 from django.http import StreamingHttpResponse
 from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
@@ -20,8 +19,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from deployments import audit, hooks, operations, task_queue
-from deployments.api.errors import Conflict, insufficient_memory
+from deployments import hooks, operations
 from deployments.api.schema import ConflictAnswer, HostAnswer, LogsAnswer, OperationAnswer
 from deployments.api.serializers import (
     AuditEntrySerializer,
@@ -30,10 +28,8 @@ from deployments.api.serializers import (
     LogParams,
     ModeSerializer,
 )
-from deployments.deployer import CannotSleep
 from deployments.engine_logs import MAX_TAIL, follow, tails
-from deployments.fingerprint import deployment_fingerprint
-from deployments.memory import InsufficientMemory, host_summary
+from deployments.memory import host_summary
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
 
 
@@ -95,65 +91,46 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     filterset_class = DeploymentFilter
 
     def perform_create(self, serializer: Any) -> None:
-        with transaction.atomic():
-            deployment = serializer.save()
-            audit.record("create", deployment, user=self.request.user, after=deployment.snapshot())
+        deployment = Deployment(**serializer.validated_data)
+        serializer.instance = operations.create(deployment, self.request.user)
 
     def perform_update(self, serializer: Any) -> None:
-        before = serializer.instance.snapshot()
-        with transaction.atomic():
-            deployment = serializer.save()
-            audit.record(
-                "update",
-                deployment,
-                user=self.request.user,
-                before=before,
-                after=deployment.snapshot(),
-            )
-            operations.forgive_start_failures(deployment.pk)
-            running = deployment.running_fingerprint
-            if running and running != deployment_fingerprint(deployment):
-                task_queue.enqueue(
-                    "replace", deployment.pk, "blue_green", audit.actor_of(self.request.user, None)
-                )
+        deployment = serializer.instance
+        for field, value in serializer.validated_data.items():
+            setattr(deployment, field, value)
+        serializer.instance = operations.update(deployment, self.request.user)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         deployment = self.get_object()
-        outcome = operations.request_remove(deployment, request.user)
-        if outcome == "deleted":
+        outcome = operations.remove(deployment, request.user)
+        if outcome == operations.DELETED:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return accepted(deployment, outcome)
 
     def _operate(self, operation: Any) -> Response:
+        # A refusal is answered by the API's exception handler (deployments/api/errors.py).
         deployment = self.get_object()
-        try:
-            return accepted(deployment, operation(deployment, self.request.user))
-        except InsufficientMemory as exc:
-            raise insufficient_memory(exc) from exc
-        except CannotSleep as exc:
-            raise Conflict(str(exc), "cannot_sleep") from exc
-        except operations.InvalidState as exc:
-            raise Conflict(str(exc), "invalid_state", state=deployment.state) from exc
+        return accepted(deployment, operation(deployment, self.request.user))
 
     @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
-        return self._operate(operations.request_start)
+        return self._operate(operations.start)
 
     @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
-        return self._operate(operations.request_stop)
+        return self._operate(operations.stop)
 
     @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def sleep(self, request: Request, pk: str | None = None) -> Response:
-        return self._operate(operations.request_sleep)
+        return self._operate(operations.sleep)
 
     @extend_schema(request=None, responses=OPERATION_RESPONSES)
     @action(detail=True, methods=["post"])
     def wake(self, request: Request, pk: str | None = None) -> Response:
-        return self._operate(operations.request_wake)
+        return self._operate(operations.wake)
 
     @extend_schema(
         parameters=[
@@ -191,13 +168,8 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     def mode(self, request: Request, pk: str | None = None) -> Response:
         body = ModeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        deployment = self.get_object()
-        try:
-            deployment = operations.set_mode(deployment, body.validated_data["mode"], request.user)
-        except InsufficientMemory as exc:
-            raise insufficient_memory(exc) from exc
-        except operations.InvalidState as exc:
-            raise Conflict(str(exc), "invalid_state") from exc
+        mode = body.validated_data["mode"]
+        deployment = operations.set_mode(self.get_object(), mode, request.user)
         return Response(DeploymentSerializer(deployment).data)
 
 

@@ -8,10 +8,12 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import host_access, task_queue, tasks
+from deployments import tasks
 from deployments.apply import Job, apply, clashes_with_others
 from deployments.models import Deployment, State
 from deployments.models_yaml import ModelsFileError, load
+from deployments.refusals import OperationRefused
+from deployments.task_queue import enqueue
 
 ACTOR = "cli:deploy"
 
@@ -25,7 +27,10 @@ class Command(BaseCommand):
             "--reconcile", action="store_true", help="remove deployments the file does not name"
         )
         parser.add_argument(
-            "--replace-strategy", choices=["blue_green", "stop_start"], default="blue_green"
+            "--replace-strategy",
+            choices=["blue_green", "stop_start"],
+            help="how a running engine takes a new configuration (default: the site's"
+            " MSHIP_REPLACE_STRATEGY)",
         )
         parser.add_argument(
             "--user",
@@ -53,22 +58,26 @@ class Command(BaseCommand):
         user = self.user(options["user"])
         actor = user.get_username() if user is not None else ACTOR
         try:
-            outcome = apply(entries, reconcile=options["reconcile"], actor=actor, user=user)
-        except host_access.HostAccessDenied as exc:
+            outcome = apply(
+                entries,
+                reconcile=options["reconcile"],
+                actor=actor,
+                user=user,
+                strategy=options["replace_strategy"],
+            )
+        except OperationRefused as exc:
             raise CommandError(f"{options['file']}: nothing was changed: {exc}") from exc
         for label in ("created", "updated", "unchanged", "removed"):
             names = getattr(outcome, label)
             if names:
                 self.stdout.write(f"{label}: {', '.join(names)}")
-        strategy = options["replace_strategy"]
         if options["wait"]:
-            failed = self.run_jobs(outcome.jobs, strategy)
+            failed = self.run_jobs(outcome.jobs)
             if failed:
                 raise CommandError("not ready: " + ", ".join(failed))
         else:
             for job in outcome.jobs:
-                args = (strategy,) if job.action == "replace" else ()
-                task_queue.enqueue(job.action, job.deployment_id, *args, ACTOR)
+                enqueue(job.task, job.deployment_id, *job.args)
 
     @staticmethod
     def user(name: str | None) -> Any:
@@ -79,16 +88,12 @@ class Command(BaseCommand):
         except ObjectDoesNotExist as exc:
             raise CommandError(f"no user {name!r}") from exc
 
-    def run_jobs(self, jobs: list[Job], strategy: str) -> list[str]:
+    def run_jobs(self, jobs: list[Job]) -> list[str]:
         failed = []
         for job in jobs:
-            if job.action == "remove":
-                tasks.remove(job.deployment_id, ACTOR)
+            result = job.run()
+            if job.task is tasks.remove:
                 continue
-            if job.action == "replace":
-                result = tasks.replace(job.deployment_id, strategy, ACTOR)
-            else:
-                result = tasks.start(job.deployment_id, ACTOR)
             deployment = Deployment.objects.get(pk=job.deployment_id)
             self.stdout.write(f"{deployment.name}: {deployment.state} {result}".rstrip())
             if deployment.state != State.READY and not (

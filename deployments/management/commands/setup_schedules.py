@@ -10,7 +10,7 @@ from django_q.models import Schedule
 # name -> (task, minutes between runs). django-q's scheduler looks every 30 s, so a minute
 # is the finest interval it keeps reliably.
 SCHEDULES: dict[str, tuple[str, int]] = {
-    "modelship-watchdog": ("deployments.tasks.watchdog", 1),
+    "modelship-watchdog": ("deployments.watchdog.check_once", 1),
     "modelship-ondemand-reaper": ("ondemand.tasks.reap", 1),
     "modelship-responses-sweep": ("openai_api.tasks.sweep_responses", 60),
     "modelship-litellm-sync": ("ondemand.tasks.sync_litellm", 1),

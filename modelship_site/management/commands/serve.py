@@ -18,10 +18,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import task_queue
+from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
+from deployments.task_queue import enqueue
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
@@ -129,7 +130,7 @@ class Command(BaseCommand):
         stopped = Deployment.objects.filter(state=State.STOPPED, state_reason=SHUTDOWN_REASON)
         for deployment in stopped:
             if deployment.effective_mode == Mode.ALWAYS_ON:
-                task_queue.enqueue("start", deployment.pk, "system")
+                enqueue(tasks.start, deployment.pk, "system")
 
     def shutdown(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         self.stdout.write("stopping the server and the cluster…")

@@ -1,0 +1,112 @@
+"""The on-demand rules, apart from the machinery that applies them (on-demand seed,
+"Controller"): when a deployment is idle, which idle ones make room, how long a failed start
+holds the next one back, which start the queue admits, and the words for phases and start
+outcomes.
+
+Pure functions of what they are given: no database, no clock, no await. The gateway's
+controller and the cluster's reaper both decide with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, TypeVar
+
+from deployments.models import State
+
+BACKOFF_FIRST_S = 60.0
+BACKOFF_MAX_S = 900.0
+SAMPLE_MAX_AGE_S = 60.0  # an engine's load sample older than this proves nothing
+EPSILON_GIB = 1e-9  # memory sums compare with this slack
+
+
+class Phase(StrEnum):
+    """An on-demand deployment's phase, as its status shows it (the seed's words)."""
+
+    QUEUED = "queued"
+    STARTING_FOR_REQUEST = "starting_for_request"
+    SERVING = "serving"
+    FAILED = "failed"
+    SLEEPING = "sleeping"
+    IDLE = "idle"
+
+
+class StartOutcome(StrEnum):
+    """How one start attempt, shared by every request that waits on it, ended."""
+
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped or removed meanwhile: its waiters get ondemand_stopped
+    QUEUED = "queued"  # no memory now: its waiters queue
+    NOBODY = "nobody"  # every waiter left before it began: nothing was started
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the idle rules read of one deployment."""
+
+    on_demand: bool
+    state: str
+    pending_mode: str | None
+    busy: bool  # a slot in flight or a request waiting for one
+    idle_for_s: float  # since the idle timer last restarted
+    idle_timeout_s: float
+
+
+def is_idle(activity: Activity) -> bool:
+    """On demand, ready or asleep, no mode switch waiting, nothing in flight or waiting,
+    and idle for its whole timeout."""
+    return (
+        activity.on_demand
+        and activity.pending_mode is None
+        and activity.state in (State.READY, State.ASLEEP)
+        and not activity.busy
+        and activity.idle_for_s >= activity.idle_timeout_s
+    )
+
+
+def load_is_idle(sample_age_s: float | None, engine_idle: bool) -> bool:
+    """The engine's own word: a fresh sample showing nothing running or waiting."""
+    return sample_age_s is not None and sample_age_s < SAMPLE_MAX_AGE_S and engine_idle
+
+
+class Candidate(Protocol):
+    """A deployment that could be stopped to make room."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def need_gib(self) -> float: ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+def victims(idle: Sequence[tuple[float, C]], shortfall_gib: float) -> list[C] | None:
+    """The idle deployments to stop, least recently used first (each given with the time it
+    became idle), until they cover the shortfall; None when all of them cannot."""
+    chosen: list[C] = []
+    covered = 0.0
+    for _, candidate in sorted(idle, key=lambda pair: pair[0]):
+        if covered + EPSILON_GIB >= shortfall_gib:
+            break
+        if candidate.state == State.ASLEEP:
+            continue  # an asleep engine already holds nothing against the budget
+        chosen.append(candidate)
+        covered += candidate.need_gib
+    return chosen if covered + EPSILON_GIB >= shortfall_gib else None
+
+
+def next_backoff(previous_s: float) -> float:
+    """How long a failed start holds the next one back: doubling, from a minute to 15."""
+    return BACKOFF_FIRST_S if not previous_s else min(previous_s * 2, BACKOFF_MAX_S)
+
+
+def admitted(head_need_gib: float | None, free_gib: float, need_gib: float) -> bool:
+    """Whether a deployment behind the head of the memory queue may start: only within the
+    memory free beyond what the head needs (the head's memory is its own). No head, or the
+    deployment is the head: yes."""
+    return head_need_gib is None or free_gib - head_need_gib + EPSILON_GIB >= need_gib
