@@ -20,7 +20,7 @@ from deployments.loaders import get_loader
 from deployments.memory import host_summary, need_gib
 from deployments.models import Deployment
 from ondemand import lease
-from ondemand.controller import Budget, View
+from ondemand.state import Budget, View
 
 ACTOR = "ondemand"
 T = TypeVar("T")

@@ -9,13 +9,13 @@ class OndemandConfig(AppConfig):
         # The control plane calls these hooks; it imports nothing of this app. Imported here,
         # once the apps are loaded (these modules use the models).
         from deployments import hooks
-        from ondemand import litellm, runtime, status, tasks
+        from ondemand import litellm, registry, status, tasks
         from openai_api.dispatch import dispatcher
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
-        hooks.register(hooks.start_failures_forgiven, runtime.forgive_start_failures)
+        hooks.register(hooks.start_failures_forgiven, registry.forgive_start_failures)
         hooks.reports.ondemand_status = status.status_of
         hooks.reports.litellm_statuses = litellm.deployment_statuses
         hooks.reports.litellm_status = litellm.deployment_status
         hooks.reports.litellm_site_status = litellm.status_now
-        dispatcher.on_demand = runtime.ControllerSlots()
+        dispatcher.on_demand = registry.ControllerSlots()

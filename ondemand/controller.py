@@ -11,103 +11,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from deployments.engine_metrics import Load
 from deployments.memory import InsufficientMemory
-from ondemand import errors
+from deployments.models import STARTABLE_STATES, State
+from ondemand import errors, policy
 from ondemand.clock import Clock
-from openai_api.errors import GatewayError
+from ondemand.policy import EPSILON_GIB, StartOutcome
+from ondemand.state import (
+    LEASE_EXTRA_S,
+    LEASE_RENEW_S,
+    Deployer,
+    Entry,
+    Slot,
+    View,
+    Waiter,
+    describe,
+)
 
-STARTABLE = ("planned", "stopped", "failed")
-SLEEPING = ("planned", "stopped", "asleep", "stopping")  # no engine serves
-BACKOFF_FIRST_S = 60.0
-BACKOFF_MAX_S = 900.0
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
-SAMPLE_MAX_AGE_S = 60.0
-
-
-@dataclass(frozen=True)
-class View:
-    """What the controller reads of a deployment."""
-
-    id: int
-    name: str
-    state: str
-    on_demand: bool
-    need_gib: float
-    idle_timeout_s: float
-    pending_mode: str | None = None
-    urls: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Budget:
-    capacity_gib: float  # what on-demand deployments can ever use
-    free_gib: float
-
-
-class Deployer(Protocol):
-    async def view(self, deployment_id: int) -> View | None: ...
-
-    async def views(self) -> list[View]: ...
-
-    async def restart(self, deployment_id: int) -> None:
-        """Start it and return once the start has ended; InsufficientMemory when it does
-        not fit."""
-        ...
-
-    async def wake(self, deployment_id: int) -> None: ...
-
-    async def stop(
-        self, deployment_id: int, precheck: Callable[[View], bool], reason: str
-    ) -> bool: ...
-
-    async def budget(self) -> Budget: ...
-
-    async def load(self, deployment_id: int) -> tuple[float, Load] | None:
-        """The engine's last load sample and when it was taken (clock time)."""
-        ...
-
-    async def hold(self, deployment_id: int, seconds: float) -> bool:
-        """Hold the deployment's lease for `seconds` while it is ready; False when a stop
-        was approved first (see ondemand/lease.py)."""
-        ...
-
-    async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
-        """Record that requests gave up waiting (the audit's ondemand_queue_timeout)."""
-        ...
-
-
-@dataclass
-class Entry:
-    """The controller's memory of one deployment."""
-
-    inflight: int = 0
-    waiting: int = 0
-    queued: int = 0
-    last_request_at: float | None = None  # wall time, for status
-    idle_since: float = 0.0  # clock time the idle timer last restarted
-    attempt: asyncio.Task[str] | None = None
-    starting_for_request: bool = False
-    backoff_s: float = 0.0
-    backoff_until: float = 0.0
-    failure: str = ""
-    lease_until: float = float("-inf")  # clock time our lease on the row runs out
-    timeout_recorded_at: float = float("-inf")
-
-
-@dataclass
-class Slot:
-    deployment_id: int
-    urls: tuple[str, ...] = ()
-    released: bool = field(default=False)
-
-
-LEASE_EXTRA_S = 30.0  # a lease runs this long past the idle timeout
-LEASE_RENEW_S = 15.0  # and is renewed when less than this is left of that extra
 
 
 class Controller:
@@ -165,84 +88,96 @@ class Controller:
         or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
         table): while our lease holds, a ready hint is granted with no database access."""
         entry = self.entry(deployment_id)
-        if hint is not None and hint.state == "ready":
+        if hint is not None and hint.state == State.READY:
             slot = await self._grant(hint, entry)
             if slot is not None:
                 return slot
         view = await self.deployer.view(deployment_id)
         if view is None:
             raise errors.not_found(str(deployment_id))
-        if view.state == "ready":
+        if view.state == State.READY:
             slot = await self._grant(view, entry)
             if slot is not None:
                 return slot
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
-        deadline = self.clock.now() + self.queue_timeout_s
-        notified_queue = False
-        # The start this request waits on, until it has read that start's outcome.
-        attempt: asyncio.Task[str] | None = None
+        waiter = Waiter(self.clock.now() + self.queue_timeout_s, on_queued)
         entry.waiting += 1
         try:
             while True:
-                # Taken before looking, so a change made while we look still wakes us.
-                changed = self.changed
-                view = await self.deployer.view(deployment_id)
-                if view is None:
-                    if entry.starting_for_request:
-                        raise errors.stopped(str(deployment_id))
-                    raise errors.not_found(str(deployment_id))
-                if view.state == "ready":
-                    slot = await self._grant(view, entry)
-                    if slot is not None:
-                        return slot
-                    continue  # a stop was approved first: look again
-                now = self.clock.now()
-                if now >= deadline:
-                    self._record_timeout(entry, deployment_id)
-                    raise errors.queue_timeout(view.name)
-                if attempt is None:
-                    if now < entry.backoff_until:
-                        raise errors.start_failed(view.name, entry.failure)
-                    startable = view.state in STARTABLE or view.state == "asleep"
-                    # While set_mode starts it (pending always_on), the request waits for that.
-                    if entry.attempt is None and startable and view.pending_mode is None:
-                        entry.starting_for_request = True
-                        entry.attempt = self._start_attempt(entry, view)
-                    if entry.attempt is None:
-                        # Starting by hand, stopping, switched: wait without starting it.
-                        await self.clock.wait(changed, min(POLL_S, deadline - now))
-                        continue
-                    attempt = entry.attempt
-                outcome = await self._await_attempt(attempt, changed, deadline - now)
-                if outcome is None:
-                    continue  # still running: look again
-                attempt = None
-                if outcome == "failed":
-                    raise errors.start_failed(view.name, entry.failure)
-                if outcome == "stopped":
-                    entry.starting_for_request = False
-                    raise errors.stopped(view.name)
-                if outcome == "queued":
-                    if not notified_queue and on_queued is not None:
-                        notified_queue = True
-                        on_queued()
-                    self.queue.setdefault(deployment_id, view.need_gib)
-                    entry.queued += 1
-                    self._counted(deployment_id)
-                    try:
-                        # Until something changes (a stop, a state, the queue) or a while.
-                        timeout = min(POLL_S, deadline - self.clock.now())
-                        await self.clock.wait(changed, timeout)
-                    finally:
-                        entry.queued -= 1
-                        self._counted(deployment_id)
+                slot = await self._look(deployment_id, entry, waiter)
+                if slot is not None:
+                    return slot
         finally:
             entry.waiting -= 1
             if entry.waiting == 0:
                 entry.starting_for_request = False
                 if self.queue.pop(deployment_id, None) is not None:
                     self.notify()  # the next entry may be the head now
+
+    async def _look(self, deployment_id: int, entry: Entry, waiter: Waiter) -> Slot | None:
+        """One look of a waiting request: a slot, or None to look again (after waiting on a
+        start, a change or the poll interval); raises what the request gets instead."""
+        changed = self.changed  # taken before looking, so a change made meanwhile wakes us
+        view = await self.deployer.view(deployment_id)
+        if view is None:
+            if entry.starting_for_request:
+                raise errors.stopped(str(deployment_id))
+            raise errors.not_found(str(deployment_id))
+        if view.state == State.READY:
+            return await self._grant(view, entry)  # None: a stop was approved first
+        now = self.clock.now()
+        if now >= waiter.deadline:
+            self._record_timeout(entry, deployment_id)
+            raise errors.queue_timeout(view.name)
+        if waiter.attempt is None:
+            waiter.attempt = self._attempt_to_follow(view, entry, now)
+            if waiter.attempt is None:
+                # Starting by hand, stopping, switched: wait without starting it.
+                await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
+                return None
+        outcome = await self._await_attempt(waiter.attempt, changed, waiter.deadline - now)
+        if outcome is None:
+            return None  # still running: look again
+        waiter.attempt = None
+        if outcome == StartOutcome.FAILED:
+            raise errors.start_failed(view.name, entry.failure)
+        if outcome == StartOutcome.STOPPED:
+            entry.starting_for_request = False
+            raise errors.stopped(view.name)
+        if outcome == StartOutcome.QUEUED:
+            await self._queued(view, entry, waiter, changed)
+        return None
+
+    def _attempt_to_follow(
+        self, view: View, entry: Entry, now: float
+    ) -> asyncio.Task[StartOutcome] | None:
+        """The start a waiter follows: the running one, or one begun for it."""
+        if now < entry.backoff_until:
+            raise errors.start_failed(view.name, entry.failure)
+        startable = view.state in STARTABLE_STATES or view.state == State.ASLEEP
+        # While set_mode starts it (pending always_on), the request waits for that.
+        if entry.attempt is None and startable and view.pending_mode is None:
+            entry.starting_for_request = True
+            entry.attempt = self._start_attempt(entry, view)
+        return entry.attempt
+
+    async def _queued(
+        self, view: View, entry: Entry, waiter: Waiter, changed: asyncio.Event
+    ) -> None:
+        """Wait in the memory queue until something changes (a stop, a state, the queue) or
+        the poll interval passes; the first time, the request is told (the queued notice)."""
+        if not waiter.told_queued and waiter.on_queued is not None:
+            waiter.told_queued = True
+            waiter.on_queued()
+        self.queue.setdefault(view.id, view.need_gib)
+        entry.queued += 1
+        self._counted(view.id)
+        try:
+            await self.clock.wait(changed, min(POLL_S, waiter.deadline - self.clock.now()))
+        finally:
+            entry.queued -= 1
+            self._counted(view.id)
 
     def _record_timeout(self, entry: Entry, deployment_id: int) -> None:
         """One audit row per deployment and minute, however many requests time out."""
@@ -256,8 +191,8 @@ class Controller:
         task.add_done_callback(self._background.discard)
 
     async def _await_attempt(
-        self, attempt: asyncio.Task[str], changed: asyncio.Event, timeout: float
-    ) -> str | None:
+        self, attempt: asyncio.Task[StartOutcome], changed: asyncio.Event, timeout: float
+    ) -> StartOutcome | None:
         """The attempt's outcome once it ends; None when a change or the poll interval came
         first. The attempt is shielded: a waiter that gives up never cancels it half-way."""
         if not attempt.done():
@@ -307,7 +242,7 @@ class Controller:
         for deployment_id, entry in list(self.entries.items()):
             if entry.inflight and entry.lease_until < self.clock.now() + LEASE_EXTRA_S:
                 view = await self.deployer.view(deployment_id)
-                if view is not None and view.state == "ready":
+                if view is not None and view.state == State.READY:
                     await self._hold(view, entry)
 
     def release(self, slot: Slot) -> None:
@@ -321,10 +256,10 @@ class Controller:
 
     # --- starts ----------------------------------------------------------------------------
 
-    def _start_attempt(self, entry: Entry, view: View) -> asyncio.Task[str]:
+    def _start_attempt(self, entry: Entry, view: View) -> asyncio.Task[StartOutcome]:
         attempt = asyncio.create_task(self._attempt(view))
 
-        def ended(task: asyncio.Task[str]) -> None:
+        def ended(task: asyncio.Task[StartOutcome]) -> None:
             # Its outcome is for the requests that waited on it (they hold the task), never
             # for a later one: a failure forgiven since, a stop long over.
             if entry.attempt is task:
@@ -332,13 +267,14 @@ class Controller:
             # Others look again once it is done (a failed start frees memory, a started one
             # takes it); "no memory now" changed nothing, and waking them for it would have
             # two queued models retry in turn without end.
-            if task.cancelled() or task.exception() or task.result() not in ("queued", "nobody"):
+            quiet = (StartOutcome.QUEUED, StartOutcome.NOBODY)
+            if task.cancelled() or task.exception() or task.result() not in quiet:
                 self.notify()
 
         attempt.add_done_callback(ended)
         return attempt
 
-    async def _attempt(self, view: View) -> str:
+    async def _attempt(self, view: View) -> StartOutcome:
         """One start of a deployment, shared by all its waiters: ready, failed, stopped or
         queued (no memory now); raises does_not_fit."""
         entry = self.entry(view.id)
@@ -347,28 +283,30 @@ class Controller:
             for _ in range(3):
                 current = await self.deployer.view(view.id)
                 if current is None:
-                    return "stopped"
-                if current.state == "ready":
-                    return "ready"
+                    return StartOutcome.STOPPED
+                if current.state == State.READY:
+                    return StartOutcome.READY
                 if entry.waiting == 0:
-                    return "nobody"  # everyone left: start nothing
+                    return StartOutcome.NOBODY  # everyone left: start nothing
                 if not await self._may_start(current):
-                    return "queued"
+                    return StartOutcome.QUEUED
                 try:
-                    if current.state == "asleep":
+                    if current.state == State.ASLEEP:
                         await self.deployer.wake(view.id)
-                    elif current.state in STARTABLE:
+                    elif current.state in STARTABLE_STATES:
                         await self.deployer.restart(view.id)
+                    elif current.state == State.STOPPING:
+                        return StartOutcome.STOPPED
                     else:
-                        return "stopped" if current.state == "stopping" else "queued"
+                        return StartOutcome.QUEUED
                 except InsufficientMemory as exc:
                     made_room = await self._make_room(current, exc, stopped_a_victim)
                     if not made_room:
-                        return "queued"
+                        return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue
                 return self._start_ended(view, await self.deployer.view(view.id))
-            return "queued"
+            return StartOutcome.QUEUED
 
     async def _may_start(self, view: View) -> bool:
         """A deployment behind the head of the queue starts only within the memory free
@@ -377,24 +315,22 @@ class Controller:
         if head is None or head == view.id or self.entry(head).waiting == 0:
             return True
         budget = await self.deployer.budget()
-        return budget.free_gib - self.queue[head] + 1e-9 >= view.need_gib
+        return policy.admitted(self.queue[head], budget.free_gib, view.need_gib)
 
-    def _start_ended(self, view: View, after: View | None) -> str:
+    def _start_ended(self, view: View, after: View | None) -> StartOutcome:
         entry = self.entry(view.id)
-        if after is None or after.state in ("stopped", "stopping"):
-            return "stopped"  # stopped or removed while starting: no backoff
-        if after.state == "ready":
+        if after is None or after.state in (State.STOPPED, State.STOPPING):
+            return StartOutcome.STOPPED  # stopped or removed while starting: no backoff
+        if after.state == State.READY:
             entry.backoff_s, entry.backoff_until = 0.0, 0.0
             entry.idle_since = self.clock.now()
-            return "ready"
-        if after.state == "failed":
-            entry.backoff_s = (
-                BACKOFF_FIRST_S if not entry.backoff_s else min(entry.backoff_s * 2, BACKOFF_MAX_S)
-            )
+            return StartOutcome.READY
+        if after.state == State.FAILED:
+            entry.backoff_s = policy.next_backoff(entry.backoff_s)
             entry.backoff_until = self.clock.now() + entry.backoff_s
             entry.failure = "the engine failed to start"
-            return "failed"
-        return "queued"
+            return StartOutcome.FAILED
+        return StartOutcome.QUEUED
 
     def reset_backoff(self, deployment_id: int) -> None:
         """A mode switch or a changed configuration: start failures are forgiven."""
@@ -409,7 +345,8 @@ class Controller:
         needs more than on-demand deployments can ever use."""
         budget = await self.deployer.budget()
         settling = self.clock.now() - self.last_stop_at < SETTLE_S
-        if view.need_gib > budget.capacity_gib + 1e-9 and not settling and not after_victim:
+        too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
+        if too_big and not settling and not after_victim:
             raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
         victims = await self._victims(view.id, exc.shortfall_gib)
         if victims is None:
@@ -426,97 +363,48 @@ class Controller:
             return False
         # Freed memory may take a moment to show (a driver releasing it).
         deadline = self.clock.now() + SETTLE_S
-        while (await self.deployer.budget()).free_gib + 1e-9 < view.need_gib:
+        while (await self.deployer.budget()).free_gib + EPSILON_GIB < view.need_gib:
             if self.clock.now() >= deadline:
                 break
             await self.clock.wait(asyncio.Event(), 1.0)
         return True
 
     async def _victims(self, for_id: int, shortfall: float) -> list[View] | None:
-        candidates = []
-        for other in await self.deployer.views():
-            if other.id != for_id and await self._idle(other):
-                candidates.append(other)
-        candidates.sort(key=lambda v: self.entry(v.id).idle_since)  # least recently used
-        chosen, covered = [], 0.0
-        for candidate in candidates:
-            if covered + 1e-9 >= shortfall:
-                break
-            if candidate.state == "asleep":
-                continue  # an asleep engine already holds nothing against the budget
-            chosen.append(candidate)
-            covered += candidate.need_gib
-        return chosen if covered + 1e-9 >= shortfall else None
+        idle = [
+            (self.entry(other.id).idle_since, other)
+            for other in await self.deployer.views()
+            if other.id != for_id and await self._idle(other)
+        ]
+        return policy.victims(idle, shortfall)
 
     async def _idle(self, view: View) -> bool:
-        """Idle by the seed's rules: on demand, ready or asleep, no slot in flight, idle for
-        its whole timeout, and a fresh load sample showing nothing running or waiting."""
+        """Idle by the seed's rules, and a fresh load sample of the engine agrees (an asleep
+        one runs nothing)."""
         if not self._still_idle(view):
             return False
-        if view.state == "asleep":
+        if view.state == State.ASLEEP:
             return True
         sample = await self.deployer.load(view.id)
         if sample is None:
             return False
         taken_at, load = sample
-        return self.clock.now() - taken_at < SAMPLE_MAX_AGE_S and load.idle
+        return policy.load_is_idle(self.clock.now() - taken_at, load.idle)
 
     def _still_idle(self, view: View) -> bool:
         """The part of the idle rules the deployer's precheck re-checks on the fresh row,
         with no await between it and the stop."""
         entry = self.entry(view.id)
-        return (
-            view.on_demand
-            and view.pending_mode is None
-            and view.state in ("ready", "asleep")
-            and entry.inflight == 0
-            and entry.waiting == 0
-            and self.clock.now() - entry.idle_since >= view.idle_timeout_s
+        activity = policy.Activity(
+            on_demand=view.on_demand,
+            state=view.state,
+            pending_mode=view.pending_mode,
+            busy=bool(entry.inflight or entry.waiting),
+            idle_for_s=self.clock.now() - entry.idle_since,
+            idle_timeout_s=view.idle_timeout_s,
         )
+        return policy.is_idle(activity)
 
-    # --- reaper and status -----------------------------------------------------------------
-
-    async def reap_once(self) -> list[str]:
-        """Stop every on-demand deployment that is idle; returns the names stopped."""
-        stopped = []
-        for view in await self.deployer.views():
-            if view.state != "ready" or not await self._idle(view):
-                continue
-            minutes = round(view.idle_timeout_s / 60)
-            if await self.deployer.stop(
-                view.id, self._still_idle, f"Put to sleep after {minutes} min idle"
-            ):
-                stopped.append(view.name)
-                self.last_stop_at = self.clock.now()
-        if stopped:
-            self.notify()
-        return stopped
+    # --- status ----------------------------------------------------------------------------
 
     def status(self, view: View | None, deployment_id: int) -> dict[str, Any]:
         return describe(self.entry(deployment_id), None if view is None else view.state)
-
-
-def describe(entry: Entry, state: str | None) -> dict[str, Any]:
-    """The seed's status: counts and the phase, in its order of precedence (a removed
-    deployment, state None, reads as failed)."""
-    if entry.queued:
-        phase = "queued"
-    elif entry.attempt is not None and not entry.attempt.done():
-        phase = "starting_for_request"
-    elif entry.inflight:
-        phase = "serving"
-    elif state is None or state == "failed":
-        phase = "failed"
-    elif state in SLEEPING:
-        phase = "sleeping"
-    else:
-        phase = "idle"
-    return {
-        "inflight": entry.inflight,
-        "queued": entry.queued,
-        "last_request_at": entry.last_request_at,
-        "phase": phase,
-    }
-
-
-__all__ = ["Budget", "Controller", "Deployer", "GatewayError", "Slot", "View"]

@@ -14,6 +14,7 @@ from deployments.engine_metrics import replicas_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable
+from ondemand import policy
 from ondemand.lease import lapsed
 
 log = logging.getLogger(__name__)
@@ -23,18 +24,29 @@ ACTOR = "ondemand"
 def idle_by_load(client: httpx.Client, deployment: Deployment) -> bool:
     """Every replica's engine reports nothing running or waiting (a sample taken now)."""
     load = replicas_load(client, list(deployment.engine_urls), get_loader(deployment.loader))
-    return load is not None and load.idle
+    return load is not None and policy.load_is_idle(0.0, load.idle)
+
+
+def activity_of(row: Deployment) -> policy.Activity:
+    """The idle rules' view from the cluster: the slots live in the gateways, and their
+    lease on the row stands for them; once it has lapsed none is held and the idle timeout
+    has passed (ondemand/lease.py)."""
+    idle_timeout_s = float(row.effective_idle_timeout_s)
+    held = not lapsed(row, timezone.now())
+    return policy.Activity(
+        on_demand=row.effective_mode == Mode.ON_DEMAND,
+        state=row.state,
+        pending_mode=row.pending_mode,
+        busy=held,
+        idle_for_s=0.0 if held else idle_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+    )
 
 
 def approve(row: Deployment) -> bool:
-    """The precheck, on the freshly read, locked row: still on demand, ready, no mode switch
-    waiting, and no gateway's lease."""
-    return (
-        row.effective_mode == Mode.ON_DEMAND
-        and row.state == State.READY
-        and row.pending_mode is None
-        and lapsed(row, timezone.now())
-    )
+    """The precheck, on the freshly read, locked row: ready (the reaper leaves asleep ones
+    be) and idle by the rules the gateway's controller applies too."""
+    return row.state == State.READY and policy.is_idle(activity_of(row))
 
 
 def reap_once() -> list[str]:
@@ -44,7 +56,7 @@ def reap_once() -> list[str]:
     )
     with httpx.Client(timeout=5.0) as client:
         for deployment in candidates:
-            if not lapsed(deployment) or not idle_by_load(client, deployment):
+            if not approve(deployment) or not idle_by_load(client, deployment):
                 continue
             minutes = round(deployment.effective_idle_timeout_s / 60)
             text = f"Put to sleep after {minutes} min idle"

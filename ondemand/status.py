@@ -6,14 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.models import Deployment
-from ondemand.controller import Entry, describe
+from ondemand.registry import controllers
+from ondemand.state import Entry, describe
 
 
 def status_of(deployment: Deployment) -> dict[str, Any] | None:
     if not deployment.is_on_demand:
         return None
-    from ondemand.runtime import controllers
-
     entry = next(
         (c.entries[deployment.pk] for c in controllers() if deployment.pk in c.entries),
         Entry(),

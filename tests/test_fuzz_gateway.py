@@ -289,7 +289,7 @@ def fuzz_site(
 
 def assert_nothing_in_flight() -> None:
     """The gateway's counters are back at zero: no slot, stream or waiter was leaked."""
-    from ondemand.runtime import controllers
+    from ondemand.registry import controllers
 
     def settled() -> bool:
         entries = [e for c in controllers() for e in c.entries.values()]

@@ -12,7 +12,8 @@ import pytest
 
 from deployments.engine_metrics import Load
 from deployments.memory import InsufficientMemory
-from ondemand.controller import Budget, Controller, Slot, View
+from ondemand.controller import Controller
+from ondemand.state import Budget, Slot, View
 from openai_api.errors import GatewayError
 from tests.fake_clock import FakeClock, settle
 
@@ -345,22 +346,6 @@ async def test_it_starts_nothing_when_the_waiter_hung_up(
     await first
     await settle()
     assert deployer.starts == ["first"]  # the abandoned attempt started nothing
-
-
-async def test_it_reaps_idle_models_and_leaves_busy_ones(
-    controller: Controller, deployer: FakeDeployer, clock: FakeClock
-) -> None:
-    deployer.add(1, "idle", 2, state="ready", idle_timeout_s=300)
-    deployer.add(2, "busy", 2, state="ready", idle_timeout_s=300)
-    deployer.add(3, "pinned", 2, state="ready", on_demand=False, idle_timeout_s=300)
-    slot = await controller.acquire(2)
-    assert await controller.reap_once() == []  # nobody idle long enough yet
-    await clock.advance(301)
-    assert await controller.reap_once() == ["idle"]
-    assert deployer.stops == [("idle", "Put to sleep after 5 min idle")]
-    controller.release(slot)
-    await clock.advance(301)
-    assert await controller.reap_once() == ["busy"]
 
 
 async def test_it_keeps_the_memory_freed_for_the_head_of_the_queue(

@@ -397,7 +397,7 @@ def test_it_answers_health_probes_without_the_engine(
 def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
-    from ondemand.runtime import controllers
+    from ondemand.registry import controllers
 
     started(deploy(make_deployment, "od-busy", memory_gib=6))  # idle for less than its timeout
     waiting = deploy(make_deployment, "od-waiting", memory_gib=4)

@@ -76,7 +76,7 @@ def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> thre
 
 
 def queued_count() -> int:
-    from ondemand.runtime import controllers
+    from ondemand.registry import controllers
 
     return sum(e.queued for c in controllers() for e in c.entries.values())
 

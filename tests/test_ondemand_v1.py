@@ -103,7 +103,7 @@ def test_it_makes_room_by_putting_an_idle_model_to_sleep(
     client = sdk(gateway_url, api_key())
     assert ask(client, "first")
     # Long idle: in the controller's memory and on the row's lease.
-    from ondemand.runtime import controllers
+    from ondemand.registry import controllers
 
     # The slot is released after the last byte, which the client may read first.
     wait_until(lambda: all(c.entry(first.pk).inflight == 0 for c in controllers()))

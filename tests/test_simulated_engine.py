@@ -111,3 +111,27 @@ def test_it_crashes_after_n_requests_when_told_to(make_deployment: Any) -> None:
     chat(deployment.engine_url)
     chat(deployment.engine_url)
     wait_until(lambda: not pid_alive(pid), 10)
+
+
+def test_it_serves_responses_itself_as_the_sdk_reads_them(make_deployment: Any) -> None:
+    import openai
+
+    url = running(make_deployment, reply="one two three", reasoning="Hmm").engine_url
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    answer = client.responses.create(model="sim", input="hi")
+    assert (answer.status, answer.output_text) == ("completed", "one two three")
+    assert [item.type for item in answer.output] == ["reasoning", "message"]
+
+    events = list(
+        client.responses.create(model="sim", input="hi", max_output_tokens=2, stream=True)
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    final = events[-1].response
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text == "one two"
+    assert final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+
+    refused = httpx.post(url + "/v1/responses", json={"model": "sim", "input": 3})
+    assert refused.status_code == 400

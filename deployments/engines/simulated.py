@@ -12,7 +12,6 @@ Run: ``python -m deployments.engines.simulated --model sim --port 8001 --config 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -21,8 +20,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -31,179 +28,25 @@ from deployments.engines.common import (
     config_of,
     engine_app,
     error,
-    json_body,
     parser,
     serve,
 )
-from deployments.engines.request_checks import problem
-
-DEFAULT_REPLY = "This is a simulated reply from Modelship."
-
-
-@dataclass
-class SimConfig:
-    startup_delay_s: float = 0.0
-    tokens_per_second: float = 200.0
-    reply: str = DEFAULT_REPLY
-    echo: bool = False
-    max_tokens: int | None = None
-    reasoning: str | None = None
-    tool_call: bool = False
-    tool_name: str | None = None  # the tool to call when it is offered (else the first)
-    tool_call_always: bool = False  # call it again even after a tool's answer came back
-    tool_arguments: dict[str, Any] = field(default_factory=dict)
-    memory_claim_gib: float = 0.0
-    fail_at_start: bool = False
-    crash_after_requests: int | None = None
-    ignore_sigterm: bool = False
-    embedding_dim: int = 16
-    # Memory really allocated (and touched) at start, to meet a container's memory limit.
-    allocate_mib: int = 0
-    # Seconds before an inference request gets its answer's first byte (headers included).
-    first_token_delay_s: float = 0.0
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise SystemExit(f"simulated engine: unknown options {sorted(unknown)}")
-        return cls(**data)
-
-
-@dataclass
-class SimState:
-    config: SimConfig
-    served_names: list[str]
-    started_at: float = field(default_factory=time.time)
-    running: int = 0
-    served: int = 0
-    sleeping: bool = False
-    cancellations: list[dict[str, Any]] = field(default_factory=list)
-    last_chat_request: dict[str, Any] | None = None
-    last_chat_headers: dict[str, str] = field(default_factory=dict)
-
-
-STATE = web.AppKey("state", SimState)
-
-
-def tokens_for(state: SimState, body: dict[str, Any], prompt: str) -> list[str]:
-    """The words to emit: the fixed reply or the echoed prompt, cycled up to max_tokens."""
-    text = prompt if state.config.echo and prompt else state.config.reply
-    words = text.split() or ["."]
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or state.config.max_tokens
-    count = len(words) if limit is None else max(0, int(limit))
-    return [(" " if i else "") + words[i % len(words)] for i in range(count)]
-
-
-def last_user_text(messages: list[dict[str, Any]]) -> str:
-    for message in reversed(messages or []):
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def model_name(state: SimState, body: dict[str, Any]) -> str:
-    requested = body.get("model")
-    return requested if requested in state.served_names else state.served_names[0]
-
-
-async def pace(state: SimState) -> None:
-    rate = state.config.tokens_per_second
-    if rate > 0:
-        await asyncio.sleep(1.0 / rate)
-
-
-class Inflight:
-    """Counts a request as running, notes a hang-up, and applies the crash-after fault."""
-
-    def __init__(self, state: SimState, request: web.Request) -> None:
-        self.state = state
-        self.request = request
-
-    async def __aenter__(self) -> Inflight:
-        self.state.running += 1
-        # An access line per inference request, so an operator's log shows the traffic.
-        print(f"{self.request.method} {self.request.path}", flush=True)
-        if self.state.config.first_token_delay_s:
-            await asyncio.sleep(self.state.config.first_token_delay_s)
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.state.running -= 1
-        if exc_type is not None and issubclass(
-            exc_type, asyncio.CancelledError | ConnectionResetError
-        ):
-            self.state.cancellations.append(
-                {
-                    "path": self.request.path,
-                    "request_id": self.request.headers.get("X-Request-Id", ""),
-                    "at": time.time(),
-                }
-            )
-            return
-        self.state.served += 1
-        crash_after = self.state.config.crash_after_requests
-        if crash_after is not None and self.state.served >= crash_after:
-            # Exit after the answer is on its way, like an engine dying between requests.
-            asyncio.get_running_loop().call_later(0.05, os._exit, 3)
-
-
-def guard(request: web.Request) -> web.Response | None:
-    state = request.app[STATE]
-    if state.sleeping:
-        return error(503, "The engine is sleeping.", "engine_sleeping", "server_error")
-    return None
-
-
-JsonHandler = Callable[[web.Request, SimState, dict[str, Any]], Awaitable[web.StreamResponse]]
-
-
-def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """An inference route with a JSON body: refused while asleep, bad JSON answered 400."""
-
-    async def route(request: web.Request) -> web.StreamResponse:
-        if (refused := guard(request)) is not None:
-            return refused
-        body = await json_body(request)
-        if isinstance(body, web.Response):
-            return body
-        found = problem(request.path, body)
-        if found is not None:
-            return error(400, found[1], "invalid_request")
-        return await handler(request, request.app[STATE], body)
-
-    return route
-
-
-async def sse_stream(request: web.Request, events: Any) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    async for event in events:
-        await response.write(event)
-    await response.write_eof()
-    return response
-
-
-def sse(data: Any, event: str | None = None) -> bytes:
-    prefix = f"event: {event}\n" if event else ""
-    payload = data if isinstance(data, str) else json.dumps(data)
-    return f"{prefix}data: {payload}\n\n".encode()
-
-
-def usage(prompt: str, tokens: list[str]) -> dict[str, int]:
-    prompt_tokens = max(1, len(prompt.split()))
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(tokens),
-        "total_tokens": prompt_tokens + len(tokens),
-    }
+from deployments.engines.sim_core import (
+    STATE,
+    Inflight,
+    SimConfig,
+    SimState,
+    guard,
+    inference,
+    last_user_text,
+    model_name,
+    pace,
+    sse,
+    sse_stream,
+    tokens_for,
+    usage,
+)
+from deployments.engines.sim_responses import responses
 
 
 @inference
@@ -320,55 +163,6 @@ def last_tool_result(state: SimState, body: dict[str, Any]) -> str | None:
     if state.config.tool_call and messages and messages[-1].get("role") == "tool":
         return str(messages[-1].get("content", ""))
     return None
-
-
-@inference
-async def responses(
-    request: web.Request, state: SimState, body: dict[str, Any]
-) -> web.StreamResponse:
-    """/v1/responses, as vLLM serves it: the same words as a chat answer, in the Responses
-    shape (the gateway's own translator builds it, fed the chunks a chat stream would have)."""
-    from openai_api.errors import GatewayError
-    from openai_api.responses import protocol
-    from openai_api.responses.translator import StreamTranslator
-    from openai_api.responses.translator import sse as event_sse
-
-    try:
-        parsed = protocol.parse(body)
-    except GatewayError as exc:
-        return error(exc.status, exc.message, exc.code)
-    chat = protocol.chat_request(parsed, [])
-    prompt = last_user_text(chat["messages"])
-    tokens = tokens_for(state, chat, prompt)
-    envelope = protocol.envelope(parsed, protocol.new_id("resp"), int(time.time()), "in_progress")
-    translator = StreamTranslator(envelope)
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    async def events() -> Any:
-        yield translator.start()
-        if state.config.reasoning:
-            yield translator.feed(chunk({"reasoning_content": state.config.reasoning}))
-        for token in tokens:
-            await pace(state)
-            yield translator.feed(chunk({"content": token}))
-        translator.feed(chunk({}, "length" if chat.get("max_tokens") else "stop"))
-        translator.feed({"choices": [], "usage": usage(prompt, tokens)})
-        yield translator.finish()
-
-    async with Inflight(state, request):
-        if body.get("stream"):
-
-            async def stream() -> Any:
-                async for batch in events():
-                    for event in batch:
-                        yield event_sse(event)
-
-            return await sse_stream(request, stream())
-        async for _ in events():
-            pass
-        return web.json_response(translator.response)
 
 
 @inference

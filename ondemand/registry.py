@@ -1,4 +1,5 @@
-"""The gateway process's controller: one per event loop, with its lease renewer."""
+"""The registry of on-demand controllers: one per event loop of this process, each with its
+lease renewer. `controller()` is this loop's, made on first use; `controllers()` all of them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 from django.conf import settings
 
 from ondemand.adapter import DjangoDeployer
-from ondemand.controller import LEASE_RENEW_S, Controller, Slot, View
+from ondemand.controller import Controller
 from ondemand.counters import CounterPublisher, channel_publisher
+from ondemand.state import LEASE_RENEW_S, Slot, View
 from openai_api.catalog import Route, catalog
 
 log = logging.getLogger(__name__)

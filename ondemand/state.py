@@ -1,0 +1,129 @@
+"""What the on-demand controller reads of deployments (View, Budget, through a Deployer)
+and what it remembers of them (Entry, Waiter, Slot), with the phase that memory reads as."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from deployments.engine_metrics import Load
+from deployments.models import State
+from ondemand.policy import Phase, StartOutcome
+
+SLEEPING = (State.PLANNED, State.STOPPED, State.ASLEEP, State.STOPPING)  # no engine serves
+
+
+@dataclass(frozen=True)
+class View:
+    """What the controller reads of a deployment."""
+
+    id: int
+    name: str
+    state: str
+    on_demand: bool
+    need_gib: float
+    idle_timeout_s: float
+    pending_mode: str | None = None
+    urls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Budget:
+    capacity_gib: float  # what on-demand deployments can ever use
+    free_gib: float
+
+
+class Deployer(Protocol):
+    async def view(self, deployment_id: int) -> View | None: ...
+
+    async def views(self) -> list[View]: ...
+
+    async def restart(self, deployment_id: int) -> None:
+        """Start it and return once the start has ended; InsufficientMemory when it does
+        not fit."""
+        ...
+
+    async def wake(self, deployment_id: int) -> None: ...
+
+    async def stop(
+        self, deployment_id: int, precheck: Callable[[View], bool], reason: str
+    ) -> bool: ...
+
+    async def budget(self) -> Budget: ...
+
+    async def load(self, deployment_id: int) -> tuple[float, Load] | None:
+        """The engine's last load sample and when it was taken (clock time)."""
+        ...
+
+    async def hold(self, deployment_id: int, seconds: float) -> bool:
+        """Hold the deployment's lease for `seconds` while it is ready; False when a stop
+        was approved first (see ondemand/lease.py)."""
+        ...
+
+    async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
+        """Record that requests gave up waiting (the audit's ondemand_queue_timeout)."""
+        ...
+
+
+@dataclass
+class Entry:
+    """The controller's memory of one deployment."""
+
+    inflight: int = 0
+    waiting: int = 0
+    queued: int = 0
+    last_request_at: float | None = None  # wall time, for status
+    idle_since: float = 0.0  # clock time the idle timer last restarted
+    attempt: asyncio.Task[StartOutcome] | None = None
+    starting_for_request: bool = False
+    backoff_s: float = 0.0
+    backoff_until: float = 0.0
+    failure: str = ""
+    lease_until: float = float("-inf")  # clock time our lease on the row runs out
+    timeout_recorded_at: float = float("-inf")
+
+
+@dataclass
+class Waiter:
+    """One request waiting for a slot."""
+
+    deadline: float  # clock time it gives up (queue_timeout)
+    on_queued: Callable[[], Any] | None
+    attempt: asyncio.Task[StartOutcome] | None = None  # the start it follows, until it ends
+    told_queued: bool = False
+
+
+@dataclass
+class Slot:
+    deployment_id: int
+    urls: tuple[str, ...] = ()
+    released: bool = field(default=False)
+
+
+LEASE_EXTRA_S = 30.0  # a lease runs this long past the idle timeout
+LEASE_RENEW_S = 15.0  # and is renewed when less than this is left of that extra
+
+
+def describe(entry: Entry, state: str | None) -> dict[str, Any]:
+    """The seed's status: counts and the phase, in its order of precedence (a removed
+    deployment, state None, reads as failed)."""
+    if entry.queued:
+        phase = Phase.QUEUED
+    elif entry.attempt is not None and not entry.attempt.done():
+        phase = Phase.STARTING_FOR_REQUEST
+    elif entry.inflight:
+        phase = Phase.SERVING
+    elif state is None or state == State.FAILED:
+        phase = Phase.FAILED
+    elif state in SLEEPING:
+        phase = Phase.SLEEPING
+    else:
+        phase = Phase.IDLE
+    return {
+        "inflight": entry.inflight,
+        "queued": entry.queued,
+        "last_request_at": entry.last_request_at,
+        "phase": phase,
+    }

@@ -1,0 +1,70 @@
+"""The on-demand rules on their own (ondemand/policy.py): pure functions, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ondemand import policy
+from ondemand.policy import Activity
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    state: str
+    need_gib: float
+
+
+IDLE = Activity(
+    on_demand=True,
+    state="ready",
+    pending_mode=None,
+    busy=False,
+    idle_for_s=300.0,
+    idle_timeout_s=300.0,
+)
+
+
+def test_it_calls_idle_only_what_meets_every_rule() -> None:
+    assert policy.is_idle(IDLE)
+    assert policy.is_idle(replace(IDLE, state="asleep"))
+    assert not policy.is_idle(replace(IDLE, idle_for_s=299.9))
+    assert not policy.is_idle(replace(IDLE, busy=True))
+    assert not policy.is_idle(replace(IDLE, on_demand=False))
+    assert not policy.is_idle(replace(IDLE, pending_mode="always_on"))
+    assert not policy.is_idle(replace(IDLE, state="starting"))
+
+
+def test_it_trusts_only_a_fresh_load_sample() -> None:
+    assert policy.load_is_idle(0.0, True)
+    assert not policy.load_is_idle(0.0, False)
+    assert not policy.load_is_idle(policy.SAMPLE_MAX_AGE_S, True)
+    assert not policy.load_is_idle(None, True)
+
+
+def test_it_stops_the_least_recently_used_until_the_shortfall_is_covered() -> None:
+    old, older, asleep, newest = (
+        Model("old", "ready", 2),
+        Model("older", "ready", 2),
+        Model("asleep", "asleep", 8),
+        Model("newest", "ready", 4),
+    )
+    idle = [(30.0, old), (10.0, older), (5.0, asleep), (50.0, newest)]
+    assert policy.victims(idle, 3) == [older, old]  # the asleep one frees nothing
+    assert policy.victims(idle, 2) == [older]
+    assert policy.victims(idle, 8) == [older, old, newest]
+    assert policy.victims(idle, 8.5) is None  # all of them cannot cover it: stop none
+
+
+def test_it_doubles_the_backoff_up_to_fifteen_minutes() -> None:
+    waits = [policy.next_backoff(0.0)]
+    while waits[-1] < policy.BACKOFF_MAX_S:
+        waits.append(policy.next_backoff(waits[-1]))
+    assert waits == [60, 120, 240, 480, 900]
+    assert policy.next_backoff(900) == 900
+
+
+def test_it_admits_behind_the_head_only_within_what_the_head_leaves() -> None:
+    assert policy.admitted(None, free_gib=1, need_gib=1)
+    assert policy.admitted(6, free_gib=10, need_gib=4)
+    assert not policy.admitted(6, free_gib=10, need_gib=4.5)
