@@ -10,18 +10,18 @@ from django.utils.html import format_html
 from deployments import hooks, host_access, operations
 from deployments.engine_logs import tails
 from deployments.memory import host_summary, need_gib
-from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
 from deployments.refusals import OperationRefused
 
 ADMIN_LOG_LINES = 50
-BADGE_COLOURS = {
-    "planned": "#6c757d",
-    "starting": "#0d6efd",
-    "ready": "#198754",
-    "asleep": "#6f42c1",
-    "stopping": "#fd7e14",
-    "stopped": "#495057",
-    "failed": "#dc3545",
+BADGE_COLOURS: dict[str, str] = {
+    State.PLANNED: "#6c757d",
+    State.STARTING: "#0d6efd",
+    State.READY: "#198754",
+    State.ASLEEP: "#6f42c1",
+    State.STOPPING: "#fd7e14",
+    State.STOPPED: "#495057",
+    State.FAILED: "#dc3545",
 }
 
 

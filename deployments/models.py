@@ -9,22 +9,13 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from common.json_shapes import command_line, json_object, list_of_names
+from deployments import loaders
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
 name_validator = RegexValidator(
     NAME_PATTERN,
     "Use letters, digits and . _ : / @ + - (start with a letter or digit, at most 200).",
 )
-
-
-class Loader(models.TextChoices):
-    VLLM = "vllm"
-    LLAMA_SERVER = "llama_server"
-    DIFFUSERS = "diffusers"
-    STABLE_DIFFUSION_CPP = "stable_diffusion_cpp"
-    WHISPERCPP = "whispercpp"
-    TTS = "tts"
-    SIMULATED = "simulated"
 
 
 class Usecase(models.TextChoices):
@@ -68,7 +59,7 @@ class Deployment(models.Model):
         max_length=200, unique=True, validators=[name_validator], help_text="Served model name."
     )
     aliases = models.JSONField(default=list, blank=True, validators=[list_of_names])
-    loader = models.CharField(max_length=32, choices=Loader.choices)
+    loader = models.CharField(max_length=32, choices=loaders.choices)
     usecase = models.CharField(max_length=32, choices=Usecase.choices, default=Usecase.GENERATE)
     model = models.CharField(max_length=500, help_text="Path or id, as the engine takes it.")
     runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.PROCESS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
@@ -30,8 +31,12 @@ from deployments.validation import cross_field_problems, name_clashes
 # What an operator sets on a deployment (the rest is its state).
 SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
 
-QUEUED = "queued"
-DELETED = "deleted"
+
+class Outcome(StrEnum):
+    """What an operation answers when it is not refused (besides a state it is already in)."""
+
+    QUEUED = "queued"  # the engine work is queued for the cluster
+    DELETED = "deleted"  # removed at once: nothing ran
 
 
 def settable(deployment: Deployment) -> dict[str, Any]:
@@ -194,7 +199,7 @@ def start(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     with transaction.atomic():
         audit.record("start", deployment, user=user)
         work(tasks.start, deployment.pk, audit.actor_of(user, None))
-    return QUEUED
+    return Outcome.QUEUED
 
 
 def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
@@ -204,7 +209,7 @@ def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     with transaction.atomic():
         audit.record("stop", deployment, user=user)
         work(tasks.stop, deployment.pk, actor, f"stopped by {actor}")
-    return QUEUED
+    return Outcome.QUEUED
 
 
 def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
@@ -218,7 +223,7 @@ def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     with transaction.atomic():
         audit.record("sleep", deployment, user=user)
         work(tasks.sleep, deployment.pk, audit.actor_of(user, None))
-    return QUEUED
+    return Outcome.QUEUED
 
 
 def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
@@ -230,7 +235,7 @@ def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     with transaction.atomic():
         audit.record("wake", deployment, user=user)
         work(tasks.wake, deployment.pk, audit.actor_of(user, None))
-    return QUEUED
+    return Outcome.QUEUED
 
 
 def remove(
@@ -243,6 +248,6 @@ def remove(
             audit.record("delete", deployment, user=user, before=deployment.snapshot())
             deployment.delete()
             hooks.listing_has_changed()  # its entries leave LiteLLM
-            return DELETED
+            return Outcome.DELETED
         work(tasks.remove, deployment.pk, actor)
-    return QUEUED
+    return Outcome.QUEUED

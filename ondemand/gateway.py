@@ -17,32 +17,19 @@ from urllib.parse import quote
 
 from django.conf import settings
 
+from deployments.models import State
 from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
 from openai_api.bodies import json_value, parsed
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
+from openai_api.endpoints import ONDEMAND
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
 from openai_api.relay import Traffic, relay
 
-# The inference endpoints of the pinned vLLM under /v1 (llama.cpp's are a subset).
-TRAFFIC = frozenset(
-    {
-        "chat/completions",
-        "completions",
-        "embeddings",
-        "responses",
-        "messages",
-        "chat/completions/batch",
-        "audio/transcriptions",
-        "audio/translations",
-        "rerank",
-        "score",
-    }
-)
 UNREACHABLE = "ondemand_upstream_error"
 
 keyfile = KeyFile(lambda: Path(settings.MSHIP_ONDEMAND_KEY_FILE))
@@ -87,7 +74,7 @@ async def handle(exchange: Exchange) -> None:
     if len(segments) < 3 or segments[1] != "v1":
         raise not_found(path)
     endpoint = "/".join(segments[2:])
-    if method == "POST" and endpoint in TRAFFIC:
+    if method == "POST" and endpoint in ONDEMAND:
         kind = "traffic"
     elif method == "GET" and endpoint == "models":
         kind = "models"
@@ -113,7 +100,7 @@ async def handle(exchange: Exchange) -> None:
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
     if route.on_demand:
         await relay(exchange, traffic, lambda q: dispatcher.on_demand_slot(route, q), UNREACHABLE)
-    elif route.state == "ready" and route.urls:
+    elif route.state == State.READY and route.urls:
         # Switched to always on while LiteLLM still points here: forwarded, never started.
         await relay(exchange, traffic, lambda _: dispatcher.replica(route.urls), UNREACHABLE)
     else:
@@ -143,7 +130,7 @@ async def models(exchange: Exchange, route: Route) -> None:
 
 
 async def model(exchange: Exchange, route: Route, method: str, upstream_path: str) -> None:
-    if route.state != "ready" or not route.urls:
+    if route.state != State.READY or not route.urls:
         raise GatewayError(503, f"{route.name} is not ready ({route.state}).", "ondemand_not_ready")
     async with cancel_on_hangup(exchange.receive), dispatcher.replica(route.urls) as base_url:
         query = exchange.scope.get("query_string", b"").decode("latin-1")

@@ -12,26 +12,28 @@ import time
 import uuid
 from typing import Any
 
+from deployments.models import State
 from openai_api.catalog import Route
+from openai_api.endpoints import ENDPOINTS
 from openai_api.errors import GatewayError
 
 HEADER = "x-modelship-health-check"
 STATE_HEADER = "x-modelship-ondemand-state"
-STREAMED = {"chat/completions", "completions"}
 
 
 def answer(endpoint: str, route: Route, streaming: bool) -> tuple[bytes, str]:
     """The body and its content type, or 503 where a probe gets no answer."""
-    if route.state == "failed":
+    if route.state == State.FAILED:
         raise GatewayError(
             503, f"{route.name} failed; it serves nothing until it starts.", "ondemand_not_ready"
         )
-    body = _shape(endpoint, route.name, streaming)
+    traits = ENDPOINTS.get(endpoint)
+    body = _shape(endpoint, route.name, streaming) if traits is not None and traits.probe else None
     if body is None:
         raise GatewayError(
             503, f"Health checks are not answered on /v1/{endpoint}.", "ondemand_health_unsupported"
         )
-    if streaming and endpoint in STREAMED:
+    if streaming and traits is not None and traits.probe_streams:
         chunk = b"data: " + json.dumps(body).encode() + b"\n\n"
         return chunk + b"data: [DONE]\n\n", "text/event-stream"
     return json.dumps(body).encode(), "application/json"

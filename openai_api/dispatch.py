@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
+from deployments.models import State
 from openai_api.catalog import Route
 from openai_api.errors import GatewayError
 
@@ -59,7 +60,7 @@ class Dispatcher:
     def check_servable(route: Route) -> None:
         """503 for an always-on deployment that cannot take a request now (an on-demand one
         is started by its request)."""
-        if not route.on_demand and (route.state != "ready" or not route.urls):
+        if not route.on_demand and (route.state != State.READY or not route.urls):
             raise GatewayError(
                 503,
                 f"The model {route.name!r} is not ready: the always-on deployment is"

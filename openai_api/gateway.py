@@ -16,30 +16,13 @@ from openai_api.auth import Caller, authenticate, last_used, rate_limiter
 from openai_api.bodies import form_field, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
+from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, store
 from openai_api.responses import handler as responses
 
-# The inference endpoints, as paths under /v1.
-TRAFFIC = frozenset(
-    {
-        "chat/completions",
-        "completions",
-        "embeddings",
-        "messages",
-        "responses",
-        "audio/transcriptions",
-        "audio/translations",
-        "audio/speech",
-        "images/generations",
-        "images/edits",
-        "rerank",
-        "score",
-    }
-)
-UNVERSIONED = {"/rerank": "rerank", "/score": "score"}
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
 
 
@@ -61,7 +44,7 @@ async def handle(exchange: Exchange) -> None:
         if parts and parts[0]:
             await check_response_scope(caller, snapshot, parts[0])
         return await stored_response(exchange, caller.identity, method, parts)
-    if endpoint not in TRAFFIC:
+    if endpoint not in PUBLIC:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")

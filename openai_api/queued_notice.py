@@ -16,10 +16,9 @@ import json
 import time
 from typing import Any
 
+from openai_api.endpoints import notice_eligible
 from openai_api.forwarder import Send, sse_start
 
-STREAMED = {"chat/completions", "completions"}
-PLAIN = {"chat/completions", "completions", "responses"}
 STRUCTURED = (
     "response_format",
     "tools",
@@ -44,7 +43,7 @@ def structured(data: dict[str, Any]) -> bool:
 def eligible(endpoint: str, data: dict[str, Any] | None, streaming: bool) -> bool:
     if data is None or structured(data):
         return False
-    return endpoint in (STREAMED if streaming else PLAIN)
+    return notice_eligible(endpoint, streaming)
 
 
 def text_for(name: str) -> str:

@@ -26,8 +26,8 @@ from deployments import deployer
 from deployments.models import Deployment, State
 from openai_api.catalog import catalog
 from openai_api.dispatch import dispatcher
+from openai_api.endpoints import PUBLIC
 from openai_api.forwarder import forwarder
-from openai_api.gateway import TRAFFIC
 from tests.conftest import wait_until
 from tests.gateway_support import reread_guard, seen_by_gateway
 
@@ -46,7 +46,7 @@ ALLOWED_5XX = {502, 503, 504}
 TIMEOUT_S = 30.0
 SEEN: dict[str, int] = {"requests": 0}
 
-V1_POST = sorted(TRAFFIC)
+V1_POST = sorted(PUBLIC)
 TEMPLATES: dict[str, dict[str, Any]] = {
     "chat/completions": {"model": "sim", "messages": [{"role": "user", "content": "hi"}]},
     "completions": {"model": "sim", "prompt": "hi", "max_tokens": 4},

@@ -7,8 +7,12 @@ import sys
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
 
 from deployments.loaders import LOADERS, EngineSpec, get_loader
+from deployments.loaders.shipped import SimulatedLoader
+from deployments.models import Deployment
 
 
 def spec(**fields: object) -> EngineSpec:
@@ -168,3 +172,14 @@ def test_it_rejects_a_use_case_a_loader_does_not_serve() -> None:
     assert get_loader("whispercpp").validate(spec(usecase="generate")) == [
         "usecase 'generate' is not served by whispercpp (transcription)"
     ]
+
+
+def test_it_takes_a_new_loader_without_a_migration(
+    monkeypatch: pytest.MonkeyPatch, transactional_db: None
+) -> None:
+    field = Deployment._meta.get_field("loader")
+    with pytest.raises(ValidationError):
+        field.clean("plugin", None)
+    monkeypatch.setitem(LOADERS, "plugin", SimulatedLoader())
+    assert field.clean("plugin", None) == "plugin"  # the registry is the field's choices
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)  # exits 1 if needed

@@ -34,7 +34,7 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent
 
 
 def accepted(deployment: Deployment, outcome: str) -> Response:
-    code = status.HTTP_202_ACCEPTED if outcome == operations.QUEUED else status.HTTP_200_OK
+    code = status.HTTP_202_ACCEPTED if outcome == operations.Outcome.QUEUED else status.HTTP_200_OK
     return Response({"id": deployment.pk, "name": deployment.name, "status": outcome}, status=code)
 
 
@@ -103,7 +103,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         deployment = self.get_object()
         outcome = operations.remove(deployment, request.user)
-        if outcome == operations.DELETED:
+        if outcome == operations.Outcome.DELETED:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return accepted(deployment, outcome)
 

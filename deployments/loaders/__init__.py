@@ -26,6 +26,12 @@ LOADERS: dict[str, Loader] = {
 CONFIG_KEYS: dict[str, str] = {loader.config_key: name for name, loader in LOADERS.items()}
 
 
+def choices() -> list[tuple[str, str]]:
+    """The Deployment.loader field's choices, read from this registry when a form or the
+    API needs them: a new loader is one entry in LOADERS, with no migration."""
+    return [(name, name) for name in LOADERS]
+
+
 def get_loader(name: str) -> Loader:
     try:
         return LOADERS[name]
@@ -33,4 +39,4 @@ def get_loader(name: str) -> Loader:
         raise KeyError(f"unknown loader {name!r}") from None
 
 
-__all__ = ["CONFIG_KEYS", "LOADERS", "EngineSpec", "Loader", "get_loader"]
+__all__ = ["CONFIG_KEYS", "LOADERS", "EngineSpec", "Loader", "choices", "get_loader"]

@@ -19,6 +19,7 @@ from django.utils import timezone
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
 
+# A stored response's status (the Responses API's words): still running, or ended.
 RUNNING = ("queued", "in_progress")
 
 
@@ -156,7 +157,6 @@ def sweep() -> int:
     return deleted
 
 
-RUNNING = ("queued", "in_progress")
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 
