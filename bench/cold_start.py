@@ -27,8 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -38,6 +38,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gateway import wait_up  # noqa: E402
 from start_to_ready import setup_django, wait_healthy  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PEER = "127.0.0.2"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
@@ -52,7 +55,7 @@ def first_byte(client: httpx.Client, url: str, body: dict[str, object], began: f
 
 
 def direct(argv: list[str], name: str) -> float:
-    from deployments.runtimes.process import free_port
+    from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
     port = free_port("127.0.0.1")
     argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)) for a in argv]
@@ -69,7 +72,7 @@ def direct(argv: list[str], name: str) -> float:
 
 
 def through_gateway(client: httpx.Client, url: str, body: dict[str, object], pk: int) -> float:
-    from deployments import deployer
+    from deployments import deployer  # noqa: PLC0415 - after setup_django()
 
     began = time.perf_counter()
     elapsed = first_byte(client, url, body, began)
@@ -86,14 +89,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         setup_django(workdir)
-        from deployments.loaders import EngineSpec, get_loader
-        from deployments.models import Deployment
-        from deployments.runtimes.process import free_port
-        from openai_api.models import ApiKey
+        from deployments.loaders import EngineSpec, get_loader  # noqa: PLC0415 - after setup_django()
+        from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
+        from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
+        from openai_api.models import ApiKey  # noqa: PLC0415 - after setup_django()
 
         engine: dict[str, object] = {"model": "simulated", "loader": "simulated"}
         if args.engine == "tiny":
-            from deployments.tiny_model import write
+            from deployments.tiny_model import write  # noqa: PLC0415 - after setup_django()
 
             model = write(workdir / "tiny.gguf")
             engine = {"model": str(model), "loader": "llama_server", "config": {"n_ctx": 2048}}
@@ -164,8 +167,8 @@ def main() -> None:
 
 def throughput(v1: httpx.Client, base: str, pk: int, runs: int) -> None:
     """Tokens per second of one long stream, direct and through /v1."""
-    from deployments import deployer
-    from deployments.models import Deployment
+    from deployments import deployer  # noqa: PLC0415 - after setup_django()
+    from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
 
     deployer.restart(pk)
     engine = Deployment.objects.get(pk=pk).engine_url

@@ -19,18 +19,21 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import httpx
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -39,7 +42,6 @@ CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_
 
 
 def free_port() -> int:
-    import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

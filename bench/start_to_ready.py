@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import docker
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,8 +34,8 @@ def setup_django(workdir: Path) -> None:
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
     os.environ["MSHIP_VAR_DIR"] = str(workdir)
     os.environ["DJANGO_SETTINGS_MODULE"] = "modelship_site.settings"
-    import django
-    from django.core.management import call_command
+    import django  # noqa: PLC0415 - once the environment above is set
+    from django.core.management import call_command  # noqa: PLC0415 - once the environment above is set
 
     django.setup()
     call_command("migrate", verbosity=0)
@@ -52,7 +53,7 @@ def wait_healthy(url: str) -> None:
 
 
 def direct_start(argv: list[str]) -> float:
-    from deployments.runtimes.process import free_port
+    from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
     port = free_port("127.0.0.1")
     argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)) for a in argv]
@@ -66,7 +67,6 @@ def direct_start(argv: list[str]) -> float:
 
 
 def docker_direct_start(image: str, argv: list[str], volumes: list[str]) -> float:
-    import docker
 
     client = docker.from_env()
     argv = [a.replace("{host}", "0.0.0.0").replace("{port}", "8000") for a in argv]
@@ -89,7 +89,7 @@ def docker_direct_start(image: str, argv: list[str], volumes: list[str]) -> floa
 
 
 def modelship_start(pk: int) -> float:
-    from deployments import deployer
+    from deployments import deployer  # noqa: PLC0415 - after setup_django()
 
     began = time.perf_counter()
     deployment = deployer.restart(pk)
@@ -106,8 +106,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         setup_django(Path(tmp))
-        from deployments.loaders import EngineSpec, get_loader
-        from deployments.models import Deployment
+        from deployments.loaders import EngineSpec, get_loader  # noqa: PLC0415 - after setup_django()
+        from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
 
         deployment = Deployment.objects.create(
             name="bench", model="simulated", loader="simulated", memory_gib=1
@@ -115,7 +115,7 @@ def main() -> None:
         argv = get_loader("simulated").argv(EngineSpec.of(deployment), "{host}", "{port}")
         rows = [("process", "direct launch + health poll", direct_start, (argv,), deployment)]
         if args.docker:
-            from django.conf import settings
+            from django.conf import settings  # noqa: PLC0415 - after setup_django()
 
             volumes = [
                 f"{p}:{p}:ro" for p in sorted({"/usr", sys.base_prefix, sys.prefix, str(REPO)})

@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def write_secret(path: Path, text: str) -> None:

@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
 from django.utils.html import format_html
 
 from deployments import hooks, host_access, operations
@@ -12,6 +10,10 @@ from deployments.engine_logs import tails
 from deployments.memory import host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
 from deployments.refusals import OperationRefused
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from django.http import HttpRequest
 
 ADMIN_LOG_LINES = 50
 BADGE_COLOURS: dict[str, str] = {

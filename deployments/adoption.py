@@ -4,6 +4,7 @@ remove containers no deployment owns, and replace engines whose configuration ch
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -13,9 +14,11 @@ from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.models import Deployment, State
 from deployments.runtimes import EngineUnreachable, get_runtime
-from deployments.runtimes.base import Handle
 from deployments.task_queue import enqueue
 from deployments.transitions import transition
+
+if TYPE_CHECKING:
+    from deployments.runtimes.base import Handle
 
 log = logging.getLogger(__name__)
 

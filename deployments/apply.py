@@ -7,9 +7,8 @@ to run in place or enqueue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -17,6 +16,9 @@ from django.db import transaction
 from deployments import operations, tasks
 from deployments.models import STARTABLE_STATES, Deployment, Mode
 from deployments.validation import name_clashes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Model fields a models.yaml sets; a field the file leaves out goes back to its default.
 FILE_FIELDS = operations.SETTABLE_FIELDS

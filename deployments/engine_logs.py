@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.deployer import handles_of
-from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, Handle, get_runtime
 from deployments.runtimes.process import log_path
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from deployments.models import Deployment
 
 MAX_TAIL = 10_000
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 
-from deployments.loaders import Loader
+if TYPE_CHECKING:
+    from deployments.loaders import Loader
 
 # name{labels} value — labels optional; names vary across engine versions, so each gauge is
 # looked up by the exact name its loader gives, summing every labelled series of it.

@@ -7,11 +7,14 @@ one primitive all of them share on a host, and the kernel drops it when a holder
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 @contextmanager

@@ -8,9 +8,11 @@ in order; no Django signals.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # What LiteLLM should list may have changed: a state entered or left, a mode switched, a
 # deployment removed. The on-demand app registers its LiteLLM sync request.

@@ -9,10 +9,12 @@ permission (superusers have every permission), through every door: the admin, /a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.refusals import OperationRefused
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 RUN_ARBITRARY_ENGINE = "deployments.run_arbitrary_engine"
 # The model fields that choose what runs; a loader's `binary` option counts too.

@@ -10,6 +10,7 @@ from django.db import models
 
 from common.json_shapes import command_line, json_object, list_of_names
 from deployments import loaders
+from deployments.fingerprint import CONFIG_FIELDS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
 name_validator = RegexValidator(
@@ -90,14 +91,20 @@ class Deployment(models.Model):
     num_replicas = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
-    mode = models.CharField(max_length=16, choices=Mode.choices, null=True, blank=True)
+    # None: not set, the site's default (always on); the API and models.yaml send null.
+    mode = models.CharField(  # noqa: DJ001
+        max_length=16, choices=Mode.choices, null=True, blank=True
+    )
     idle_timeout_s = models.PositiveIntegerField(
         null=True,
         blank=True,
         validators=[MinValueValidator(60), MaxValueValidator(86400)],
         help_text="Seconds idle before an on-demand deployment stops; empty: the site default.",
     )
-    pending_mode = models.CharField(max_length=16, choices=Mode.choices, null=True, blank=True)
+    # None: no mode switch is waiting for a start (the API shows null).
+    pending_mode = models.CharField(  # noqa: DJ001
+        max_length=16, choices=Mode.choices, null=True, blank=True
+    )
     system = models.BooleanField(
         default=False, help_text="Always on and never on demand (a decision model)."
     )
@@ -149,7 +156,6 @@ class Deployment(models.Model):
 
     def snapshot(self) -> dict[str, Any]:
         """The audited view of a deployment: what an operator sets, plus its state."""
-        from deployments.fingerprint import CONFIG_FIELDS
 
         data: dict[str, Any] = {field: getattr(self, field) for field in CONFIG_FIELDS}
         data.update(

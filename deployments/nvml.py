@@ -27,7 +27,7 @@ class GpuReading:
 def library() -> Any | None:
     """pynvml, initialised once; None where it or the driver is missing."""
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - a failed import means a CPU host (caught below)
 
         pynvml.nvmlInit()
     except Exception:  # no package, no driver, no device: a CPU host

@@ -10,10 +10,9 @@ waiting for the engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -27,6 +26,9 @@ from deployments.models import STARTABLE_STATES, Deployment, Mode, State
 from deployments.refusals import CannotSleep, InvalidConfiguration, InvalidState
 from deployments.task_queue import Work, enqueue
 from deployments.validation import cross_field_problems, name_clashes
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # What an operator sets on a deployment (the rest is its state).
 SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")

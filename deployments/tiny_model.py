@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+import gguf
 import numpy as np
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -98,8 +102,6 @@ def printable(token: str, alphabet: list[str]) -> bool:
 
 
 def write(path: Path, seed: int = 0, embedding: bool = False, shape: Shape = Shape()) -> Path:
-    import gguf
-
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its per-file chatter
     tokens, types, merges = vocabulary()
     alphabet = byte_alphabet()
@@ -107,7 +109,8 @@ def write(path: Path, seed: int = 0, embedding: bool = False, shape: Shape = Sha
     n_vocab, d = len(tokens), shape.n_embd
 
     def weights(rows: int, cols: int, scale: float = 0.5) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+        drawn: np.ndarray = rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)
+        return drawn.astype(np.float32)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")  # renamed once whole

@@ -8,9 +8,8 @@ an adoption race without a lock around the whole operation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -19,6 +18,9 @@ from django.utils import timezone
 from deployments import hooks
 from deployments.audit import event
 from deployments.models import Deployment, Mode, State
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # Entering or leaving these states changes what LiteLLM should list.
 LITELLM_STATES = {State.READY, State.FAILED, State.PLANNED}

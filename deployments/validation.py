@@ -5,12 +5,14 @@ Single-field rules live on the model's fields; these are the ones a field cannot
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Mode
 from deployments.runtimes.docker_options import problems as docker_problems
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 Problems = dict[str, list[str]]
 

@@ -3,11 +3,14 @@ reads it from common.request_id)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from django.http import HttpRequest, HttpResponse
+from typing import TYPE_CHECKING
 
 from common.request_id import current_request_id, make_request_id
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from django.http import HttpRequest, HttpResponse
 
 
 class RequestIdMiddleware:

@@ -24,14 +24,13 @@ import os
 from typing import Any
 
 import uvicorn
+from django.conf import settings
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 MAX_HEADER_BYTES = 64 * 1024
 
 
 def header_timeout() -> float:
-    from django.conf import settings
-
     return float(settings.MSHIP_HEADER_TIMEOUT_S)
 
 
@@ -70,8 +69,6 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
 
 def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
-    from django.conf import settings
-
     return uvicorn.Config(
         app,
         host=host,
@@ -92,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
-    from modelship_site.asgi import application
+    from modelship_site.asgi import application  # noqa: PLC0415 - needs the settings module
 
     uvicorn.Server(config(application, args.host, args.port)).run()
 

@@ -7,8 +7,7 @@ request's path except the lease renewal, which the controller does ahead of time
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from asgiref.sync import sync_to_async
@@ -21,6 +20,9 @@ from deployments.memory import host_summary, need_gib
 from deployments.models import Deployment
 from ondemand import lease
 from ondemand.state import Budget, View
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ACTOR = "ondemand"
 T = TypeVar("T")

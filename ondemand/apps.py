@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from deployments import hooks
+
 
 class OndemandConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
@@ -7,10 +9,9 @@ class OndemandConfig(AppConfig):
 
     def ready(self) -> None:
         # The control plane calls these hooks; it imports nothing of this app. Imported here,
-        # once the apps are loaded (these modules use the models).
-        from deployments import hooks
-        from ondemand import litellm, registry, status, tasks
-        from openai_api.dispatch import dispatcher
+        # once the apps are loaded: these modules use the models.
+        from ondemand import litellm, registry, status, tasks  # noqa: PLC0415 - apps loaded
+        from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
         hooks.register(hooks.start_failures_forgiven, registry.forgive_start_failures)

@@ -1,18 +1,30 @@
-"""Time for the controller: the real clock, or a test's, which moves only when told."""
+"""Time for the controller: a Clock is injected, the system's or a test's (which moves only
+when told), so that every timer of the on-demand rules runs on it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from typing import Protocol
 
 
-class Clock:
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds on a monotonic scale."""
+        ...
+
+    # The wait is the clock's own (not asyncio.timeout) so that a test's clock decides it.
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+        """Until the event is set (True) or the timeout passes (False)."""
+        ...
+
+
+class SystemClock:
     def now(self) -> float:
         return time.monotonic()
 
-    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
-        """Until the event is set (True) or the timeout passes (False)."""
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), max(timeout, 0))
             return True

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
 from ondemand import errors, policy
-from ondemand.clock import Clock
+from ondemand.clock import Clock, SystemClock
 from ondemand.policy import EPSILON_GIB, StartOutcome
 from ondemand.state import (
     LEASE_EXTRA_S,
@@ -28,6 +27,9 @@ from ondemand.state import (
     Waiter,
     describe,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
@@ -43,7 +45,7 @@ class Controller:
         max_queued: int = 1000,
     ) -> None:
         self.deployer = deployer
-        self.clock = clock or Clock()
+        self.clock = clock or SystemClock()
         self.queue_timeout_s = queue_timeout_s
         self.max_queued = max_queued
         self.entries: dict[int, Entry] = {}
@@ -191,14 +193,14 @@ class Controller:
         task.add_done_callback(self._background.discard)
 
     async def _await_attempt(
-        self, attempt: asyncio.Task[StartOutcome], changed: asyncio.Event, timeout: float
+        self, attempt: asyncio.Task[StartOutcome], changed: asyncio.Event, within_s: float
     ) -> StartOutcome | None:
         """The attempt's outcome once it ends; None when a change or the poll interval came
         first. The attempt is shielded: a waiter that gives up never cancels it half-way."""
         if not attempt.done():
             finished: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(attempt))
             woke: asyncio.Future[Any] = asyncio.ensure_future(
-                self.clock.wait(changed, min(POLL_S, timeout))
+                self.clock.wait(changed, min(POLL_S, within_s))
             )
             try:
                 await asyncio.wait({finished, woke}, return_when=asyncio.FIRST_COMPLETED)

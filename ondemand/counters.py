@@ -9,7 +9,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ondemand.clock import Clock
+from channels.layers import get_channel_layer
+
+from ondemand.clock import Clock, SystemClock
 
 GROUP = "deployments"
 EVERY_S = 1.0
@@ -20,7 +22,7 @@ Publish = Callable[[int], Awaitable[None]]
 class CounterPublisher:
     def __init__(self, publish: Publish, clock: Clock | None = None) -> None:
         self.publish = publish
-        self.clock = clock or Clock()
+        self.clock = clock or SystemClock()
         self.last: dict[int, float] = {}
         self.pending: dict[int, asyncio.Task[None]] = {}
 
@@ -50,7 +52,6 @@ class CounterPublisher:
 
 def channel_publisher(status: Callable[[int], dict[str, Any]]) -> Publish:
     """Publish {"type": "deployment.ondemand", "id", "ondemand"} to the group."""
-    from channels.layers import get_channel_layer
 
     async def publish(deployment_id: int) -> None:
         layer = get_channel_layer()

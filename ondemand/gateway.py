@@ -16,11 +16,13 @@ from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db import connection
 
 from deployments.models import State
 from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
+from ondemand.tasks import enqueue_litellm_sync
 from openai_api.bodies import json_value, parsed
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
@@ -39,9 +41,6 @@ keyfile.on_change.append(failures.clear)
 
 def _sync_on_rotation() -> None:
     """A new key is registered with LiteLLM by a sync (queued off the event loop)."""
-    from django.db import connection
-
-    from ondemand.tasks import enqueue_litellm_sync
 
     def enqueue() -> None:
         try:

@@ -10,13 +10,16 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from common.secret_files import create_secret
 from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
 

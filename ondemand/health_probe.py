@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.models import State
-from openai_api.catalog import Route
 from openai_api.endpoints import ENDPOINTS
 from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
 
 HEADER = "x-modelship-health-check"
 STATE_HEADER = "x-modelship-ondemand-state"

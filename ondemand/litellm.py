@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from django.conf import settings
 
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, State
+from ondemand.models import LiteLLMStatus
 
 log = logging.getLogger(__name__)
 ID_PREFIX = "modelship-"
@@ -200,7 +202,6 @@ class Outcome:
 
 def sync() -> Outcome | None:
     """One sync; None when no LiteLLM is configured. Its outcome is kept for the API."""
-    from ondemand.models import LiteLLMStatus
 
     target = site()
     if target is None:
@@ -231,7 +232,6 @@ def sync() -> Outcome | None:
 def config_yaml() -> str:
     """The entries a sync would register, as a static `model_list` (for a LiteLLM proxy
     without a database)."""
-    import yaml
 
     target = site()
     internal = target.internal_url if target else settings.MSHIP_INTERNAL_URL.rstrip("/")
@@ -241,7 +241,6 @@ def config_yaml() -> str:
 
 def status_now() -> dict[str, Any]:
     """For GET /api/host."""
-    from ondemand.models import LiteLLMStatus
 
     row = LiteLLMStatus.objects.filter(pk=1).first()
     configured = site() is not None
@@ -256,7 +255,6 @@ def status_now() -> dict[str, Any]:
 def deployment_statuses() -> dict[str, str] | None:
     """Each deployment's status word by id (one read for a whole list); None when no LiteLLM
     is configured. After a failed sync every deployment reads `error`."""
-    from ondemand.models import LiteLLMStatus
 
     if not settings.MSHIP_LITELLM_URL:
         return None

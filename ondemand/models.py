@@ -25,6 +25,9 @@ class LiteLLMStatus(models.Model):
     class Meta:
         verbose_name = "LiteLLM status"
 
+    def __str__(self) -> str:
+        return f"LiteLLM sync: {'ok' if self.ok else self.error or 'never'} at {self.synced_at}"
+
     @classmethod
     def record(cls, outcome: Any, statuses: dict[int, str]) -> None:
         previous = cls.objects.filter(pk=1).first()

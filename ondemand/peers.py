@@ -18,9 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import docker
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from deployments.runtimes import get_runtime
 from deployments.runtimes.docker_network import AttachedNetwork, attached_networks, in_container
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange
@@ -96,8 +98,6 @@ def read_policy() -> PeerPolicy:
     attached: list[AttachedNetwork] = []
     decider = None
     if in_container() or decider_name:
-        from deployments.runtimes import get_runtime
-
         client = get_runtime("docker").client  # type: ignore[attr-defined]
         attached = attached_networks(client)
         if decider_name:
@@ -108,8 +108,6 @@ def read_policy() -> PeerPolicy:
 
 
 def _network(client: Any, name: str) -> AttachedNetwork:
-    import docker
-
     try:
         network = client.networks.get(name)
     except docker.errors.NotFound:

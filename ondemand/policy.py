@@ -9,12 +9,14 @@ controller and the cluster's reaper both decide with them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from deployments.models import State
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 BACKOFF_FIRST_S = 60.0
 BACKOFF_MAX_S = 900.0

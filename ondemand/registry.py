@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -16,6 +15,9 @@ from ondemand.controller import Controller
 from ondemand.counters import CounterPublisher, channel_publisher
 from ondemand.state import LEASE_RENEW_S, Slot, View
 from openai_api.catalog import Route, catalog
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 _controllers: dict[asyncio.AbstractEventLoop, Controller] = {}

@@ -3,14 +3,17 @@ and what it remembers of them (Entry, Waiter, Slot), with the phase that memory 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from deployments.engine_metrics import Load
 from deployments.models import State
 from ondemand.policy import Phase, StartOutcome
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from deployments.engine_metrics import Load
 
 SLEEPING = (State.PLANNED, State.STOPPED, State.ASLEEP, State.STOPPING)  # no engine serves
 

@@ -3,11 +3,13 @@ runs the gateway, else what the record alone says."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from deployments.models import Deployment
 from ondemand.registry import controllers
 from ondemand.state import Entry, describe
+
+if TYPE_CHECKING:
+    from deployments.models import Deployment
 
 
 def status_of(deployment: Deployment) -> dict[str, Any] | None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import time
 
+from django.conf import settings
+from django.db import transaction
+from django_q.tasks import async_task
+
+from ondemand.litellm import sync
 from ondemand.reaper import reap_once
 
 PASSES = 4
@@ -12,7 +17,6 @@ EVERY_S = 15.0
 
 def sync_litellm() -> dict[str, object] | None:
     """Register deployments with the site's LiteLLM proxy (every minute, and on changes)."""
-    from ondemand.litellm import sync
 
     outcome = sync()
     return None if outcome is None else outcome.__dict__
@@ -20,8 +24,6 @@ def sync_litellm() -> dict[str, object] | None:
 
 def request_litellm_sync() -> None:
     """Queue a sync once the current transaction commits, where LiteLLM is configured."""
-    from django.conf import settings
-    from django.db import transaction
 
     if not settings.MSHIP_LITELLM_URL:
         return
@@ -30,11 +32,8 @@ def request_litellm_sync() -> None:
 
 
 def enqueue_litellm_sync() -> None:
-    from django.conf import settings
-    from django_q.tasks import async_task
-
     if settings.MSHIP_LITELLM_URL:
-        async_task("ondemand.tasks.sync_litellm", group="litellm-sync")
+        async_task(sync_litellm, group="litellm-sync")
 
 
 def reap() -> list[str]:

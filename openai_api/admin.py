@@ -1,12 +1,14 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.http import HttpRequest
 
 from deployments import audit
 from openai_api.models import ApiKey
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
 
 
 @admin.register(ApiKey)

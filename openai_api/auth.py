@@ -10,15 +10,18 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from openai_api.catalog import Key, Snapshot
 from openai_api.errors import GatewayError
 from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Key, Snapshot
 
 LAST_USED_EVERY_S = 60.0
 # Compared against when the prefix is unknown, so a miss costs what a hit costs.

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
 from email.message import Message
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 T = TypeVar("T")
 MAX_DEPTH = 64

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -22,6 +22,9 @@ from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment
 from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,19 @@ on-demand deployments with the controller's acquire and release.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from deployments.models import State
-from openai_api.catalog import Route
 from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from openai_api.catalog import Route
 
 log = logging.getLogger(__name__)
 

@@ -86,6 +86,9 @@ class ResponseHeartbeat(models.Model):
     response_id = models.CharField(max_length=64, primary_key=True)
     beat_at = models.DateTimeField()
 
+    def __str__(self) -> str:
+        return f"{self.response_id} alive at {self.beat_at}"
+
 
 class ResponseEvent(models.Model):
     """The replay log of a streamed background run, where no Redis is configured."""
@@ -100,3 +103,6 @@ class ResponseEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["response_id", "sequence"], name="one_event_per_seq")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.response_id} #{self.sequence}"

@@ -8,14 +8,16 @@ import asyncio
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
-from openai_api.exchange import Exchange
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
 from openai_api.queued_notice import QueuedNotice
 from openai_api.queued_notice import eligible as notice_eligible
+
+if TYPE_CHECKING:
+    from openai_api.exchange import Exchange
 
 SlotFactory = Callable[[Callable[[], Any] | None], AbstractAsyncContextManager[str]]
 

@@ -7,15 +7,18 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from django.db import connection
 
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 # Fixtures every test file may use: the in-process gateway and a key, the Docker Engine.
@@ -27,7 +30,6 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     """pytest-django's test database, whose PostgreSQL sessions still open at the end (the
     in-process gateway's worker threads keep theirs) are ended so that it can be dropped."""
     yield
-    from django.db import connection
 
     if connection.vendor != "postgresql":
         return
@@ -102,7 +104,8 @@ def reply_of(url: str) -> str:
 
 def sim(**options: Any) -> dict[str, Any]:
     """A simulated_config block (kept as a dict; JSON-clean)."""
-    return json.loads(json.dumps(options))
+    clean: dict[str, Any] = json.loads(json.dumps(options))
+    return clean
 
 
 def pid_alive(pid: int) -> bool:
@@ -129,7 +132,6 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
     test database can be dropped at the end."""
 
     def run() -> None:
-        from django.db import connection
 
         try:
             target(*args)
@@ -143,7 +145,6 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
 
 def env_for_subprocess(**extra: str) -> dict[str, str]:
     """The environment a Modelship subprocess needs to share this test's database."""
-    from django.db import connection
 
     env = dict(os.environ)
     db = connection.settings_dict

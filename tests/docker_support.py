@@ -14,12 +14,15 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import docker
 import pytest
 
 from tests.conftest import REPO
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # /sbin is a folder of its own: Docker mounts its init process at /sbin/docker-init, which
 # cannot be made inside the read-only /usr.
@@ -53,7 +56,6 @@ def engine_volumes() -> list[str]:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
-    import docker
 
     try:
         client = docker.from_env()
@@ -65,7 +67,6 @@ def docker_client() -> Any:
 
 @pytest.fixture(scope="session")
 def engine_image(docker_client: Any) -> str:
-    import docker
 
     data = skeleton()
     tag = f"modelship-test-engine:{hashlib.sha256(data).hexdigest()[:12]}"

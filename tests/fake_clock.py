@@ -14,7 +14,7 @@ class FakeClock:
     def now(self) -> float:
         return self.t
 
-    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
         if event.is_set():
             return True
         timer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -6,27 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import uvicorn
 
 from deployments import deployer
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
+from modelship_site.asgi import application
+from modelship_site.server import config
+from ondemand import gateway
 from openai_api.catalog import catalog
 from openai_api.forwarder import forwarder
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
 
 @pytest.fixture(scope="session")
 def gateway_url(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
-    import uvicorn
-
-    from modelship_site.asgi import application
-    from modelship_site.server import config
 
     port = free_port("127.0.0.1")
     # The server `serve` runs, with its limits.
@@ -92,7 +94,6 @@ def serving(make_deployment: Any, engines: None, site: Any) -> Callable[..., Dep
 def reread_guard() -> None:
     """The gateway reads its peer policy and key file again on the next request (they are
     otherwise read every 30 s and at most once a second)."""
-    from ondemand import gateway
 
     gateway.application.policy = None
     gateway.application.read_at = float("-inf")

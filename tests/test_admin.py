@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import re
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from django.test import Client
+from django.contrib.auth.models import User
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
+from openai_api.models import ApiKey
+from tests.conftest import REPO
+
+if TYPE_CHECKING:
+    from django.test import Client
 
 
 @pytest.fixture
 def staff(client: Client, transactional_db: None) -> Client:
-    from django.contrib.auth.models import User
 
     client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
     return client
@@ -85,7 +93,6 @@ def test_it_keeps_audit_and_events_read_only(staff: Client) -> None:
 
 
 def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Client) -> None:
-    from openai_api.models import ApiKey
 
     made = staff.post(
         "/admin/openai_api/apikey/add/",
@@ -93,7 +100,6 @@ def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Cli
     )
     assert made.status_code == 302
     assert "messages" not in made.cookies  # the secret is not carried in a cookie
-    import re
 
     shown = staff.get(made["Location"]).content.decode()
     key = ApiKey.objects.get(name="ci")
@@ -113,17 +119,12 @@ def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Cli
 
 
 def test_it_sends_secure_cookies_and_hsts_behind_tls() -> None:
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
 
     script = (
         "import django; django.setup(); from django.conf import settings as s;"
         "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"
     )
     env = {"DJANGO_SETTINGS_MODULE": "modelship_site.settings", "MSHIP_HTTPS": "true"}
-    import os
 
     done = subprocess.run(
         [sys.executable, "-c", script],

@@ -6,8 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -17,6 +16,9 @@ from deployments.adoption import adopt_all
 from deployments.models import Deployment, State
 from deployments.transitions import transition
 from tests.conftest import REPO, env_for_subprocess, pid_alive, reply_of, wait_until
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 

@@ -4,8 +4,7 @@ feed it refuse shapes it could not read."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -17,6 +16,9 @@ from deployments.models import Deployment
 from openai_api.catalog import catalog
 from openai_api.models import ApiKey
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.usefixtures("engines")
 

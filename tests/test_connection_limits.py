@@ -9,16 +9,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from deployments import deployer
 from deployments.runtimes.process import free_port
+from modelship_site.management.commands.serve import Command
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 
 def connect(url: str) -> socket.socket:
@@ -179,7 +183,6 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
 ) -> None:
     """A client that stops reading a 60 MB stream: the server's memory stays flat (the
     engine waits), and every byte still arrives once the client reads again."""
-    from deployments import deployer
 
     url, pid = server_process
     word = "x" * 20_000
@@ -214,7 +217,6 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
 
 
 def test_it_is_the_server_serve_runs_by_default() -> None:
-    from modelship_site.management.commands.serve import Command
 
     parser = Command().create_parser("manage.py", "serve")
     assert parser.parse_args([]).server == "uvicorn"

@@ -8,9 +8,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +20,9 @@ from deployments.runtimes import EngineUnreachable
 from deployments.watchdog import check_once
 from tests.conftest import reply_of, wait_until
 from tests.docker_support import docker_block
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = pytest.mark.usefixtures("engines", "docker_site")
 

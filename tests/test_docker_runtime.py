@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import ast
+import ipaddress
+import json
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import docker
 import pytest
 import yaml
 from django.core.management import call_command
+from django_q.brokers import get_broker
 
 from deployments import deployer
 from deployments.adoption import adopt_all
 from deployments.models import Deployment, State
-from tests.conftest import REPO, env_for_subprocess, reply_of
-from tests.docker_support import docker_block
+from deployments.runtimes import get_runtime
+from deployments.runtimes.docker_network import attached_networks
+from deployments.watchdog import check_once
+from openai_api.catalog import route_of
+from openai_api.mcp.egress import Policy, host_networks, normalise
+from tests.conftest import REPO, chat, env_for_subprocess, reply_of, wait_until
+from tests.docker_support import docker_block, engine_volumes
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines", "docker_site")
 
@@ -56,8 +67,6 @@ def test_it_runs_the_simulated_engine_as_a_container(
     assert "modelship-test" in box.attrs["NetworkSettings"]["Networks"]
     # The engines' network is recorded, so MCP egress refuses its addresses.
     address = box.attrs["NetworkSettings"]["Networks"]["modelship-test"]["IPAddress"]
-    from openai_api.catalog import route_of
-    from openai_api.mcp.egress import Policy, host_networks, normalise
 
     networks = route_of(deployment).networks
     policy = Policy(frozenset(), (), host_networks(networks), False)
@@ -178,7 +187,6 @@ def test_it_adopts_a_ready_container_after_a_restart_without_restarting_it(
 def test_it_replaces_a_container_whose_configuration_changed_while_down(
     make_deployment: Any, docker_client: Any
 ) -> None:
-    from django_q.brokers import get_broker
 
     deployment = running(container(make_deployment, config={"reply": "old"}))
     old_id = container_of(docker_client, deployment).id
@@ -207,20 +215,16 @@ def test_it_removes_an_orphan_container_and_settles_a_vanished_one(
     assert outcome["stopped"] == ["vanished"]
     vanished.refresh_from_db()
     assert vanished.state == State.STOPPED
-    import docker
 
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(orphan_box.id)
 
 
 def test_it_notices_a_container_that_died_while_serving(make_deployment: Any) -> None:
-    from deployments.watchdog import check_once
-    from tests.conftest import chat, wait_until
 
     deployment = running(container(make_deployment, config={"crash_after_requests": 1}))
     chat(deployment.engine_url)
     handle = deployment.runtime_handle["replicas"][0]
-    from deployments.runtimes import get_runtime
 
     wait_until(lambda: not get_runtime("docker").is_alive(handle), 20)
     assert check_once() == ["box"]
@@ -231,12 +235,6 @@ def test_it_notices_a_container_that_died_while_serving(make_deployment: Any) ->
 def test_it_finds_the_networks_of_its_own_container(
     docker_client: Any, engine_image: str, site: Any
 ) -> None:
-    import ipaddress
-    import json
-
-    from deployments.runtimes import get_runtime
-    from deployments.runtimes.docker_network import attached_networks
-    from tests.docker_support import engine_volumes
 
     assert attached_networks(docker_client) == []  # the tests run outside a container
     network = get_runtime("docker").network()  # type: ignore[attr-defined]
@@ -269,8 +267,6 @@ def test_it_calls_engines_by_address_when_it_runs_on_their_network(
 ) -> None:
     """Modelship itself in a container on the engines' network: no published port, the
     engine's address on that network, and the start reaches it there."""
-    from deployments.runtimes import get_runtime
-    from tests.docker_support import engine_volumes
 
     network = get_runtime("docker").network()  # type: ignore[attr-defined]
     models = tmp_path / "models.yaml"

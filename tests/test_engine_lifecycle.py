@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from django.db import connection
 
 from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
+from deployments.refusals import CannotSleep
 from tests.conftest import chat, in_thread, pid_alive, reply_of, sim, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -76,7 +80,6 @@ def test_it_fails_an_engine_that_never_gets_healthy_and_kills_it(
 
 
 def _ps_lines() -> list[str]:
-    import subprocess
 
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()[1:] if " Z" not in line and "ps -eo" not in line]
@@ -102,7 +105,6 @@ def test_it_starts_an_engine_once_for_twenty_concurrent_starts(make_deployment: 
     errors: list[BaseException] = []
 
     def start() -> None:
-        from django.db import connection
 
         try:
             barrier.wait()
@@ -141,7 +143,7 @@ def test_it_puts_an_engine_to_sleep_and_wakes_it(make_deployment: Any) -> None:
 
 def test_it_refuses_to_sleep_an_engine_without_sleep_mode(make_deployment: Any) -> None:
     deployment = make_deployment(loader="llama_server", model="/nonexistent.gguf", memory_gib=1)
-    with pytest.raises(deployer.CannotSleep):
+    with pytest.raises(CannotSleep):
         deployer.sleep(deployment.pk)
 
 
@@ -192,7 +194,6 @@ def test_it_stops_a_deployment_while_it_starts(make_deployment: Any) -> None:
 def test_it_runs_a_process_engine_without_modelships_secrets_in_a_folder_of_its_own(
     make_deployment: Any, monkeypatch: Any, settings: Any
 ) -> None:
-    from pathlib import Path
 
     monkeypatch.setenv("MSHIP_SECRET_KEY", "not-for-engines")
     monkeypatch.setenv("REDIS_URL", "redis://secret@127.0.0.1:6379/0")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import AsyncClient, Client
 from rest_framework.test import APIClient
 
 from deployments import deployer
-from deployments.models import Deployment
 from tests.conftest import chat
 from tests.docker_support import docker_block
+
+if TYPE_CHECKING:
+    from deployments.models import Deployment
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -70,14 +73,13 @@ def test_it_keeps_a_process_engines_log_after_it_stopped(
 async def test_it_follows_the_engine_log_as_server_sent_events(
     make_deployment: Any, staff: User, runtime: str, request: Any
 ) -> None:
-    from asgiref.sync import sync_to_async
 
     deployment = await sync_to_async(started)(make_deployment, runtime, request)
     client = AsyncClient()
     await client.aforce_login(staff)
     response = await client.get(f"/api/deployments/{deployment.pk}/logs/?follow=1")
     assert response["Content-Type"] == "text/event-stream"
-    stream = aiter(cast(Any, response).streaming_content)
+    stream = aiter(cast("Any", response).streaming_content)
     assert await anext(stream) == b": following\n\n"
     await sync_to_async(chat)(deployment.engine_url)
     assert await anext(stream) == b"data: POST /v1/chat/completions\n\n"

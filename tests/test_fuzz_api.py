@@ -8,16 +8,19 @@ from typing import Any
 
 import pytest
 import schemathesis
+from django.contrib.auth.models import User
+from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
 from rest_framework.authtoken.models import Token
 from schemathesis.checks import positive_data_acceptance
+
+from deployments.models import Deployment
 
 EXAMPLES = int(os.environ.get("MSHIP_FUZZ_API_EXAMPLES", "25"))
 
 
 @pytest.fixture
 def api_schema() -> Any:
-    from drf_spectacular.generators import SchemaGenerator
 
     raw = SchemaGenerator().get_schema(request=None, public=True)
     return schemathesis.openapi.from_dict(raw)
@@ -25,9 +28,6 @@ def api_schema() -> Any:
 
 @pytest.fixture
 def token(transactional_db: None) -> str:
-    from django.contrib.auth.models import User
-
-    from deployments.models import Deployment
 
     user = User.objects.create_superuser("fuzz", "f@example.com", "pw-123456")
     for name in ("a", "b", "c"):  # so that some generated ids name a real deployment

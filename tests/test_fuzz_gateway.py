@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -24,12 +22,17 @@ from hypothesis import strategies as st
 
 from deployments import deployer
 from deployments.models import Deployment, State
+from ondemand.registry import controllers
 from openai_api.catalog import catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC
 from openai_api.forwarder import forwarder
 from tests.conftest import wait_until
 from tests.gateway_support import reread_guard, seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -289,7 +292,6 @@ def fuzz_site(
 
 def assert_nothing_in_flight() -> None:
     """The gateway's counters are back at zero: no slot, stream or waiter was leaked."""
-    from ondemand.registry import controllers
 
     def settled() -> bool:
         entries = [e for c in controllers() for e in c.entries.values()]

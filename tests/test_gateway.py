@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import traceback
 from collections.abc import Callable
@@ -11,8 +12,10 @@ import anthropic
 import httpx
 import openai
 import pytest
+from django.db.backends import utils
 
 from deployments.models import Deployment
+from deployments.runtimes.process import free_port
 from openai_api.catalog import catalog
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
@@ -162,7 +165,6 @@ def test_it_answers_503_for_a_deployment_that_is_not_ready(
 def test_it_answers_502_when_the_engine_cannot_be_reached(
     gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
 ) -> None:
-    from deployments.runtimes.process import free_port
 
     site.MSHIP_ROUTE_REFRESH_S = 0.05
     nobody = f"http://127.0.0.1:{free_port('127.0.0.1')}"
@@ -228,7 +230,6 @@ def test_it_cancels_the_engine_request_when_the_client_hangs_up(
 def test_it_forwards_a_multipart_upload_intact(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
-    import hashlib
 
     serving("ears", usecase="transcription")
     audio = bytes(range(256)) * 4000
@@ -245,7 +246,6 @@ def test_it_makes_no_database_query_while_it_streams(
     site: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from django.db.backends import utils
 
     serving("sim", config={"tokens_per_second": 50})
     sdk = client(gateway_url, api_key())

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from django.test import Client
+from django.contrib.auth.models import User
 
 from deployments import deployer
+
+if TYPE_CHECKING:
+    from django.test import Client
 
 
 def test_it_answers_liveness_without_a_database(client: Client) -> None:
@@ -27,7 +30,6 @@ def test_it_keeps_a_callers_request_id(client: Client) -> None:
 def test_it_is_not_ready_until_every_always_on_deployment_is(
     client: Client, make_deployment: Any
 ) -> None:
-    from django.contrib.auth.models import User
 
     pinned = make_deployment("pinned")
     make_deployment("lazy", mode="on_demand")

@@ -5,15 +5,22 @@ or a traceback. Each case here was once answered with a 500."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from django.db import OperationalError
 
-from deployments.models import Deployment
 from deployments.runtimes.process import free_port
+from ondemand.adapter import DjangoDeployer
+from openai_api import gateway
+from openai_api.responses.translator import StreamTranslator
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from deployments.models import Deployment
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -155,7 +162,6 @@ def test_it_has_the_simulated_engine_refuse_what_a_real_engine_refuses(
 def test_it_answers_an_unexpected_failure_with_a_json_500(
     gw: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from openai_api import gateway
 
     def broken(*args: Any) -> Any:
         raise RuntimeError("a bug with a secret in it: sk-12345")
@@ -170,7 +176,6 @@ def test_it_answers_an_unexpected_failure_with_a_json_500(
 def test_it_ends_a_responses_stream_that_breaks_with_response_failed(
     gw: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from openai_api.responses.translator import StreamTranslator
 
     feed = StreamTranslator.feed
     fed: list[Any] = []
@@ -204,9 +209,6 @@ def test_it_names_the_deployment_not_the_engine_address_when_it_cannot_reach_it(
 def test_it_answers_503_when_the_control_plane_store_fails_during_an_on_demand_acquire(
     gw: httpx.Client, make_deployment: Callable[..., Deployment], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django.db import OperationalError
-
-    from ondemand.adapter import DjangoDeployer
 
     make_deployment("lazy", mode="on_demand")
     seen_by_gateway(lambda s: "lazy" in s.routes)

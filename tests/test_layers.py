@@ -9,10 +9,13 @@ fails, and so does an entry that no longer happens (take it out)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.conftest import REPO
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
 
 PACKAGES = ("common", "deployments", "openai_api", "ondemand", "modelship_site")
 RANK = {name: rank for rank, name in enumerate(PACKAGES)}

@@ -10,9 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -25,6 +24,9 @@ from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from tests.conftest import answers, wait_until
 from tests.gateway_support import reread_guard, seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.usefixtures("engines")
 MASTER = "sk-master-" + secrets.token_hex(4)

@@ -11,19 +11,27 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import uvicorn
 import yaml
+from django.contrib.auth.models import User
 from django.core.management import call_command
+from litellm.proxy._types import ModelInfoDelete
+from litellm.types.router import Deployment as LiteLLMDeployment
+from rest_framework.test import APIClient
 
 from deployments import deployer
 from deployments.models import Deployment, State
+from deployments.operations import set_mode
 from deployments.runtimes.process import free_port
-from ondemand.litellm import sync
+from ondemand.litellm import deployment_status, status_now, sync
 from tests.conftest import wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
 
@@ -41,8 +49,6 @@ class StandIn:
         self.timeline: list[set[str]] = []  # served names listed after each write
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        from litellm.proxy._types import ModelInfoDelete
-        from litellm.types.router import Deployment as LiteLLMDeployment
 
         if scope["type"] != "http":
             return
@@ -100,7 +106,6 @@ class StandIn:
 
 @pytest.fixture
 def stand_in(site: Any, tmp_path: Path) -> Iterator[StandIn]:
-    import uvicorn
 
     app = StandIn()
     port = free_port("127.0.0.1")
@@ -154,8 +159,6 @@ def test_it_registers_always_on_and_on_demand_deployments(
     assert again is not None and (again.added, again.deleted) == ([], [])
     assert stand_in.writes == writes
     # The API says so.
-    from django.contrib.auth.models import User
-    from rest_framework.test import APIClient
 
     api = APIClient()
     api.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
@@ -166,7 +169,6 @@ def test_it_registers_always_on_and_on_demand_deployments(
 def test_it_keeps_the_name_listed_through_a_mode_switch_and_a_key_rotation(
     stand_in: StandIn, make_deployment: Callable[..., Deployment], tmp_path: Path
 ) -> None:
-    from deployments.operations import set_mode
 
     switching = ready(make_deployment, "switching")
     sync()
@@ -194,7 +196,6 @@ def test_it_leaves_on_demand_entries_alone_without_a_key(
     outcome = sync()
     assert outcome is not None and outcome.deleted == []
     assert stand_in.entries("lazy")  # left as it was
-    from ondemand.litellm import deployment_status
 
     assert deployment_status(lazy.pk) == "ondemand_not_configured"
 
@@ -215,7 +216,6 @@ def test_it_loses_nothing_when_litellm_fails_mid_sync_and_repairs_next_time(
     assert first is not None and first.error and second is not None and second.error
     assert len([r for r in caplog.records if "LiteLLM sync failed" in r.message]) == 1
     assert stand_in.entries("a")  # nothing deleted that it could not verify
-    from ondemand.litellm import status_now
 
     assert status_now()["litellm_ready"] is False
     stand_in.fail_after = None

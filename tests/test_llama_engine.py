@@ -5,20 +5,24 @@ official openai SDK."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
 from django.core.management import call_command
 
+from deployments import deployer
 from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from tests.conftest import wait_until
+from tests.docker_support import docker_block
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 # fixtures
 
@@ -200,8 +204,6 @@ def test_it_runs_the_same_launcher_in_a_container(
 ) -> None:
     """The docker runtime with the tests' image: llama.cpp's server from the same wheel,
     the model's folder bind-mounted by the runtime, called on its published port."""
-    from deployments import deployer
-    from tests.docker_support import docker_block
 
     boxed = make_deployment(
         "tiny-boxed",
@@ -224,7 +226,6 @@ def test_it_runs_the_same_launcher_in_a_container(
 def test_it_fails_a_start_on_a_file_that_is_no_model_with_llama_cpps_words(
     make_deployment: Any, tmp_path: Path
 ) -> None:
-    from deployments import deployer
 
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf at all")

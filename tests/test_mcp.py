@@ -8,16 +8,22 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import openai
 import pytest
+import uvicorn
+from mcp.server.mcpserver import MCPServer
 
-from deployments.models import Deployment
 from deployments.runtimes.process import free_port
 from openai_api.models import StoredResponse
 from tests.conftest import wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from deployments.models import Deployment
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -28,8 +34,6 @@ SEEN_HEADERS: list[dict[str, str]] = []
 def mcp_url() -> Iterator[str]:
     """A real MCP server with a few tools: one plain, one slow, one that fails, one secret
     (the tests ask for approval of it)."""
-    import uvicorn
-    from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("dice")
 
@@ -194,7 +198,6 @@ def test_it_fails_cleanly_when_the_server_cannot_be_reached(
     message = events[-2].message  # type: ignore[union-attr]
     assert message.endswith("the MCP server could not be reached") and "refused" not in message
     sim.refresh_from_db()
-    import httpx
 
     assert httpx.get(sim.engine_url + "/sim/stats").json()["served"] == 0
 
@@ -267,7 +270,7 @@ def test_it_runs_mcp_tools_in_the_background(
 
     def finished() -> bool:
         found[:] = [client.responses.retrieve(queued.id)]
-        return found[0].status == "completed"
+        return bool(found[0].status == "completed")
 
     wait_until(finished, 30)
     assert found[0].output_text == "The tool said: rolled 20"
@@ -370,7 +373,6 @@ def test_it_never_follows_an_mcp_servers_redirect(
 
 @contextlib.contextmanager
 def asgi_server(app: Any) -> Iterator[str]:
-    import uvicorn
 
     port = free_port("127.0.0.1")
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -14,6 +13,9 @@ from django.core.management import CommandError, call_command
 from deployments.models import AuditEntry, Deployment, State
 from deployments.models_yaml import ModelsFileError, parse
 from tests.conftest import in_thread, pid_alive, reply_of
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 

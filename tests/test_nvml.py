@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from deployments import deployer, nvml
 from deployments.memory import InsufficientMemory, capacity_gib, check_fit, host_summary, need_gib
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 GIB = 2**30
 

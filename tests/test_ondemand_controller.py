@@ -119,7 +119,7 @@ def deployer(clock: FakeClock) -> FakeDeployer:
 
 @pytest.fixture
 def controller(deployer: FakeDeployer, clock: FakeClock) -> Controller:
-    return Controller(deployer, clock, queue_timeout_s=900, max_queued=100)  # type: ignore[arg-type]
+    return Controller(deployer, clock, queue_timeout_s=900, max_queued=100)
 
 
 def acquiring(controller: Controller, id: int, **kw: Any) -> asyncio.Task[Slot]:
@@ -233,7 +233,7 @@ async def test_it_tells_waiters_when_the_model_is_stopped_while_it_starts(
 
 
 async def test_it_refuses_beyond_the_queue_limit(deployer: FakeDeployer, clock: FakeClock) -> None:
-    controller = Controller(deployer, clock, max_queued=2)  # type: ignore[arg-type]
+    controller = Controller(deployer, clock, max_queued=2)
     deployer.add(1, "a", 2)
     first, second = acquiring(controller, 1), acquiring(controller, 1)
     await settle()
@@ -317,7 +317,7 @@ async def test_it_queues_until_memory_is_freed_and_notifies_once(
 async def test_it_times_out_a_request_that_waits_too_long(
     deployer: FakeDeployer, clock: FakeClock
 ) -> None:
-    controller = Controller(deployer, clock, queue_timeout_s=60)  # type: ignore[arg-type]
+    controller = Controller(deployer, clock, queue_timeout_s=60)
     deployer.add(1, "serving", 8, state="ready")
     await controller.acquire(1)
     deployer.add(2, "waiting", 4)

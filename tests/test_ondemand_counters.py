@@ -3,6 +3,7 @@ deployment, the first at once, later changes folded."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer
@@ -23,7 +24,7 @@ async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> Non
         )
 
     clock = FakeClock()
-    publisher = CounterPublisher(publish, clock)  # type: ignore[arg-type]
+    publisher = CounterPublisher(publish, clock)
     counts["inflight"] = 1
     publisher.changed(7)
     await settle()
@@ -48,7 +49,6 @@ async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> Non
 async def test_it_schedules_the_next_message_while_a_slow_publish_is_under_way() -> None:
     """A change during a publish (a slow channel layer) gets its own message a second later;
     the publish finishing does not forget it."""
-    import asyncio
 
     sent: list[int] = []
     release = asyncio.Event()
@@ -59,7 +59,7 @@ async def test_it_schedules_the_next_message_while_a_slow_publish_is_under_way()
             await release.wait()
 
     clock = FakeClock()
-    publisher = CounterPublisher(publish, clock)  # type: ignore[arg-type]
+    publisher = CounterPublisher(publish, clock)
     publisher.changed(3)
     await settle()
     assert sent == [3]  # the first publish is under way and slow

@@ -9,10 +9,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -22,8 +20,15 @@ import pytest
 
 from deployments import deployer
 from deployments.models import Deployment, State
+from deployments.runtimes.process import free_port
+from ondemand.registry import controllers
+from openai_api.forwarder import forwarder
 from tests.conftest import in_thread, wait_until
 from tests.gateway_support import reread_guard, seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -156,7 +161,6 @@ def test_it_forwards_to_an_always_on_deployment_only_while_ready_and_never_start
 def test_it_answers_502_when_the_engine_cannot_be_reached(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
-    from deployments.runtimes.process import free_port
 
     gone = deploy(make_deployment, "od-gone", mode=None)
     Deployment.objects.filter(pk=gone.pk).update(
@@ -397,7 +401,6 @@ def test_it_answers_health_probes_without_the_engine(
 def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
-    from ondemand.registry import controllers
 
     started(deploy(make_deployment, "od-busy", memory_gib=6))  # idle for less than its timeout
     waiting = deploy(make_deployment, "od-waiting", memory_gib=4)
@@ -426,7 +429,6 @@ def test_it_drops_a_queued_request_on_hang_up_and_starts_nothing(
 def test_it_closes_a_replaced_engines_session_after_its_last_stream(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
-    from openai_api.forwarder import forwarder
 
     dep = started(deploy(make_deployment, "od-moved", mode=None, config={"tokens_per_second": 20}))
     old_url = dep.engine_urls[0]

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
+from django.db import connection
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
+from ondemand.registry import controllers
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -64,7 +68,6 @@ def crowded(make_deployment: Any, site: Any, gateway_url: str, api_key: Any) -> 
 
 def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> threading.Thread:
     def run() -> None:
-        from django.db import connection
 
         wait_until(after, 30)
         free_room()
@@ -76,7 +79,6 @@ def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> thre
 
 
 def queued_count() -> int:
-    from ondemand.registry import controllers
 
     return sum(e.queued for c in controllers() for e in c.entries.values())
 

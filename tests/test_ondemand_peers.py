@@ -7,16 +7,20 @@ import logging
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
+from deployments.runtimes import get_runtime
 from deployments.runtimes.docker_network import AttachedNetwork
+from ondemand import peers
 from ondemand.peers import build_policy
 from tests.conftest import REPO, wait_until
 from tests.docker_support import engine_volumes
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ENGINES = AttachedNetwork("modelship", ("172.30.0.0/16",), ("172.30.0.1",), ("172.30.0.1",))
 EXTRA = AttachedNetwork("lan-side", ("10.9.0.0/24",), ("10.9.0.254",), ("10.9.0.1",))
@@ -40,7 +44,6 @@ def test_it_allows_nobody_on_auto_outside_docker() -> None:
 def test_it_keeps_the_exclusions_under_an_explicit_list_and_warns_once(
     caplog: pytest.LogCaptureFixture, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ondemand import peers
 
     policy = build_policy("172.16.0.0/12, 10.0.0.0/8", [ENGINES], DECIDER)
     assert policy.allows("172.30.4.7") and policy.allows("10.200.0.1")
@@ -100,7 +103,6 @@ def test_it_guards_the_gateway_in_a_container_on_its_docker_networks(
     """Modelship's guard in a container attached to the engines' network and the decider's:
     a peer on the engines' network passes; a peer behind a proxy header, a peer on the
     decider's network and the host through the published port are all refused."""
-    from deployments.runtimes import get_runtime
 
     engines_network = get_runtime("docker").network()  # type: ignore[attr-defined]
     label = {"modelship.site": docker_site.MSHIP_SITE}

@@ -4,15 +4,21 @@ by the first request, once for a burst, refused with the seed's codes."""
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from ondemand.registry import controllers
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -45,8 +51,6 @@ def test_it_starts_a_stopped_model_on_its_first_request(
     lazy.refresh_from_db()
     assert lazy.state == State.READY
     assert lazy.lease_until is not None
-    from django.contrib.auth.models import User
-    from rest_framework.test import APIClient
 
     staff = APIClient()
     staff.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
@@ -96,14 +100,12 @@ def test_it_backs_off_after_a_failed_start(
 def test_it_makes_room_by_putting_an_idle_model_to_sleep(
     gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
 ) -> None:
-    from django.utils import timezone
 
     first = on_demand(make_deployment, site, "first", memory_gib=5)
     on_demand(make_deployment, site, "second", memory_gib=5)
     client = sdk(gateway_url, api_key())
     assert ask(client, "first")
     # Long idle: in the controller's memory and on the row's lease.
-    from ondemand.registry import controllers
 
     # The slot is released after the last byte, which the client may read first.
     wait_until(lambda: all(c.entry(first.pk).inflight == 0 for c in controllers()))
@@ -119,8 +121,6 @@ def test_it_makes_room_by_putting_an_idle_model_to_sleep(
 def test_it_forgives_start_failures_after_a_mode_switch(
     gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
 ) -> None:
-    from django.contrib.auth.models import User
-    from rest_framework.test import APIClient
 
     broken = on_demand(make_deployment, site, "flaky", config={"fail_at_start": True})
     client = sdk(gateway_url, api_key())

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -23,6 +22,9 @@ from deployments import deployer, hooks
 from deployments.loaders import get_loader
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from tests.conftest import reply_of, sim
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 

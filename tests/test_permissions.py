@@ -3,17 +3,20 @@ through /api, the admin and `manage.py deploy --user`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
-from django.test import Client
 from rest_framework.test import APIClient
 
 from deployments.models import Deployment
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from django.test import Client
 
 SIM = {"name": "sim", "model": "simulated", "loader": "simulated", "memory_gib": 1}
 ARBITRARY = {**SIM, "name": "shell", "command": ["/bin/sh", "-c", "id > /tmp/owned"]}

@@ -3,8 +3,7 @@ and a request that cannot be served writes nothing before it is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -12,6 +11,9 @@ import pytest
 
 from openai_api.models import StoredResponse
 from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.usefixtures("engines")
 

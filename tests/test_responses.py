@@ -4,22 +4,32 @@ completions, streamed as the Responses event protocol, stored in the gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
+from django.db import connection
+from django.utils import timezone
 
-from deployments.models import Deployment
 from deployments.runtimes.process import free_port
+from openai_api.models import StoredResponse
+from openai_api.responses import replay
+from openai_api.tasks import sweep_responses
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from deployments.models import Deployment
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -349,9 +359,6 @@ def test_it_reports_a_background_run_whose_process_died_as_failed(
 def test_it_answers_503_before_any_engine_work_when_the_store_is_unavailable(
     client: openai.OpenAI, serving: Callable[..., Deployment], site: Any
 ) -> None:
-    from django.db import connection
-
-    from openai_api.models import StoredResponse
 
     sim = serving("sim")
     earlier = client.responses.create(model="sim", input="x")
@@ -385,10 +392,6 @@ def cancellations(deployment: Deployment) -> int:
 def test_it_forgets_responses_after_their_ttl(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
-    from django.utils import timezone
-
-    from openai_api.models import StoredResponse
-    from openai_api.tasks import sweep_responses
 
     serving("sim")
     old = client.responses.create(model="sim", input="old")
@@ -429,9 +432,6 @@ def test_it_fails_the_response_when_the_engine_dies_mid_stream(
 def test_it_turns_the_terminal_event_into_failed_when_the_response_cannot_be_stored(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
-    from django.db import connection
-
-    from openai_api.models import StoredResponse
 
     serving("sim", config={"reply": "slow " * 10, "tokens_per_second": 10})
     stream = client.responses.create(model="sim", input="x", stream=True)
@@ -454,7 +454,6 @@ def test_it_turns_the_terminal_event_into_failed_when_the_response_cannot_be_sto
 def test_it_starts_an_on_demand_model_for_a_response_with_no_notice(
     client: openai.OpenAI, make_deployment: Any, site: Any
 ) -> None:
-    from tests.gateway_support import seen_by_gateway
 
     site.MSHIP_ROUTE_REFRESH_S = 0.05
     lazy = make_deployment("lazy", mode="on_demand", idle_timeout_s=60, config={"reply": "up"})
@@ -472,9 +471,6 @@ def test_it_wakes_a_database_log_reader_on_append_instead_of_polling(
 ) -> None:
     """A reader tailing a quiet run looks at the table every DB_POLL_S, not every 50 ms, and
     an append in its own process wakes it at once."""
-    import asyncio
-
-    from openai_api.responses import replay
 
     class Counting(replay.DatabaseLog):
         reads = 0

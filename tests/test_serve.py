@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import io
 import re
 import signal
+import socket
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
 from django.core.management import call_command
+from django_q.conf import Conf
 
+from deployments.management.commands.ensure_admin import ensure_admin
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
+from modelship_site.management.commands.serve import Command
+from openai_api.models import ApiKey
 from tests.conftest import REPO, answers, env_for_subprocess, pid_alive, reply_of, wait_until
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -86,11 +94,6 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
 def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revoked(
     transactional_db: None, settings: Any, tmp_path: Path
 ) -> None:
-    import io
-
-    from deployments.management.commands.ensure_admin import ensure_admin
-    from modelship_site.management.commands.serve import Command
-    from openai_api.models import ApiKey
 
     settings.VAR_DIR = tmp_path / "var"
 
@@ -114,7 +117,6 @@ def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revok
 
 
 def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subprocess.Popen[bytes]:
-    from django_q.conf import Conf
 
     env = env_for_subprocess(
         MSHIP_VAR_DIR=str(tmp_path / "var"),
@@ -150,7 +152,6 @@ def test_it_keeps_serving_when_the_models_file_is_broken(site: Any, tmp_path: Pa
 
 
 def test_it_stops_everything_when_the_server_cannot_start(site: Any, tmp_path: Path) -> None:
-    import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

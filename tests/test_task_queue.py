@@ -5,24 +5,27 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django_q.brokers import get_broker
+from django_q.conf import Conf
 from rest_framework.test import APIClient
 
 from deployments.models import Deployment, DeploymentEvent, State
 from tests.conftest import REPO, env_for_subprocess, reply_of, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
 
 @pytest.fixture
 def cluster(transactional_db: None, site: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    from django_q.brokers import get_broker
-    from django_q.conf import Conf
 
     get_broker().purge_queue()  # tasks other tests queued and no cluster ran
     env = env_for_subprocess(
@@ -82,7 +85,6 @@ def test_it_starts_once_for_twenty_concurrent_api_starts(api: APIClient, cluster
     barrier = threading.Barrier(20)
 
     def start() -> None:
-        from django.db import connection
 
         barrier.wait()
         codes.append(api.post(f"/api/deployments/{deployment.pk}/start/").status_code)
@@ -96,7 +98,6 @@ def test_it_starts_once_for_twenty_concurrent_api_starts(api: APIClient, cluster
     assert len(codes) == 20 and set(codes) <= {200, 202}
     wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.READY, 60)
     # Let every queued start run: each finds the engine up and does nothing.
-    from django_q.brokers import get_broker
 
     wait_until(lambda: not get_broker().queue_size(), 60)
     assert DeploymentEvent.objects.filter(deployment=deployment, kind="starting").count() == 1

@@ -23,7 +23,7 @@ def speech_url(make_deployment: Any) -> str:
     deployer.restart(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.state == State.READY, deployment.state_reason
-    return deployment.engine_url + "/v1/audio/speech"
+    return str(deployment.engine_url) + "/v1/audio/speech"
 
 
 def test_it_speaks_text_as_wav_and_pcm(speech_url: str) -> None:

@@ -3,13 +3,15 @@ and code (with its figures: the shortfall of a memory refusal, the state of a wr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
-from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from deployments.refusals import OperationRefused
+
+if TYPE_CHECKING:
+    from rest_framework.response import Response
 
 
 class Refused(APIException):

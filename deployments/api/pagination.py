@@ -3,8 +3,12 @@ database takes (a limit of 10^22 is a 500 on PostgreSQL, whose LIMIT is a bigint
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.request import Request
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 MAX_OFFSET = 2**62
 

@@ -7,12 +7,14 @@ Reading needs `view`; creating `add`; editing, and every operation on a running 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rest_framework.permissions import DjangoModelPermissions
-from rest_framework.request import Request
 
 from deployments.models import Deployment
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 VIEW = "%(app_label)s.view_%(model_name)s"
 CHANGE = "%(app_label)s.change_%(model_name)s"

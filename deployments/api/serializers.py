@@ -61,7 +61,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_litellm(self, obj: Deployment) -> str | None:
         # Read once per request: a list shares its context dict with each row's serializer.
-        context = cast(dict[str, Any], self.context)
+        context = cast("dict[str, Any]", self.context)
         if "litellm_statuses" not in context:
             context["litellm_statuses"] = hooks.reports.litellm_statuses()
         statuses = context["litellm_statuses"]

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django_filters
 from django import forms
@@ -16,7 +16,6 @@ from drf_spectacular.utils import (
 )
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.request import Request
 from rest_framework.response import Response
 
 from deployments import hooks, operations
@@ -31,6 +30,9 @@ from deployments.api.serializers import (
 from deployments.engine_logs import MAX_TAIL, follow, tails
 from deployments.memory import host_summary
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 
 def accepted(deployment: Deployment, outcome: str) -> Response:

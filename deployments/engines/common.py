@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def parser(prog: str) -> argparse.ArgumentParser:

@@ -29,8 +29,8 @@ MAX_IMAGES = 4
 
 
 def load_pipeline(model: str, config: dict[str, Any]) -> Any:
-    import torch
-    from diffusers import AutoPipelineForText2Image
+    import torch  # noqa: PLC0415 - heavy, and only in the diffusers engine's environment
+    from diffusers import AutoPipelineForText2Image  # noqa: PLC0415 - as torch
 
     dtype = getattr(torch, str(config.get("torch_dtype", "float16")))
     device = config.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def params_of(args: argparse.Namespace) -> Any:
-    import xllamacpp
+    import xllamacpp  # noqa: PLC0415 - loads the native library; --help needs none
 
     params = xllamacpp.CommonParams()
     params.model.path = args.model
@@ -62,7 +62,7 @@ def params_of(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    import xllamacpp
+    import xllamacpp  # noqa: PLC0415 - loads the native library; --help needs none
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

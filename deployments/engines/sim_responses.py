@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -25,6 +24,9 @@ from deployments.engines.sim_core import (
     sse_stream,
     tokens_for,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 def prompt_of(value: Any) -> str | None:

@@ -71,12 +71,12 @@ class KokoroBackend:
     default_voice = "af_heart"
 
     def __init__(self, model: str, voices: str) -> None:
-        from kokoro_onnx import Kokoro  # optional dependency
+        from kokoro_onnx import Kokoro  # noqa: PLC0415 - optional: only the Kokoro backend
 
         self.kokoro = Kokoro(model, voices)
 
     def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 - only the Kokoro backend needs it
 
         samples, rate = self.kokoro.create(text, voice=voice, speed=speed)
         pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()

@@ -8,6 +8,7 @@ that can be known before it starts.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -124,7 +125,6 @@ def file_size_gib(path: str) -> float | None:
 
 def cli_flags(options: dict[str, Any]) -> list[str]:
     """Engine options as command-line flags: snake_case keys become --kebab-case."""
-    import json
 
     argv: list[str] = []
     for key, value in options.items():

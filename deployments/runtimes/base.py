@@ -8,10 +8,12 @@ embedded default; docker (and later ray) sit beside it behind the same methods.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator
 
 Handle = dict[str, Any]
 

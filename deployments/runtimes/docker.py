@@ -11,15 +11,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import docker
+import requests
 from django.conf import settings
 
 from deployments.runtimes.base import EngineUnreachable, Handle, Launch, RuntimeError_
 from deployments.runtimes.docker_network import own_network_names, url_on_network
 from deployments.runtimes.docker_options import create_kwargs
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator
 
 CONTAINER_PORT = 8000
 LABEL = "modelship"
@@ -47,7 +51,6 @@ class DockerRuntime:
     @property
     def client(self) -> Any:
         """A client of the configured daemon (MSHIP_DOCKER_HOST, else Docker's environment)."""
-        import docker
 
         host = settings.MSHIP_DOCKER_HOST
         if host not in self._clients:
@@ -64,8 +67,6 @@ class DockerRuntime:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the SDK, turning a dead daemon into EngineUnreachable and its refusals into
         RuntimeError_ with the daemon's own words."""
-        import docker
-        import requests
 
         try:
             return fn(*args, **kwargs)
@@ -81,16 +82,12 @@ class DockerRuntime:
             raise RuntimeError_(str(exc)) from exc
 
     def _container(self, handle: Handle) -> Any | None:
-        import docker
-
         try:
             return self._call(self.client.containers.get, handle["container_id"])
         except docker.errors.NotFound:
             return None
 
     def network(self) -> Any:
-        import docker
-
         name = settings.MSHIP_DOCKER_NETWORK
         try:
             return self._call(self.client.networks.get, name)
@@ -100,8 +97,6 @@ class DockerRuntime:
             )
 
     def ensure_image(self, image: str) -> None:
-        import docker
-
         try:
             self._call(self.client.images.get, image)
             return
@@ -180,7 +175,6 @@ class DockerRuntime:
 
     def _remove_stale(self, name: str) -> None:
         """A container of the same name left by a crash would block the create."""
-        import docker
 
         try:
             old = self._call(self.client.containers.get, name)
@@ -205,8 +199,6 @@ class DockerRuntime:
         return f"the engine exited with code {state.get('ExitCode')}"
 
     def stop(self, handle: Handle, grace_s: float) -> None:
-        import docker
-
         container = self._container(handle)
         if container is None:
             return
@@ -218,8 +210,6 @@ class DockerRuntime:
         self.remove(handle)
 
     def remove(self, handle: Handle) -> None:
-        import docker
-
         container = self._container(handle)
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):
@@ -230,7 +220,7 @@ class DockerRuntime:
         if container is None:
             return ""
         data = self._call(container.logs, tail=lines, stdout=True, stderr=True)
-        return data.decode(errors="replace").rstrip("\n")
+        return bytes(data).decode(errors="replace").rstrip("\n")
 
     def follow_log(self, handle: Handle, stop: threading.Event | None = None) -> Iterator[str]:
         container = self._container(handle)

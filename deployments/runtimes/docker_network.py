@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
+
 
 @dataclass(frozen=True)
 class AttachedNetwork:
@@ -34,7 +36,6 @@ def in_container() -> bool:
 
 def own_container(client: Any) -> Any | None:
     """This process's container, found by the hostname Docker gives it; None outside."""
-    import docker
 
     if not in_container():
         return None

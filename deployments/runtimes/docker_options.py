@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any
 
+import docker.types
+
 OPTIONS = {
     "gpus",
     "ipc_mode",
@@ -58,8 +60,6 @@ def problems(options: Any) -> list[str]:
 
 
 def gpu_request(gpus: Any) -> list[Any]:
-    import docker.types
-
     if gpus is None or gpus == 0:
         return []
     if gpus == "all":

@@ -15,13 +15,16 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from common.redact import redact_argv
 from deployments.runtimes.base import Handle, Launch, RuntimeError_
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Exit codes of children this process started, filled by their reaper threads.
 _exit_codes: dict[int, int] = {}

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from openai_api.mcp import egress
 
@@ -103,9 +105,6 @@ class Connection:
 
     @contextlib.asynccontextmanager
     async def _session(self) -> Any:
-        from mcp import ClientSession
-        from mcp.client.streamable_http import streamable_http_client
-
         async with (
             egress.http_client(self.server.headers) as http,
             streamable_http_client(

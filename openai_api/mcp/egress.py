@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpcore2
@@ -31,6 +30,9 @@ from django.conf import settings
 
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -170,7 +172,7 @@ class GuardedBackend(httpcore2.AsyncNetworkBackend):
         self,
         host: str,
         port: int,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's own signature
         local_address: str | None = None,
         socket_options: Any = None,
     ) -> httpcore2.AsyncNetworkStream:

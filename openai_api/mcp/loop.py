@@ -12,16 +12,18 @@ and output indexes that only grow.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai_api.catalog import Route
 from openai_api.errors import GatewayError
 from openai_api.mcp import egress
 from openai_api.mcp.client import Connection, McpFailure, McpServer, McpTool
 from openai_api.responses import protocol
 from openai_api.responses.engine_turn import Emit, generate
-from openai_api.responses.protocol import ResponsesRequest
-from openai_api.responses.translator import Item, StreamTranslator
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
+    from openai_api.responses.protocol import ResponsesRequest
+    from openai_api.responses.translator import Item, StreamTranslator
 
 MAX_TURNS = 10
 NOT_APPROVED = "The user did not approve this call."

@@ -14,23 +14,26 @@ import contextlib
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from openai_api.catalog import Route
 from openai_api.errors import GatewayError
-from openai_api.exchange import Exchange
 from openai_api.forwarder import cancel_on_hangup, sse_start
 from openai_api.responses import store
 from openai_api.responses.engine_turn import conclude
-from openai_api.responses.protocol import ResponsesRequest
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.respond import respond
 from openai_api.responses.translator import Event, StreamTranslator, sse
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from openai_api.catalog import Route
+    from openai_api.exchange import Exchange
+    from openai_api.responses.protocol import ResponsesRequest
 
 log = logging.getLogger(__name__)
 _runs: dict[str, asyncio.Task[None]] = {}  # this process's live runs, by response id

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_message, forwarder, unreachable
 from openai_api.responses.translator import Event, StreamTranslator
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
 
 Emit = Callable[[list[Event]], Awaitable[None]]
 

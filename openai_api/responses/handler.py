@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai_api.catalog import Route
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.exchange import Exchange
 from openai_api.forwarder import (
     cancel_on_hangup,
     sse_start,
@@ -26,6 +24,10 @@ from openai_api.responses import background, protocol, store
 from openai_api.responses.engine_turn import conclude
 from openai_api.responses.respond import respond
 from openai_api.responses.translator import Event, StreamTranslator, sse
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
+    from openai_api.exchange import Exchange
 
 
 async def create(exchange: Exchange, route: Route, identity: str, data: dict[str, Any]) -> None:

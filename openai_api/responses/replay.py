@@ -13,17 +13,22 @@ import contextlib
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import redis
 from django.conf import settings
 from django.utils import timezone
+from redis import asyncio as aioredis
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseEvent
 from openai_api.responses import store
-from openai_api.responses.translator import Event
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from openai_api.responses.translator import Event
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 ENDED_GRACE_S = 60
@@ -62,17 +67,13 @@ class ReplayLog(Protocol):
 
 class RedisLog:
     def __init__(self, url: str) -> None:
-        import redis.asyncio as redis
-
-        self.client = redis.from_url(url)
+        self.client = aioredis.from_url(url)
 
     @staticmethod
     def key(response_id: str) -> str:
         return f"modelship:responses:{response_id}:events"
 
     async def _call(self, coroutine: Any) -> Any:
-        import redis
-
         try:
             return await coroutine
         except (redis.RedisError, OSError) as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openai_api.catalog import Route
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol
 from openai_api.responses.engine_turn import Emit, generate
-from openai_api.responses.translator import StreamTranslator
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
+    from openai_api.responses.translator import StreamTranslator
 
 
 async def respond(
