@@ -4,12 +4,13 @@ default (MSHIP_AUTH=flase must not mean anything at all)."""
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+from common.networks import networks
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off"})
@@ -79,7 +80,7 @@ def env_networks(name: str, default: list[str]) -> list[str]:
     values = env_list(name, default)
     for value in values:
         try:
-            ipaddress.ip_network(value, strict=False)
+            networks([value])
         except ValueError as exc:
             raise ImproperlyConfigured(
                 f"{name} must list addresses or networks, got {value!r}"

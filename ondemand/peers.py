@@ -22,6 +22,7 @@ import docker
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from common.networks import networks
 from deployments.runtimes import get_runtime
 from deployments.runtimes.docker_network import AttachedNetwork, attached_networks, in_container
 from openai_api.errors import GatewayError
@@ -67,27 +68,21 @@ def build_policy(
 ) -> PeerPolicy:
     """The policy for `setting` ("auto" or a comma-separated list of networks), given the
     networks Modelship's container is attached to and the decider's network."""
-    refused_networks = tuple(
-        ipaddress.ip_network(s, strict=False) for s in (decider.subnets if decider else ())
-    )
+    refused_networks = networks(decider.subnets if decider else ())
     refused_addresses = frozenset(
         ipaddress.ip_address(a)
         for network in attached
         for a in (*network.gateways, *network.first_hosts)
     )
     if setting.strip().lower() == "auto":
-        allowed = tuple(
-            ipaddress.ip_network(s, strict=False)
+        allowed = networks(
+            s
             for network in attached
             if decider is None or network.name != decider.name
             for s in network.subnets
         )
     else:
-        allowed = tuple(
-            ipaddress.ip_network(item.strip(), strict=False)
-            for item in setting.split(",")
-            if item.strip()
-        )
+        allowed = networks(setting.split(","))
     return PeerPolicy(allowed, refused_networks, refused_addresses)
 
 

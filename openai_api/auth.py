@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from common.networks import Network, networks
 from openai_api.errors import GatewayError
 from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
 
@@ -74,11 +75,11 @@ def from_trusted_proxy(peer: str) -> bool:
 
 
 @functools.cache
-def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+def _networks(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
+    return networks(cidrs)
 
 
-def trusted_proxies() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+def trusted_proxies() -> tuple[Network, ...]:
     return _networks(tuple(settings.MSHIP_TRUSTED_PROXY_CIDRS))
 
 

@@ -19,6 +19,7 @@ from common.env import (
     env_path,
     env_str,
 )
+from common.networks import networks
 from tests.conftest import REPO
 
 
@@ -105,3 +106,16 @@ def test_it_stops_the_site_on_a_bad_setting_with_the_variables_name() -> None:
     )
     assert done.returncode != 0
     assert "MSHIP_AUTH must be true or false" in done.stderr
+
+
+def test_it_reads_networks_one_way_for_every_list() -> None:
+    assert [str(n) for n in networks(["10.0.0.0/8", " 127.0.0.1", "[::1]", ""])] == [
+        "10.0.0.0/8",
+        "127.0.0.1/32",
+        "::1/128",
+    ]
+    with pytest.raises(ValueError):
+        networks(["10.0.0.0/8", "mcp.example.com"])
+    assert [str(n) for n in networks(["mcp.example.com", "192.168.1.0/24"], skip_names=True)] == [
+        "192.168.1.0/24"
+    ]

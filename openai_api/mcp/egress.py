@@ -28,6 +28,7 @@ import httpcore2
 import httpx2
 from django.conf import settings
 
+from common.networks import Network, networks
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
 METADATA_NETWORKS: tuple[Network, ...] = (
@@ -92,13 +92,8 @@ class Policy:
 
 
 def host_networks(hosts: Iterable[str]) -> tuple[Network, ...]:
-    networks = []
-    for raw in hosts:
-        try:
-            networks.append(ipaddress.ip_network(raw.strip("[]"), strict=False))
-        except ValueError:
-            continue
-    return tuple(networks)
+    """The addresses and networks among host names."""
+    return networks(hosts, skip_names=True)
 
 
 def current_policy() -> Policy:
