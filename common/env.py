@@ -26,6 +26,14 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`; anything else stops the start, naming the variable."""
+    value = raw(name) or default
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def env_bool(name: str, default: bool) -> bool:
     value = raw(name)
     if value is None:

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from common.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -239,7 +240,9 @@ MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
 MSHIP_ENGINE_IMAGE = env_str("MSHIP_ENGINE_IMAGE", "modelship:latest")
 MSHIP_CONTAINER_PYTHON = env_str("MSHIP_CONTAINER_PYTHON", "python3")
 # How a running engine whose configuration changed is replaced (blue_green or stop_start).
-MSHIP_REPLACE_STRATEGY = env_str("MSHIP_REPLACE_STRATEGY", "blue_green")
+MSHIP_REPLACE_STRATEGY = env_choice(
+    "MSHIP_REPLACE_STRATEGY", "blue_green", ("blue_green", "stop_start")
+)
 # The public /v1 gateway.
 # API keys are required unless MSHIP_AUTH=off, which only a debug site may set.
 MSHIP_AUTH = env_bool("MSHIP_AUTH", True)

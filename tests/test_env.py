@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from common.env import (
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -119,3 +120,13 @@ def test_it_reads_networks_one_way_for_every_list() -> None:
     assert [str(n) for n in networks(["mcp.example.com", "192.168.1.0/24"], skip_names=True)] == [
         "192.168.1.0/24"
     ]
+
+
+def test_it_takes_only_a_known_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSHIP_STRATEGY", "stop_start")
+    assert env_choice("MSHIP_STRATEGY", "blue_green", ("blue_green", "stop_start")) == "stop_start"
+    monkeypatch.setenv("MSHIP_STRATEGY", "")
+    assert env_choice("MSHIP_STRATEGY", "blue_green", ("blue_green", "stop_start")) == "blue_green"
+    monkeypatch.setenv("MSHIP_STRATEGY", "green_blue")
+    with pytest.raises(ImproperlyConfigured, match="MSHIP_STRATEGY must be one of"):
+        env_choice("MSHIP_STRATEGY", "blue_green", ("blue_green", "stop_start"))
