@@ -132,7 +132,9 @@ class DeploymentAdmin(admin.ModelAdmin):
                 data: dict[str, Any] = super().clean()
                 if self.errors:
                     return data
-                changes = {f: v for f, v in data.items() if f in operations.SETTABLE_FIELDS}
+                # A new one is checked whole; an edit by what the form changed.
+                fields = data if current is None else self.changed_data
+                changes = {f: data[f] for f in fields if f in operations.SETTABLE_FIELDS}
                 try:
                     operations.check(current, changes, user)
                 except OperationRefused as exc:

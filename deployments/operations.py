@@ -72,7 +72,7 @@ def check(
     if problems:
         raise InvalidConfiguration(problems)
     if deployment is not None:
-        switch = mode_switch(deployment, merged)
+        switch = mode_switch(deployment, changes)
         if switch is not None:
             check_mode(deployment, switch)
 
@@ -108,7 +108,7 @@ def update(
         wanted, had = settable(deployment), settable(current)
         changes = {field: value for field, value in wanted.items() if value != had[field]}
         check(current, changes, user, check_names=check_names)
-        switch = mode_switch(current, {**settable(current), **changes})
+        switch = mode_switch(current, changes)
         if switch is not None:
             changes.pop("mode", None)  # set_mode writes it, with its pending start
         if changes:
@@ -129,11 +129,13 @@ def update(
     return current
 
 
-def mode_switch(deployment: Deployment, values: Mapping[str, Any]) -> str | None:
-    """The effective mode `values` switch the deployment to, or None when they keep it."""
-    wanted = values.get("mode") or Mode.ALWAYS_ON
-    if values.get("system"):
-        wanted = Mode.ALWAYS_ON
+def mode_switch(deployment: Deployment, changes: Mapping[str, Any]) -> str | None:
+    """The effective mode `changes` switch the deployment to, or None when they keep it (a
+    change of something else leaves a waiting switch alone)."""
+    if "mode" not in changes and "system" not in changes:
+        return None
+    values = {**settable(deployment), **changes}
+    wanted = Mode.ALWAYS_ON if values["system"] or not values["mode"] else values["mode"]
     changed = wanted != deployment.effective_mode
     return wanted if changed or deployment.pending_mode not in (None, wanted) else None
 

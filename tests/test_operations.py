@@ -256,3 +256,15 @@ def test_it_stops_then_deletes_a_running_deployment(ops: User, make_deployment: 
     assert [name for name, _ in run_queue()] == ["remove"]
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert AuditEntry.objects.filter(action="delete", object_repr="running").exists()
+
+
+def test_it_leaves_a_waiting_switch_alone_when_something_else_changes(
+    ops: User, make_deployment: Any, tmp_path: Path
+) -> None:
+    deployment = make_deployment("waiting", config=sim(), mode="on_demand")
+    assert change("api", deployment, ops, tmp_path, mode="always_on").status_code == 200
+    answer = change("api", deployment, ops, tmp_path, idle_timeout_s=120)
+    assert answer.status_code == 200
+    assert (answer.json()["mode"], answer.json()["pending_mode"]) == ("on_demand", "always_on")
+    assert AuditEntry.objects.filter(deployment=deployment, action="ondemand_mode").count() == 1
+    assert AuditEntry.objects.filter(deployment=deployment, action="update").count() == 1
