@@ -52,9 +52,11 @@ class Controller:
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()
         self.last_stop_at = float("-inf")  # the last on-demand stop, for the settle grace
-        # Deployments waiting for memory, in order of first arrival, with what each needs:
-        # the head's memory is reserved for it.
-        self.queue: dict[int, float] = {}
+        # Deployments waiting for memory, in order of first arrival (the keys).
+        self.queue: dict[int, None] = {}
+        # Memory make-room freed for a deployment: reserved for it while it heads the queue,
+        # until it starts or its requests give up.
+        self.freed_for: dict[int, float] = {}
         self._background: set[asyncio.Future[None]] = set()
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
@@ -114,7 +116,9 @@ class Controller:
             entry.waiting -= 1
             if entry.waiting == 0:
                 entry.starting_for_request = False
-                if self.queue.pop(deployment_id, None) is not None:
+                self.freed_for.pop(deployment_id, None)
+                if deployment_id in self.queue:
+                    del self.queue[deployment_id]
                     self.notify()  # the next entry may be the head now
 
     async def _look(self, deployment_id: int, entry: Entry, waiter: Waiter) -> Slot | None:
@@ -172,7 +176,7 @@ class Controller:
         if not waiter.told_queued and waiter.on_queued is not None:
             waiter.told_queued = True
             waiter.on_queued()
-        self.queue.setdefault(view.id, view.need_gib)
+        self.queue.setdefault(view.id, None)
         entry.queued += 1
         self._counted(view.id)
         try:
@@ -311,19 +315,20 @@ class Controller:
             return StartOutcome.QUEUED
 
     async def _may_start(self, view: View) -> bool:
-        """A deployment behind the head of the queue starts only within the memory free
-        beyond what the head needs (and makes no room): the head's memory is its own."""
+        """A deployment behind the head of the queue starts only within the memory free now
+        minus what was freed for the head (and makes no room): that memory is the head's."""
         head = next(iter(self.queue), None)
         if head is None or head == view.id or self.entry(head).waiting == 0:
             return True
         budget = await self.deployer.budget()
-        return policy.admitted(self.queue[head], budget.free_gib, view.need_gib)
+        return policy.admitted(self.freed_for.get(head, 0.0), budget.free_gib, view.need_gib)
 
     def _start_ended(self, view: View, after: View | None) -> StartOutcome:
         entry = self.entry(view.id)
         if after is None or after.state in (State.STOPPED, State.STOPPING):
             return StartOutcome.STOPPED  # stopped or removed while starting: no backoff
         if after.state == State.READY:
+            self.freed_for.pop(view.id, None)  # started: what was freed for it is used
             entry.backoff_s, entry.backoff_until = 0.0, 0.0
             entry.idle_since = self.clock.now()
             return StartOutcome.READY
@@ -360,6 +365,7 @@ class Controller:
             ):
                 stopped += 1
                 self.last_stop_at = self.clock.now()
+                self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
         self.notify()
         if not stopped:
             return False

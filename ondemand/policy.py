@@ -107,8 +107,10 @@ def next_backoff(previous_s: float) -> float:
     return BACKOFF_FIRST_S if not previous_s else min(previous_s * 2, BACKOFF_MAX_S)
 
 
-def admitted(head_need_gib: float | None, free_gib: float, need_gib: float) -> bool:
+def admitted(freed_for_head_gib: float | None, free_gib: float, need_gib: float) -> bool:
     """Whether a deployment behind the head of the memory queue may start: only within the
-    memory free beyond what the head needs (the head's memory is its own). No head, or the
-    deployment is the head: yes."""
-    return head_need_gib is None or free_gib - head_need_gib + EPSILON_GIB >= need_gib
+    memory free now minus what was freed for the head (reserved for it until it starts or
+    gives up). No head, or the deployment is the head: None, yes."""
+    if freed_for_head_gib is None:
+        return True
+    return free_gib - freed_for_head_gib + EPSILON_GIB >= need_gib

@@ -34,6 +34,9 @@ class FakeDeployer:
         self.loads: dict[int, tuple[float, Load]] = {}
         self.holds: list[int] = []
         self.timeouts: list[tuple[int, float]] = []
+        # With slow_release, a stopped engine's memory reads as used until release(id).
+        self.slow_release = False
+        self.releasing: dict[int, float] = {}
 
     def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
         view = View(
@@ -52,7 +55,11 @@ class FakeDeployer:
         self.rows[id] = replace(self.rows[id], state=state)
 
     def held(self) -> float:
-        return sum(v.need_gib for v in self.rows.values() if v.state in HOLDING)
+        running = sum(v.need_gib for v in self.rows.values() if v.state in HOLDING)
+        return running + sum(self.releasing.values())
+
+    def release(self, deployment_id: int) -> None:
+        self.releasing.pop(deployment_id)
 
     async def view(self, deployment_id: int) -> View | None:
         return self.rows.get(deployment_id)
@@ -86,6 +93,8 @@ class FakeDeployer:
         if not precheck(view):
             return False
         self.set_state(deployment_id, "stopped")
+        if self.slow_release:
+            self.releasing[deployment_id] = view.need_gib
         self.stops.append((view.name, reason))
         return True
 
@@ -348,34 +357,71 @@ async def test_it_starts_nothing_when_the_waiter_hung_up(
     assert deployer.starts == ["first"]  # the abandoned attempt started nothing
 
 
-async def test_it_keeps_the_memory_freed_for_the_head_of_the_queue(
-    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+async def test_it_starts_a_small_model_while_the_head_waits_for_memory_nobody_freed(
+    controller: Controller, deployer: FakeDeployer
 ) -> None:
-    """Capacity 10: a busy 7 GiB model; 6 GiB queues first, then 2 GiB. When the busy one
-    stops, 3 + 7 = 10 GiB are free: the head (6) starts, and the small one only within what
-    is free beyond the head's 6 GiB (4 ≥ 2), never ahead of it."""
+    """Capacity 10: a busy 7 GiB model; 6 GiB queues first (nothing could be freed for it),
+    then 1 GiB arrives. 3 GiB are free and none of it was freed for the head: the small one
+    starts at once (the seed), and the head starts once the busy one stops."""
     deployer.add(1, "busy", 7, state="ready")
     busy = await controller.acquire(1)
     deployer.add(2, "big", 6)
-    deployer.add(3, "small", 2)
+    deployer.add(3, "small", 1)
     big = acquiring(controller, 2)
     await settle()
+    assert list(controller.queue) == [2] and deployer.starts == []
     small = acquiring(controller, 3)
     await settle()
-    # 3 GiB are free: the small one would fit, but the head's memory is reserved for it.
-    assert list(controller.queue) == [2, 3] and deployer.starts == []
+    assert deployer.starts == ["small"] and list(controller.queue) == [2]
+    deployer.finish(3)
+    controller.release(await small)
     controller.release(busy)
     deployer.set_state(1, "stopped")
     controller.notify()
     await settle()
-    assert deployer.starts[0] == "big"
+    assert deployer.starts == ["small", "big"]
     deployer.finish(2)
-    await big
+    controller.release(await big)
+    assert controller.queue == {} and controller.freed_for == {}
+
+
+async def test_it_keeps_the_memory_freed_for_the_head_of_the_queue(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """Capacity 10: busy 3 GiB, idle 4 GiB, 3 GiB free. The 6 GiB head stops the idle one
+    for itself, but its memory is slow to show, so the head queues with 4 GiB freed for it.
+    A 2 GiB model that would fit in the 3 GiB free now waits: 3 - 4 leaves it nothing."""
+    deployer.slow_release = True
+    deployer.add(1, "busy", 3, state="ready")
+    deployer.add(2, "idle", 4, state="ready")
+    busy = await controller.acquire(1)
+    controller.release(await controller.acquire(2))
+    await clock.advance(700)
+    deployer.add(3, "big", 6)
+    deployer.add(4, "small", 2)
+    big = acquiring(controller, 3)
     await settle()
-    assert deployer.starts == ["big", "small"]  # 4 GiB free beyond the head's: it fits
+    assert deployer.stops == [("idle", "Put to sleep to make room for big")]
+    for _ in range(25):  # the make-room settle wait runs out: the freed memory never showed
+        await clock.advance(1)
+    assert list(controller.queue) == [3] and controller.freed_for == {3: 4.0}
+    small = acquiring(controller, 4)
+    await settle()
+    assert deployer.starts == [] and list(controller.queue) == [3, 4]
+    deployer.release(2)  # the idle one's memory shows at last
+    controller.notify()
+    await settle()
+    assert deployer.starts == ["big"]  # the head first; 1 GiB is left, the small one waits
     deployer.finish(3)
-    await small
-    assert controller.queue == {}
+    controller.release(await big)
+    assert controller.freed_for == {} and list(controller.queue) == [4]
+    controller.release(busy)
+    deployer.set_state(1, "stopped")
+    controller.notify()
+    await settle()
+    assert deployer.starts == ["big", "small"]
+    deployer.finish(4)
+    controller.release(await small)
 
 
 async def test_it_waits_for_a_start_that_a_switch_to_always_on_runs(

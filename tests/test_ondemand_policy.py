@@ -64,7 +64,8 @@ def test_it_doubles_the_backoff_up_to_fifteen_minutes() -> None:
     assert policy.next_backoff(900) == 900
 
 
-def test_it_admits_behind_the_head_only_within_what_the_head_leaves() -> None:
-    assert policy.admitted(None, free_gib=1, need_gib=1)
+def test_it_admits_behind_the_head_only_beyond_what_was_freed_for_the_head() -> None:
+    assert policy.admitted(None, free_gib=1, need_gib=1)  # no head
+    assert policy.admitted(0, free_gib=3, need_gib=1)  # nothing was freed for the head
     assert policy.admitted(6, free_gib=10, need_gib=4)
     assert not policy.admitted(6, free_gib=10, need_gib=4.5)
