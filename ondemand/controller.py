@@ -29,7 +29,7 @@ from ondemand.state import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
@@ -57,7 +57,7 @@ class Controller:
         # Memory make-room freed for a deployment: reserved for it while it heads the queue,
         # until it starts or its requests give up.
         self.freed_for: dict[int, float] = {}
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
 
@@ -171,16 +171,21 @@ class Controller:
     async def _queued(
         self, view: View, entry: Entry, waiter: Waiter, changed: asyncio.Event
     ) -> None:
-        """Wait in the memory queue until something changes (a stop, a state, the queue) or
-        the poll interval passes; the first time, the request is told (the queued notice)."""
+        """Wait in the memory queue until something changes (a stop, a state, the queue),
+        another deployment's idle timeout runs out (it may be a victim now) or the poll
+        interval passes; the first time, the request is told (the queued notice)."""
         if not waiter.told_queued and waiter.on_queued is not None:
             waiter.told_queued = True
             waiter.on_queued()
         self.queue.setdefault(view.id, None)
         entry.queued += 1
         self._counted(view.id)
+        now = self.clock.now()
+        timers = [(e.idle_since, e.idle_timeout_s) for e in self.entries.values() if not e.inflight]
+        expiry = policy.next_idle_expiry(timers, now)
+        timeout = min(POLL_S, waiter.deadline - now, POLL_S if expiry is None else expiry - now)
         try:
-            await self.clock.wait(changed, min(POLL_S, waiter.deadline - self.clock.now()))
+            await self.clock.wait(changed, timeout)
         finally:
             entry.queued -= 1
             self._counted(view.id)
@@ -191,8 +196,10 @@ class Controller:
         if now - entry.timeout_recorded_at < 60:
             return
         entry.timeout_recorded_at = now
-        waited = self.queue_timeout_s
-        task = asyncio.ensure_future(self.deployer.queue_timed_out(deployment_id, waited))
+        self._in_background(self.deployer.queue_timed_out(deployment_id, self.queue_timeout_s))
+
+    def _in_background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -222,7 +229,8 @@ class Controller:
     async def _grant(self, view: View, entry: Entry) -> Slot | None:
         """A slot, once the lease covers the idle timeout that starts now; None when the
         lease was refused (a stop of this deployment was approved first)."""
-        if not await self._hold(view, entry):
+        entry.idle_timeout_s = view.idle_timeout_s
+        if not await self._hold(view.id, entry):
             return None
         entry.inflight += 1
         self._counted(view.id)
@@ -231,13 +239,16 @@ class Controller:
         entry.backoff_s, entry.backoff_until = 0.0, 0.0
         return Slot(view.id, view.urls)
 
-    async def _hold(self, view: View, entry: Entry) -> bool:
-        needed = self.clock.now() + view.idle_timeout_s + LEASE_EXTRA_S - LEASE_RENEW_S
+    async def _hold(self, deployment_id: int, entry: Entry) -> bool:
+        """Keep our lease on the row a full idle timeout (and LEASE_EXTRA_S) ahead of now:
+        what the reaper in another process reads as "idle since". Written at most every
+        LEASE_RENEW_S, never per request."""
+        needed = self.clock.now() + entry.idle_timeout_s + LEASE_EXTRA_S - LEASE_RENEW_S
         if entry.lease_until >= needed:
             return True  # no database write: the lease already covers it
-        seconds = view.idle_timeout_s + LEASE_EXTRA_S
+        seconds = entry.idle_timeout_s + LEASE_EXTRA_S
         now = self.clock.now()
-        if not await self.deployer.hold(view.id, seconds):
+        if not await self.deployer.hold(deployment_id, seconds):
             entry.lease_until = float("-inf")
             return False
         entry.lease_until = now + seconds
@@ -249,7 +260,8 @@ class Controller:
             if entry.inflight and entry.lease_until < self.clock.now() + LEASE_EXTRA_S:
                 view = await self.deployer.view(deployment_id)
                 if view is not None and view.state == State.READY:
-                    await self._hold(view, entry)
+                    entry.idle_timeout_s = view.idle_timeout_s
+                    await self._hold(deployment_id, entry)
 
     def release(self, slot: Slot) -> None:
         if slot.released:
@@ -259,6 +271,11 @@ class Controller:
         entry.inflight -= 1
         entry.idle_since = self.clock.now()
         self._counted(slot.deployment_id)
+        if entry.inflight == 0:
+            # The burst's last byte: the idle timer restarts here for the reaper too, so the
+            # lease must cover a full idle timeout from now (one write at most, none when a
+            # renewal in the last LEASE_RENEW_S already covers it).
+            self._in_background(self._hold(slot.deployment_id, entry))
 
     # --- starts ----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from deployments.models import State
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
 BACKOFF_FIRST_S = 60.0
 BACKOFF_MAX_S = 900.0
@@ -100,6 +100,13 @@ def victims(idle: Sequence[tuple[float, C]], shortfall_gib: float) -> list[C] | 
         chosen.append(candidate)
         covered += candidate.need_gib
     return chosen if covered + EPSILON_GIB >= shortfall_gib else None
+
+
+def next_idle_expiry(timers: Iterable[tuple[float, float]], now: float) -> float | None:
+    """The next moment one of the idle timers (each restarted at a time, with its timeout)
+    runs out after `now`: a queued request looks again then, as a victim may be free."""
+    due = [since + timeout for since, timeout in timers if timeout > 0 and since + timeout > now]
+    return min(due, default=None)
 
 
 def next_backoff(previous_s: float) -> float:

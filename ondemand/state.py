@@ -85,6 +85,7 @@ class Entry:
     backoff_until: float = 0.0
     failure: str = ""
     lease_until: float = float("-inf")  # clock time our lease on the row runs out
+    idle_timeout_s: float = 0.0  # the deployment's, as of its last grant
     timeout_recorded_at: float = float("-inf")
 
 

@@ -34,6 +34,7 @@ class FakeDeployer:
         self.loads: dict[int, tuple[float, Load]] = {}
         self.holds: list[int] = []
         self.timeouts: list[tuple[int, float]] = []
+        self.leases: dict[int, float] = {}
         # With slow_release, a stopped engine's memory reads as used until release(id).
         self.slow_release = False
         self.releasing: dict[int, float] = {}
@@ -113,7 +114,10 @@ class FakeDeployer:
     async def hold(self, deployment_id: int, seconds: float) -> bool:
         self.holds.append(deployment_id)
         view = self.rows.get(deployment_id)
-        return view is not None and view.state == "ready"
+        if view is None or view.state != "ready":
+            return False
+        self.leases[deployment_id] = self.clock.now() + seconds  # what the reaper reads
+        return True
 
 
 @pytest.fixture
@@ -436,3 +440,41 @@ async def test_it_waits_for_a_start_that_a_switch_to_always_on_runs(
     controller.notify()
     slot = await waiter
     controller.release(slot)
+
+
+async def test_it_keeps_the_model_a_full_idle_timeout_after_the_last_byte_of_a_long_stream(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """A stream that lasts most of the idle timeout: its lease is renewed as it runs, and
+    its end restarts the idle timer for the reaper too, which reads only the row's lease."""
+    deployer.add(1, "long", 2, state="ready", idle_timeout_s=300)
+    slot = await controller.acquire(1)
+    for _ in range(38):  # 285 s of streaming, with the renewer's pass every 7.5 s
+        await clock.advance(7.5)
+        await controller.renew_leases()
+    writes = len(deployer.holds)
+    controller.release(slot)
+    await settle()
+    assert deployer.leases[1] >= clock.now() + 300  # a full idle timeout from the last byte
+    assert len(deployer.holds) == writes + 1  # one write for the burst's end
+    # A second burst right after needs no write: the lease already covers it.
+    controller.release(await controller.acquire(1))
+    await settle()
+    assert len(deployer.holds) == writes + 1
+
+
+async def test_it_looks_again_the_moment_a_victims_idle_timeout_runs_out(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "resting", 6, state="ready", idle_timeout_s=600)
+    controller.release(await controller.acquire(1))
+    await clock.advance(590)  # idle for 590 of its 600 s: not a victim yet
+    deployer.add(2, "big", 6)
+    big = acquiring(controller, 2)
+    await settle()
+    assert list(controller.queue) == [2] and deployer.stops == []
+    await clock.advance(10)  # its timeout runs out now, before the 15 s poll
+    assert deployer.stops == [("resting", "Put to sleep to make room for big")]
+    assert deployer.starts == ["big"]
+    deployer.finish(2)
+    controller.release(await big)

@@ -69,3 +69,9 @@ def test_it_admits_behind_the_head_only_beyond_what_was_freed_for_the_head() -> 
     assert policy.admitted(0, free_gib=3, need_gib=1)  # nothing was freed for the head
     assert policy.admitted(6, free_gib=10, need_gib=4)
     assert not policy.admitted(6, free_gib=10, need_gib=4.5)
+
+
+def test_it_finds_the_next_idle_timer_to_run_out() -> None:
+    timers = [(100.0, 600.0), (50.0, 60.0), (0.0, 0.0), (400.0, 300.0)]
+    assert policy.next_idle_expiry(timers, now=200.0) == 700.0  # 110 has passed
+    assert policy.next_idle_expiry([(50.0, 60.0)], now=200.0) is None
