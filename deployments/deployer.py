@@ -146,12 +146,26 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
     try:
         handles = launch_all(deployment)
     except EngineUnreachable as exc:
-        # Nothing is known to have started: the deployment goes back to how it was.
-        transition(deployment, prior, expected=[State.STARTING], reason=str(exc), actor=actor)
+        # Nothing is known to have started: the deployment goes back to how it was, and a
+        # mode switch waiting for this start is dropped (its requests stop waiting for it).
+        transition(
+            deployment,
+            prior,
+            expected=[State.STARTING],
+            reason=str(exc),
+            actor=actor,
+            drop_switch=True,
+        )
         raise
     except RuntimeError_ as exc:
+        # The container engine refused the launch: the switch is dropped, not applied.
         transition(
-            deployment, State.FAILED, expected=[State.STARTING], reason=str(exc), actor=actor
+            deployment,
+            State.FAILED,
+            expected=[State.STARTING],
+            reason=str(exc),
+            actor=actor,
+            drop_switch=True,
         )
         return deployment
     urls = [h["url"] for h in handles]

@@ -156,7 +156,6 @@ class Deployment(models.Model):
 
     def snapshot(self) -> dict[str, Any]:
         """The audited view of a deployment: what an operator sets, plus its state."""
-
         data: dict[str, Any] = {field: getattr(self, field) for field in CONFIG_FIELDS}
         data.update(
             mode=self.mode, idle_timeout_s=self.idle_timeout_s, system=self.system, state=self.state

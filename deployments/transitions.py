@@ -33,9 +33,14 @@ def transition(
     expected: Iterable[str],
     reason: str = "",
     actor: str = "system",
+    drop_switch: bool = False,
     **fields: Any,
 ) -> bool:
-    """Move the deployment to ``to`` if it is still in one of ``expected``; refresh it."""
+    """Move the deployment to ``to`` if it is still in one of ``expected``; refresh it.
+
+    A mode switch waiting for this start (pending_mode) is applied when the start ends ready,
+    failed or stopped; with ``drop_switch`` (the container engine refused: nothing of the
+    engine ran) it is dropped instead, whatever ``to`` is, and the reason says so."""
     expected = list(expected)
     with transaction.atomic():
         updates: dict[str, Any] = {
@@ -53,12 +58,16 @@ def transition(
                 .first()
             ) or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
             updates.setdefault("lease_until", timezone.now() + timedelta(seconds=idle))
-        if to in (State.READY, State.FAILED, State.STOPPED):
+        if drop_switch or to in (State.READY, State.FAILED, State.STOPPED):
             # A mode switch that waited for this start is applied with the state it waited for.
             pending = (
                 Deployment.objects.filter(pk=deployment.pk).values_list("pending_mode", flat=True)
             ).first()
-            if pending:
+            if pending and drop_switch:
+                updates["pending_mode"] = None
+                mode = pending.replace("_", " ")
+                updates["state_reason"] = f"{reason} (the switch to {mode} was not made)"
+            elif pending:
                 updates["mode"] = pending
                 updates["pending_mode"] = None
         changed = Deployment.objects.filter(pk=deployment.pk, state__in=expected).update(**updates)

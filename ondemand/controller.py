@@ -161,6 +161,12 @@ class Controller:
         """The start a waiter follows: the running one, or one begun for it."""
         if now < entry.backoff_until:
             raise errors.start_failed(view.name, entry.failure)
+        if not view.on_demand and entry.attempt is None:
+            # Switched to always on: its start is the switch's, never a request's. Failed,
+            # it is answered so; otherwise the request waits for it.
+            if view.state == State.FAILED:
+                raise errors.start_failed(view.name, "its switch to always on did not start it")
+            return None
         startable = view.state in STARTABLE_STATES or view.state == State.ASLEEP
         # While set_mode starts it (pending always_on), the request waits for that.
         if entry.attempt is None and startable and view.pending_mode is None:

@@ -202,7 +202,6 @@ class Outcome:
 
 def sync() -> Outcome | None:
     """One sync; None when no LiteLLM is configured. Its outcome is kept for the API."""
-
     target = site()
     if target is None:
         return None
@@ -232,7 +231,6 @@ def sync() -> Outcome | None:
 def config_yaml() -> str:
     """The entries a sync would register, as a static `model_list` (for a LiteLLM proxy
     without a database)."""
-
     target = site()
     internal = target.internal_url if target else settings.MSHIP_INTERNAL_URL.rstrip("/")
     wanted = plan(internal, ondemand_key())
@@ -241,7 +239,6 @@ def config_yaml() -> str:
 
 def status_now() -> dict[str, Any]:
     """For GET /api/host."""
-
     row = LiteLLMStatus.objects.filter(pk=1).first()
     configured = site() is not None
     return {
@@ -255,7 +252,6 @@ def status_now() -> dict[str, Any]:
 def deployment_statuses() -> dict[str, str] | None:
     """Each deployment's status word by id (one read for a whole list); None when no LiteLLM
     is configured. After a failed sync every deployment reads `error`."""
-
     if not settings.MSHIP_LITELLM_URL:
         return None
     row = LiteLLMStatus.objects.filter(pk=1).first()

@@ -17,14 +17,12 @@ EVERY_S = 15.0
 
 def sync_litellm() -> dict[str, object] | None:
     """Register deployments with the site's LiteLLM proxy (every minute, and on changes)."""
-
     outcome = sync()
     return None if outcome is None else outcome.__dict__
 
 
 def request_litellm_sync() -> None:
     """Queue a sync once the current transaction commits, where LiteLLM is configured."""
-
     if not settings.MSHIP_LITELLM_URL:
         return
 

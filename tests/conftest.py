@@ -145,7 +145,6 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
 
 def env_for_subprocess(**extra: str) -> dict[str, str]:
     """The environment a Modelship subprocess needs to share this test's database."""
-
     env = dict(os.environ)
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):

@@ -94,7 +94,6 @@ def serving(make_deployment: Any, engines: None, site: Any) -> Callable[..., Dep
 def reread_guard() -> None:
     """The gateway reads its peer policy and key file again on the next request (they are
     otherwise read every 30 s and at most once a second)."""
-
     gateway.application.policy = None
     gateway.application.read_at = float("-inf")
     gateway.keyfile.checked_at = float("-inf")

@@ -183,7 +183,6 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
 ) -> None:
     """A client that stops reading a 60 MB stream: the server's memory stays flat (the
     engine waits), and every byte still arrives once the client reads again."""
-
     url, pid = server_process
     word = "x" * 20_000
     sim = make_deployment("big", config={"reply": word, "tokens_per_second": 0})

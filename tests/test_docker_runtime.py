@@ -267,7 +267,6 @@ def test_it_calls_engines_by_address_when_it_runs_on_their_network(
 ) -> None:
     """Modelship itself in a container on the engines' network: no published port, the
     engine's address on that network, and the start reaches it there."""
-
     network = get_runtime("docker").network()  # type: ignore[attr-defined]
     models = tmp_path / "models.yaml"
     entry = {

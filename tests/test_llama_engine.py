@@ -204,7 +204,6 @@ def test_it_runs_the_same_launcher_in_a_container(
 ) -> None:
     """The docker runtime with the tests' image: llama.cpp's server from the same wheel,
     the model's folder bind-mounted by the runtime, called on its published port."""
-
     boxed = make_deployment(
         "tiny-boxed",
         runtime="docker",

@@ -34,7 +34,6 @@ SEEN_HEADERS: list[dict[str, str]] = []
 def mcp_url() -> Iterator[str]:
     """A real MCP server with a few tools: one plain, one slow, one that fails, one secret
     (the tests ask for approval of it)."""
-
     server = MCPServer("dice")
 
     @server.tool()

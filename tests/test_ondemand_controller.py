@@ -478,3 +478,18 @@ async def test_it_looks_again_the_moment_a_victims_idle_timeout_runs_out(
     assert deployer.starts == ["big"]
     deployer.finish(2)
     controller.release(await big)
+
+
+async def test_it_answers_start_failed_when_a_switch_to_always_on_failed_to_start(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "switching", 2, pending_mode="always_on")
+    waiter = acquiring(controller, 1)
+    await settle()
+    assert not waiter.done()  # the switch's start runs: the request waits for it
+    # The switch's start failed: the switch is applied, the deployment is always on, failed.
+    deployer.rows[1] = replace(deployer.rows[1], state="failed", on_demand=False, pending_mode=None)
+    controller.notify()
+    assert await code_of(waiter) == "start_failed"
+    assert await code_of(acquiring(controller, 1)) == "start_failed"
+    assert deployer.starts == []  # no request restarted the always-on deployment itself

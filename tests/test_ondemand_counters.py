@@ -49,7 +49,6 @@ async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> Non
 async def test_it_schedules_the_next_message_while_a_slow_publish_is_under_way() -> None:
     """A change during a publish (a slow channel layer) gets its own message a second later;
     the publish finishing does not forget it."""
-
     sent: list[int] = []
     release = asyncio.Event()
 

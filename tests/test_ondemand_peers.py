@@ -103,7 +103,6 @@ def test_it_guards_the_gateway_in_a_container_on_its_docker_networks(
     """Modelship's guard in a container attached to the engines' network and the decider's:
     a peer on the engines' network passes; a peer behind a proxy header, a peer on the
     decider's network and the host through the published port are all refused."""
-
     engines_network = get_runtime("docker").network()  # type: ignore[attr-defined]
     label = {"modelship.site": docker_site.MSHIP_SITE}
     common = {

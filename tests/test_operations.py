@@ -268,3 +268,40 @@ def test_it_leaves_a_waiting_switch_alone_when_something_else_changes(
     assert (answer.json()["mode"], answer.json()["pending_mode"]) == ("on_demand", "always_on")
     assert AuditEntry.objects.filter(deployment=deployment, action="ondemand_mode").count() == 1
     assert AuditEntry.objects.filter(deployment=deployment, action="update").count() == 1
+
+
+def test_it_drops_a_switch_whose_start_the_docker_engine_could_not_take(
+    ops: User, make_deployment: Any, site: Any, tmp_path: Path
+) -> None:
+    site.MSHIP_DOCKER_HOST = f"unix://{tmp_path}/no-docker.sock"
+    deployment = make_deployment(
+        "boxed", runtime="docker", image="modelship:latest", config=sim(), mode="on_demand"
+    )
+    assert change("api", deployment, ops, tmp_path, mode="always_on").status_code == 200
+    assert [name for name, _ in run_queue()] == ["start"]
+    deployment.refresh_from_db()
+    # Nothing ran: it is as it was, on demand, and its requests stop waiting for the switch.
+    assert (deployment.state, deployment.mode, deployment.pending_mode) == (
+        State.PLANNED,
+        "on_demand",
+        None,
+    )
+    assert "the Docker Engine is unreachable" in deployment.state_reason
+    assert deployment.state_reason.endswith("(the switch to always on was not made)")
+
+
+def test_it_drops_a_switch_whose_engine_could_not_be_launched(
+    ops: User, make_deployment: Any, tmp_path: Path
+) -> None:
+    deployment = make_deployment(
+        "nobinary", command=["/nonexistent/engine", "--port", "{port}"], mode="on_demand"
+    )
+    assert change("api", deployment, ops, tmp_path, mode="always_on").status_code == 200
+    run_queue()
+    deployment.refresh_from_db()
+    assert (deployment.state, deployment.mode, deployment.pending_mode) == (
+        State.FAILED,
+        "on_demand",
+        None,
+    )
+    assert deployment.state_reason.startswith("cannot run '/nonexistent/engine'")

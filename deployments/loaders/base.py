@@ -125,7 +125,6 @@ def file_size_gib(path: str) -> float | None:
 
 def cli_flags(options: dict[str, Any]) -> list[str]:
     """Engine options as command-line flags: snake_case keys become --kebab-case."""
-
     argv: list[str] = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")

@@ -51,7 +51,6 @@ class DockerRuntime:
     @property
     def client(self) -> Any:
         """A client of the configured daemon (MSHIP_DOCKER_HOST, else Docker's environment)."""
-
         host = settings.MSHIP_DOCKER_HOST
         if host not in self._clients:
             try:
@@ -67,7 +66,6 @@ class DockerRuntime:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the SDK, turning a dead daemon into EngineUnreachable and its refusals into
         RuntimeError_ with the daemon's own words."""
-
         try:
             return fn(*args, **kwargs)
         except (requests.exceptions.ConnectionError, ConnectionError) as exc:
@@ -175,7 +173,6 @@ class DockerRuntime:
 
     def _remove_stale(self, name: str) -> None:
         """A container of the same name left by a crash would block the create."""
-
         try:
             old = self._call(self.client.containers.get, name)
         except docker.errors.NotFound:

@@ -36,7 +36,6 @@ def in_container() -> bool:
 
 def own_container(client: Any) -> Any | None:
     """This process's container, found by the hostname Docker gives it; None outside."""
-
     if not in_container():
         return None
     try:

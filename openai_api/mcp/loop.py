@@ -87,7 +87,6 @@ async def run(
     request_id: str,
 ) -> bool:
     """The whole loop; False when the response failed (its failure already emitted)."""
-
     connections: dict[str, Connection] = {}
     offered = await list_tools(servers_of(request), connections, translator, emit)
     if offered is None:
