@@ -7,6 +7,7 @@ from django.utils.html import format_html
 
 from deployments import hooks, host_access, operations
 from deployments.engine_logs import tails
+from deployments.loaders import LOADERS
 from deployments.memory import host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
 from deployments.refusals import OperationRefused
@@ -74,7 +75,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
         ("Engine", {"fields": ("image", "command", "config", "num_replicas")}),
         ("Memory", {"fields": ("memory_gib", "num_gpus")}),
-        ("Lifecycle", {"fields": ("mode", "idle_timeout_s", "system")}),
+        ("Lifecycle", {"fields": ("mode", "idle_timeout_s", "system", "idle_signal")}),
         ("State", {"fields": readonly_fields}),
         ("Engine log", {"fields": ("log_tail",), "classes": ("collapse",)}),
     )
@@ -105,6 +106,14 @@ class DeploymentAdmin(admin.ModelAdmin):
             return "—"
         return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
 
+    @admin.display(description="judged idle by")
+    def idle_signal(self, obj: Deployment) -> str:
+        """On demand, what says it is idle: the gateway's slots, and the engine's load
+        gauges where its loader has them."""
+        if obj.pk is None or not obj.is_on_demand or obj.loader not in LOADERS:
+            return "—"
+        return LOADERS[obj.loader].idle_signal
+
     @admin.display(description="memory (GiB)")
     def need(self, obj: Deployment) -> str:
         return f"{need_gib(obj):.2f}"
@@ -117,7 +126,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         # Without the permission, what runs on the host is shown, not edited (the loader's
         # `binary` inside config is checked when the form is saved).
         host = () if host_access.may_run_anything(request.user) else ("image", "command")
-        return (*self.readonly_fields, "log_tail", *host)
+        return (*self.readonly_fields, "log_tail", "idle_signal", *host)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any

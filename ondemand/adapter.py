@@ -48,6 +48,7 @@ def view_of(row: Deployment) -> View:
         idle_timeout_s=float(row.effective_idle_timeout_s),
         pending_mode=row.pending_mode,
         urls=tuple(row.engine_urls or ()),
+        gauged=get_loader(row.loader).running_gauge is not None,
     )
 
 

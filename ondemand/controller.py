@@ -409,12 +409,12 @@ class Controller:
         return policy.victims(idle, shortfall)
 
     async def _idle(self, view: View) -> bool:
-        """Idle by the seed's rules, and a fresh load sample of the engine agrees (an asleep
-        one runs nothing)."""
+        """Idle by the seed's rules, and a fresh load sample of the engine agrees where it
+        has load gauges (an asleep one runs nothing)."""
         if not self._still_idle(view):
             return False
-        if view.state == State.ASLEEP:
-            return True
+        if view.state == State.ASLEEP or not view.gauged:
+            return True  # nothing to ask the engine: the slots alone decide
         sample = await self.deployer.load(view.id)
         if sample is None:
             return False

@@ -30,6 +30,9 @@ class View:
     idle_timeout_s: float
     pending_mode: str | None = None
     urls: tuple[str, ...] = ()
+    # The engine has load gauges: make-room also asks them whether it is idle. Without,
+    # the gateway's slots and release times alone decide (every engine kind is reapable).
+    gauged: bool = True
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,22 @@ def test_it_sends_secure_cookies_and_hsts_behind_tls() -> None:
         check=True,
     )
     assert done.stdout.split() == ["True", "True", "31536000"]
+
+
+def test_it_shows_what_an_on_demand_deployment_is_judged_idle_by(
+    staff: Client, make_deployment: Any
+) -> None:
+    voice = make_deployment("voice", loader="tts", usecase="tts", model="espeak-ng", config={})
+    voice.mode = "on_demand"
+    voice.save()
+    chat = make_deployment("chat", mode="on_demand")
+    pinned = make_deployment("pinned")
+
+    def shown(deployment: Any) -> str:
+        page = staff.get(f"/admin/deployments/deployment/{deployment.pk}/change/")
+        block = page.content.decode().split("Judged idle by", 1)[1]
+        return block.split('<div class="readonly">', 1)[1].split("</div>", 1)[0]
+
+    assert shown(voice) == "slots"  # espeak has no load gauges: the gateway's slots alone
+    assert shown(chat) == "slots and engine gauges"
+    assert shown(pinned) == "—"

@@ -106,6 +106,8 @@ class FakeDeployer:
         return Budget(capacity_gib=self.capacity - pinned, free_gib=self.capacity - self.held())
 
     async def load(self, deployment_id: int) -> tuple[float, Load] | None:
+        if not self.rows[deployment_id].gauged:
+            return None  # as the real one: an engine with no gauges gives no sample
         return self.loads.get(deployment_id, (self.clock.now(), Load(0.0, 0.0)))
 
     async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
@@ -493,3 +495,17 @@ async def test_it_answers_start_failed_when_a_switch_to_always_on_failed_to_star
     assert await code_of(waiter) == "start_failed"
     assert await code_of(acquiring(controller, 1)) == "start_failed"
     assert deployer.starts == []  # no request restarted the always-on deployment itself
+
+
+async def test_it_makes_room_by_stopping_an_idle_engine_that_has_no_load_gauges(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "voice", 6, state="ready", gauged=False, idle_timeout_s=300)
+    controller.release(await controller.acquire(1))
+    await clock.advance(301)
+    deployer.add(2, "chat", 6)
+    waiter = acquiring(controller, 2)
+    await settle()
+    assert deployer.stops == [("voice", "Put to sleep to make room for chat")]
+    deployer.finish(2)
+    controller.release(await waiter)

@@ -142,3 +142,19 @@ def test_it_never_stops_an_engine_while_a_gateway_holds_its_lease(
     stops = int(reaper.communicate(timeout=60)[0].strip())
     assert failures == []
     assert grants > 3 and checked > grants and stops > 0 and restarts > 0
+
+
+def test_it_puts_an_engine_with_no_load_gauges_to_sleep_by_its_lease_alone(
+    make_deployment: Any, site: Any
+) -> None:
+    """espeak (the TTS engine) reports no load: the gateways' lease is the whole signal."""
+    voice = make_deployment(
+        "voice", loader="tts", usecase="tts", model="espeak-ng", config={}, mode="on_demand"
+    )
+    deployer.restart(voice.pk)
+    assert Deployment.objects.get(pk=voice.pk).state == State.READY
+    assert extend(voice.pk, 60) is not None  # a gateway holds a slot, or just released one
+    assert reap(site) == "stopped: -"
+    Deployment.objects.filter(pk=voice.pk).update(lease_until=timezone.now())
+    assert reap(site) == "stopped: voice"
+    assert Deployment.objects.get(pk=voice.pk).state == State.STOPPED

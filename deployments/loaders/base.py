@@ -108,6 +108,12 @@ class Loader:
         """The /v1 paths this engine serves for the spec's use case."""
         raise NotImplementedError
 
+    @property
+    def idle_signal(self) -> str:
+        """What on-demand idleness is judged by: the gateway's slots and release times
+        always, and the engine's own load gauges where it has them."""
+        return "slots and engine gauges" if self.running_gauge else "slots"
+
     def can_sleep(self, spec: EngineSpec) -> bool:
         return self.can_sleep_mode
 
