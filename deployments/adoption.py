@@ -4,9 +4,11 @@ remove containers no deployment owns, and replace engines whose configuration ch
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.utils import timezone
 
 from deployments import tasks
 from deployments.deployer import handles_of, stop, stop_handles
@@ -57,6 +59,10 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
     alive = [h for h in handles if runtime.is_alive(h)]
     if deployment.state in (State.READY, State.ASLEEP) and handles and len(alive) == len(handles):
         outcome["adopted"].append(deployment.name)
+        # The on-demand idle timer restarts when Modelship first sees an engine after a
+        # restart: a lease lapsed while it was down must not let the reaper stop it at once.
+        idle = timedelta(seconds=deployment.effective_idle_timeout_s)
+        Deployment.objects.filter(pk=deployment.pk).update(lease_until=timezone.now() + idle)
         if deployment.running_fingerprint != deployment_fingerprint(deployment):
             # A replacement the previous run had not finished, or a change made meanwhile.
             enqueue(tasks.replace, deployment.pk, settings.MSHIP_REPLACE_STRATEGY, "system")

@@ -49,6 +49,7 @@ def view_of(row: Deployment) -> View:
         pending_mode=row.pending_mode,
         urls=tuple(row.engine_urls or ()),
         gauged=get_loader(row.loader).running_gauge is not None,
+        lease_until=row.lease_until.timestamp() if row.lease_until else None,
     )
 
 
@@ -65,6 +66,11 @@ def _budget() -> Budget:
 def _restart(deployment_id: int) -> None:
     row = deployer.restart(deployment_id, actor=ACTOR)
     audit.record("ondemand_start", row, actor=ACTOR, text=f"started for a request: {row.state}")
+
+
+def _wake(deployment_id: int) -> None:
+    row = deployer.wake(deployment_id, actor=ACTOR)
+    audit.record("ondemand_start", row, actor=ACTOR, text=f"woken for a request: {row.state}")
 
 
 def _sample(deployment_id: int) -> Load | None:
@@ -105,7 +111,7 @@ class DjangoDeployer:
         await in_thread(_restart, deployment_id)
 
     async def wake(self, deployment_id: int) -> None:
-        await in_thread(deployer.wake, deployment_id, actor=ACTOR)
+        await in_thread(_wake, deployment_id)
 
     async def stop(self, deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
         return await in_thread(_stop, deployment_id, precheck, reason)

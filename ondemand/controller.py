@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
+LEASE_SLACK_S = 2.0  # a row's lease this close to the end of ours is ours
 
 
 class Controller:
@@ -258,6 +259,7 @@ class Controller:
             entry.lease_until = float("-inf")
             return False
         entry.lease_until = now + seconds
+        entry.lease_wall_until = time.time() + seconds
         return True
 
     async def renew_leases(self) -> None:
@@ -429,11 +431,20 @@ class Controller:
             on_demand=view.on_demand,
             state=view.state,
             pending_mode=view.pending_mode,
-            busy=bool(entry.inflight or entry.waiting),
+            busy=bool(entry.inflight or entry.waiting) or self._leased_elsewhere(view, entry),
             idle_for_s=self.clock.now() - entry.idle_since,
             idle_timeout_s=view.idle_timeout_s,
         )
         return policy.is_idle(activity)
+
+    @staticmethod
+    def _leased_elsewhere(view: View, entry: Entry) -> bool:
+        """The row's lease runs beyond ours: another gateway process holds or just released
+        a slot, or the idle timer restarted outside this process (an operator's start, an
+        adoption after a restart, a switch to on demand)."""
+        if view.lease_until is None or view.lease_until <= time.time():
+            return False
+        return view.lease_until > entry.lease_wall_until + LEASE_SLACK_S
 
     # --- status ----------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ class View:
     # The engine has load gauges: make-room also asks them whether it is idle. Without,
     # the gateway's slots and release times alone decide (every engine kind is reapable).
     gauged: bool = True
+    # The row's lease (wall time, seconds): held by this gateway or another process's.
+    lease_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Entry:
     failure: str = ""
     lease_until: float = float("-inf")  # clock time our lease on the row runs out
     idle_timeout_s: float = 0.0  # the deployment's, as of its last grant
+    lease_wall_until: float = float("-inf")  # our lease's end in wall time, as written
     timeout_recorded_at: float = float("-inf")
 
 

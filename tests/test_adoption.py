@@ -6,15 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from django.utils import timezone
 
 from deployments import deployer
 from deployments.adoption import adopt_all
 from deployments.models import Deployment, State
 from deployments.transitions import transition
+from ondemand.reaper import reap_once
 from tests.conftest import REPO, env_for_subprocess, pid_alive, reply_of, wait_until
 
 if TYPE_CHECKING:
@@ -94,3 +97,17 @@ def test_it_settles_a_start_that_died_with_its_process(make_deployment: Any) -> 
     deployer.restart(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.state == State.READY
+
+
+def test_it_restarts_the_idle_timer_of_an_adopted_on_demand_engine(make_deployment: Any) -> None:
+    lazy = make_deployment("lazy", mode="on_demand", idle_timeout_s=600)
+    deployer.restart(lazy.pk)
+    # Modelship was down longer than the lease: without a fresh timer, the reaper's first
+    # pass would stop the engine it has just adopted.
+    Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(hours=1))
+    assert adopt_all()["adopted"] == ["lazy"]
+    lazy.refresh_from_db()
+    assert lazy.lease_until is not None
+    assert lazy.lease_until > timezone.now() + timedelta(seconds=590)
+    assert reap_once() == []
+    assert Deployment.objects.get(pk=lazy.pk).state == State.READY

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -509,3 +510,24 @@ async def test_it_makes_room_by_stopping_an_idle_engine_that_has_no_load_gauges(
     assert deployer.stops == [("voice", "Put to sleep to make room for chat")]
     deployer.finish(2)
     controller.release(await waiter)
+
+
+async def test_it_never_makes_room_with_a_model_another_process_holds_a_lease_on(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """Idle here, but another gateway process (or an operator's start) renewed its lease."""
+    deployer.add(1, "shared", 6, state="ready", idle_timeout_s=300)
+    controller.release(await controller.acquire(1))
+    await clock.advance(301)
+    elsewhere = time.time() + 600
+    deployer.rows[1] = replace(deployer.rows[1], lease_until=elsewhere)
+    deployer.add(2, "big", 6)
+    big = acquiring(controller, 2)
+    await settle()
+    assert deployer.stops == [] and list(controller.queue) == [2]
+    deployer.rows[1] = replace(deployer.rows[1], lease_until=time.time() - 1)  # it lapsed
+    controller.notify()
+    await settle()
+    assert deployer.stops == [("shared", "Put to sleep to make room for big")]
+    deployer.finish(2)
+    controller.release(await big)

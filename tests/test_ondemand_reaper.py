@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from ondemand.adapter import DjangoDeployer
 from ondemand.lease import extend
 from tests.conftest import REPO, env_for_subprocess, in_thread
 
@@ -158,3 +160,13 @@ def test_it_puts_an_engine_with_no_load_gauges_to_sleep_by_its_lease_alone(
     Deployment.objects.filter(pk=voice.pk).update(lease_until=timezone.now())
     assert reap(site) == "stopped: voice"
     assert Deployment.objects.get(pk=voice.pk).state == State.STOPPED
+
+
+def test_it_audits_a_wake_for_a_request_as_it_audits_a_start(make_deployment: Any) -> None:
+    sleepy = make_deployment("sleepy", mode="on_demand")
+    deployer.restart(sleepy.pk)
+    assert deployer.sleep(sleepy.pk)
+    asyncio.run(DjangoDeployer().wake(sleepy.pk))
+    assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
+    woken = AuditEntry.objects.get(action="ondemand_start")
+    assert (woken.actor, woken.text) == ("ondemand", "woken for a request: ready")
