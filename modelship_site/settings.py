@@ -273,6 +273,9 @@ MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)
 # at most this many requests wait at once.
 MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
 MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
+# Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
+# engine up to the start timeout), apart from the threads every other read uses.
+MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # Per caller (a key, or the trusted identity): stored-response bytes, and background runs at

@@ -6,11 +6,15 @@ request's path except the lease renewal, which the controller does ahead of time
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection
 
 from deployments import audit, deployer
@@ -36,6 +40,25 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             connection.close()
 
     return await sync_to_async(run, thread_sensitive=False)()
+
+
+@functools.cache
+def engine_pool() -> ThreadPoolExecutor:
+    """Threads for starts, wakes and stops: each may hold one for the start gate, an image
+    pull or a health wait of up to the start timeout, and the default pool (the route
+    refresh, the response store, lease writes) must never queue behind them."""
+    workers = settings.MSHIP_ONDEMAND_START_THREADS
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ondemand-engine")
+
+
+async def in_engine_thread(fn: Callable[..., T], *args: Any) -> T:
+    def run() -> T:
+        try:
+            return fn(*args)
+        finally:
+            connection.close()
+
+    return await asyncio.get_running_loop().run_in_executor(engine_pool(), run)
 
 
 def view_of(row: Deployment) -> View:
@@ -108,13 +131,13 @@ class DjangoDeployer:
         return await in_thread(lambda: [view_of(r) for r in Deployment.objects.all()])
 
     async def restart(self, deployment_id: int) -> None:
-        await in_thread(_restart, deployment_id)
+        await in_engine_thread(_restart, deployment_id)
 
     async def wake(self, deployment_id: int) -> None:
-        await in_thread(_wake, deployment_id)
+        await in_engine_thread(_wake, deployment_id)
 
     async def stop(self, deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
-        return await in_thread(_stop, deployment_id, precheck, reason)
+        return await in_engine_thread(_stop, deployment_id, precheck, reason)
 
     async def budget(self) -> Budget:
         return await in_thread(_budget)

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -170,3 +171,22 @@ def test_it_audits_a_wake_for_a_request_as_it_audits_a_start(make_deployment: An
     assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
     woken = AuditEntry.objects.get(action="ondemand_start")
     assert (woken.actor, woken.text) == ("ondemand", "woken for a request: ready")
+
+
+def test_it_keeps_starts_off_the_threads_the_gateways_reads_use(make_deployment: Any) -> None:
+    """A cold start holds a thread for as long as the engine takes to come up; the reads
+    of the gateway (the route table, the response store, the lease) must not queue behind
+    it, even where their pool has a single thread."""
+    slow = make_deployment("slow", mode="on_demand", config={"startup_delay_s": 2})
+    adapter = DjangoDeployer()
+
+    async def read_during_a_start() -> str | None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        start = asyncio.ensure_future(adapter.restart(slow.pk))
+        await asyncio.sleep(0)  # the start takes its thread first
+        seen = await adapter.view(slow.pk)
+        await start
+        return None if seen is None else seen.state
+
+    assert asyncio.run(read_during_a_start()) in (State.PLANNED, State.STARTING)
+    assert Deployment.objects.get(pk=slow.pk).state == State.READY
