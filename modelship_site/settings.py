@@ -266,6 +266,8 @@ MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
 # A route table not refreshed for this long (the database is down) fails requests closed.
 MSHIP_ROUTE_STALE_S = env_float("MSHIP_ROUTE_STALE_S", 30)
+# SSE comment keepalives while a streaming request waits for its slot (never once the
+# engine is called: its status must reach the client unchanged).
 MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)

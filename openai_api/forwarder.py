@@ -4,9 +4,9 @@ One pooled aiohttp session per engine. The request goes up with the caller's sec
 hop-by-hop headers removed and `Accept-Encoding: identity`; the engine's status, headers
 (less hop-by-hop, Server and Date) and bytes come back chunk by chunk, unbuffered and
 unparsed. A caller that hangs up cancels the upstream request, so the engine sees its
-connection close. A streaming request whose engine has not answered within the keepalive
-interval gets its SSE headers and comment keepalives; an error after that point arrives as
-`data: {"error": ...}` then `data: [DONE]`.
+connection close. Where Modelship opened a streaming answer while the request waited for its
+slot (openai_api/keepalive.py), the engine's bytes follow inside it and an engine error
+arrives as `data: {"error": ...}` then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -200,19 +200,14 @@ class Forwarder:
             allow_redirects=False,
         )
         try:
-            if call.streaming:
-                response, committed = await self._await_with_keepalives(request, send, call)
-                if response is None:
-                    return  # the engine failed after keepalives; the error went as an event
-            else:
-                response = await request
+            response = await request
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 502, unreachable(exc, call.deployment), call.unreachable_code
             ) from exc
         try:
             if committed:
-                await self._relay_after_keepalive(send, response)
+                await self._relay_into_open_stream(send, response)
             elif call.transform is not None:
                 await self._relay_transformed(send, response, request_id, call.transform)
             else:
@@ -238,36 +233,6 @@ class Forwarder:
             raise
         response.release()
 
-    async def _await_with_keepalives(
-        self, request: Any, send: Send, call: Call
-    ) -> tuple[aiohttp.ClientResponse | None, bool]:
-        """The engine's response, and whether SSE keepalives were sent while it had not come
-        (they commit the answer to 200 and SSE). A failure before the first keepalive
-        raises; after it, it is sent as an error event and the response is None."""
-        pending = asyncio.ensure_future(request)
-        request_id, committed = call.request_id, call.committed
-        try:
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=settings.MSHIP_SSE_KEEPALIVE_S)
-                if done:
-                    return pending.result(), committed
-                if not committed:
-                    await send(sse_start(request_id))
-                    committed = True
-                await send(
-                    {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
-                )
-        except aiohttp.ClientError as exc:
-            if not committed:
-                raise
-            await send_sse_error(
-                send, 502, unreachable(exc, call.deployment), call.unreachable_code
-            )
-            return None, True
-        finally:
-            if not pending.done():
-                pending.cancel()
-
     async def _relay_transformed(
         self,
         send: Send,
@@ -286,7 +251,9 @@ class Forwarder:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _relay_after_keepalive(self, send: Send, response: aiohttp.ClientResponse) -> None:
+    async def _relay_into_open_stream(self, send: Send, response: aiohttp.ClientResponse) -> None:
+        """Modelship opened the stream while the request waited (keepalives, the queued
+        notice): the engine's bytes follow inside it, and an engine error is its last event."""
         if response.status != 200:
             message = await engine_message(response)
             await send_sse_error(send, response.status, message, "upstream_error")

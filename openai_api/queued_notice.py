@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openai_api.endpoints import notice_eligible
-from openai_api.forwarder import Send, sse_start
+
+if TYPE_CHECKING:
+    from openai_api.keepalive import SseOpener
 
 STRUCTURED = (
     "response_format",
@@ -104,31 +106,18 @@ def prepend(endpoint: str, name: str, raw: bytes) -> bytes:
 class QueuedNotice:
     """One request's notice: sent (streaming) or remembered (not) when it queues."""
 
-    def __init__(self, send: Send, endpoint: str, name: str, streaming: bool, request_id: str):
-        self.send = send
+    def __init__(self, opener: SseOpener | None, endpoint: str, name: str, streaming: bool):
+        self.opener = opener  # a streaming request's answer, which the chunk may open
         self.endpoint = endpoint
         self.name = name
         self.streaming = streaming
-        self.request_id = request_id
         self.queued = False
-        self.committed = False  # SSE headers and the chunk are out
         self.task: asyncio.Task[None] | None = None
 
     def on_queued(self) -> None:
         self.queued = True
-        if self.streaming and self.task is None:
-            self.task = asyncio.ensure_future(self._send_chunk())
-
-    async def _send_chunk(self) -> None:
-        await self.send(sse_start(self.request_id))
-        self.committed = True
-        await self.send(
-            {
-                "type": "http.response.body",
-                "body": chunk(self.endpoint, self.name),
-                "more_body": True,
-            }
-        )
+        if self.streaming and self.opener is not None and self.task is None:
+            self.task = asyncio.ensure_future(self.opener.write(chunk(self.endpoint, self.name)))
 
     async def sent(self) -> None:
         if self.task is not None:

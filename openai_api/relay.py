@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
+from openai_api.keepalive import SseOpener, kept_alive
 from openai_api.queued_notice import QueuedNotice
 from openai_api.queued_notice import eligible as notice_eligible
 
@@ -42,16 +43,18 @@ async def relay(
 ) -> None:
     route = traffic.route
     query = exchange.scope.get("query_string", b"").decode("latin-1")
+    opener = SseOpener(exchange.send, exchange.request_id) if traffic.streaming else None
     notice = None
     if route.on_demand and notice_eligible(traffic.endpoint, traffic.data, traffic.streaming):
-        notice = QueuedNotice(
-            exchange.send, traffic.endpoint, route.name, traffic.streaming, exchange.request_id
-        )
+        notice = QueuedNotice(opener, traffic.endpoint, route.name, traffic.streaming)
     try:
-        async with (
-            cancel_on_hangup(exchange.receive),
-            slot(notice.on_queued if notice else None) as base_url,
-        ):
+        async with cancel_on_hangup(exchange.receive), AsyncExitStack() as held:
+            # Keepalives while Modelship waits for the slot (a cold start, the queue), not
+            # once the engine is called.
+            async with kept_alive(opener):
+                base_url = await held.enter_async_context(
+                    slot(notice.on_queued if notice else None)
+                )
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's
             call = Call(
@@ -62,19 +65,18 @@ async def relay(
                 headers=exchange.raw_headers,
                 request_id=exchange.request_id,
                 streaming=traffic.streaming,
-                committed=notice is not None and notice.committed,
+                committed=opener is not None and opener.committed,
                 transform=notice.transform() if notice is not None else None,
                 unreachable_code=unreachable_code,
                 deployment=route.name,
             )
             await forwarder.forward(call, exchange.send)
     except GatewayError as exc:
-        if notice is None:
+        if notice is not None:
+            await notice.sent()
+        if opener is None or not opener.committed:
             raise
-        await notice.sent()
-        if not notice.committed:
-            raise
-        # The notice already opened the stream: the error comes as its last events.
+        # Keepalives or the notice already opened the stream: the error is its last event.
         await send_sse_error(exchange.send, exc.status, exc.message, exc.code)
 
 

@@ -313,23 +313,25 @@ def test_it_keeps_cors_closed_unless_configured(
     assert listed.headers["access-control-allow-origin"] == "https://app.example"
 
 
-def test_it_sends_keepalives_until_a_slow_engine_answers(
+def test_it_sends_no_keepalive_once_the_engine_is_called(
     gateway_url: str, api_key: Callable[..., str], serving: Serving, site: Any
 ) -> None:
+    """A warm model that is slow to answer: Modelship waits for nothing, so the answer is
+    exactly the engine's, its status included (keepalives would have committed a 200)."""
     serving("slow", config={"first_token_delay_s": 1.0})
+    serving("broken", config={"first_token_delay_s": 1.0, "fail_status": 500})
     site.MSHIP_SSE_KEEPALIVE_S = 0.2
+    headers = {"authorization": f"Bearer {api_key()}"}
     body = {"model": "slow", "messages": [{"role": "user", "content": "x"}], "stream": True}
-    with httpx.stream(
-        "POST",
-        gateway_url + "/v1/chat/completions",
-        json=body,
-        headers={"authorization": f"Bearer {api_key()}"},
-    ) as answer:
+    url = gateway_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers) as answer:
         assert answer.headers["content-type"] == "text/event-stream"
         lines = [line for line in answer.iter_lines() if line]
-    assert lines[0] == ": keepalive"
-    assert lines[-1] == "data: [DONE]"
-    assert any(line.startswith("data: {") for line in lines)
+    assert lines[0].startswith("data: {") and lines[-1] == "data: [DONE]"
+    assert ": keepalive" not in lines
+    failed = httpx.post(url, json={**body, "model": "broken"}, headers=headers)
+    assert failed.status_code == 500
+    assert failed.json()["error"]["message"] == "The simulated engine failed as it was told to."
 
 
 def test_it_spreads_requests_over_replicas_by_outstanding_requests(

@@ -6,12 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import openai
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from deployments import deployer
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.registry import controllers
 from tests.conftest import wait_until
@@ -140,3 +142,58 @@ def test_it_forgives_start_failures_after_a_mode_switch(
     Deployment.objects.filter(pk=broken.pk).update(state="stopped", pending_mode=None)
     seen_by_gateway(lambda s: s.routes["flaky"].state == "stopped")
     assert ask(client, "flaky") == "fixed"
+
+
+def test_it_keeps_a_streaming_request_alive_while_its_model_starts(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    cold = on_demand(make_deployment, site, "cold", config={"startup_delay_s": 1.0})
+    site.MSHIP_SSE_KEEPALIVE_S = 0.2
+    headers = {"authorization": f"Bearer {api_key()}"}
+    chat = {"model": "cold", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    with httpx.stream(
+        "POST", gateway_url + "/v1/chat/completions", json=chat, headers=headers
+    ) as answer:
+        assert answer.status_code == 200
+        lines = [line for line in answer.iter_lines() if line]
+    assert lines[0] == ": keepalive"  # while Modelship starts the model
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+    assert set(lines[:first_data]) == {": keepalive"}  # none once the engine was called
+    assert lines[-1] == "data: [DONE]"
+
+    deployer.stop(cold.pk)
+    seen_by_gateway(lambda s: s.routes["cold"].state == "stopped")
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/responses",
+        json={"model": "cold", "input": "x", "stream": True},
+        headers=headers,
+    ) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    assert lines[0] == ": keepalive"
+    first_event = next(i for i, line in enumerate(lines) if line.startswith("event: "))
+    assert lines[first_event] == "event: response.created"
+    assert set(lines[:first_event]) == {": keepalive"}
+    assert "event: response.completed" in lines
+
+
+def test_it_ends_a_kept_alive_stream_with_the_refusal_as_an_event(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    on_demand(
+        make_deployment, site, "doomed", config={"startup_delay_s": 1.0, "fail_at_start": True}
+    )
+    site.MSHIP_SSE_KEEPALIVE_S = 0.2
+    headers = {"authorization": f"Bearer {api_key()}"}
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/responses",
+        json={"model": "doomed", "input": "x", "stream": True},
+        headers=headers,
+    ) as answer:
+        assert answer.status_code == 200  # committed by the keepalives
+        lines = [line for line in answer.iter_lines() if line]
+    assert lines[0] == ": keepalive"
+    events = [line for line in lines if line.startswith("event: ")]
+    assert events[0] == "event: response.created" and events[-1] == "event: response.failed"
+    assert any('"start_failed"' in line for line in lines)

@@ -40,6 +40,8 @@ class SimConfig:
     allocate_mib: int = 0
     # Seconds before an inference request gets its answer's first byte (headers included).
     first_token_delay_s: float = 0.0
+    # Every inference request is answered with this HTTP status (after the delay above).
+    fail_status: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:
@@ -154,7 +156,12 @@ def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.Str
         found = problem(request.path, body)
         if found is not None:
             return error(400, found[1], "invalid_request")
-        return await handler(request, request.app[STATE], body)
+        state = request.app[STATE]
+        if state.config.fail_status is not None:
+            async with Inflight(state, request):
+                message = "The simulated engine failed as it was told to."
+                return error(state.config.fail_status, message, "engine_error", "server_error")
+        return await handler(request, state, body)
 
     return route
 

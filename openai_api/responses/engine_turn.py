@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -13,6 +14,7 @@ import aiohttp
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_message, forwarder, unreachable
+from openai_api.keepalive import kept_alive, waiting_answer
 from openai_api.responses.translator import Event, StreamTranslator
 
 if TYPE_CHECKING:
@@ -27,7 +29,9 @@ async def generate(
     """One engine turn through the translator, in a slot; False when the engine failed
     mid-answer (its failure already emitted). Before its answer began, an engine error is
     raised as the request's error."""
-    async with dispatcher.slot(route) as base_url:
+    async with AsyncExitStack() as held:
+        async with kept_alive(waiting_answer.get()):  # while Modelship waits, not the engine
+            base_url = await held.enter_async_context(dispatcher.slot(route))
         try:
             await call_engine(base_url, body, translator, emit, request_id, route.name)
         except EngineFailed:

@@ -15,10 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import (
-    cancel_on_hangup,
-    sse_start,
-)
+from openai_api.forwarder import cancel_on_hangup
+from openai_api.keepalive import SseOpener, waiting_answer
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import background, protocol, store
 from openai_api.responses.engine_turn import conclude
@@ -61,9 +59,18 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     async def save(finished: dict[str, Any]) -> None:
         await store.run(store.save, identity, finished, conversation)
 
+    waiting_answer.set(out.opener)
     async with cancel_on_hangup(exchange.receive):
         await out.emit(translator.start())
-        if await respond(route, request, history, translator, out.emit, exchange.request_id):
+        try:
+            done = await respond(route, request, history, translator, out.emit, exchange.request_id)
+        except GatewayError as exc:
+            if not out.opened:
+                raise  # nothing went out: a plain error
+            # Keepalives opened the stream while it waited: the refusal is its last event.
+            await out.emit(translator.fail(exc.code, exc.message))
+            done = False
+        if done:
             await conclude(translator, out.emit, save if request.store else None)
         elif request.store:  # a failed response can still be retrieved
             with contextlib.suppress(GatewayError):
@@ -78,29 +85,27 @@ class HttpOut:
         self.exchange = exchange
         self.translator = translator
         self.streaming = streaming
+        # The SSE answer, opened by the first events or by a keepalive while the request
+        # waits for its slot.
+        self.opener = SseOpener(exchange.send, exchange.request_id) if streaming else None
         self.pending: list[Event] = []  # created/in_progress, held until the engine answers
-        self.answered = False
+
+    @property
+    def opened(self) -> bool:
+        return self.opener is not None and self.opener.committed
 
     async def emit(self, events: list[Event]) -> None:
-        if not self.streaming or not events:
+        if self.opener is None or not events:
             return
         if events[0]["type"] == "response.created":
-            self.pending = events  # a refusal before the engine answers is a plain error
+            self.pending = events  # a refusal before anything went out is a plain error
             return
-        if not self.answered:
-            await self._answer()
-            events = [*self.pending, *events]
-        body = b"".join(sse(event) for event in events)
-        await self.exchange.send({"type": "http.response.body", "body": body, "more_body": True})
-
-    async def _answer(self) -> None:
-        self.answered = True
-        await self.exchange.send(sse_start(self.exchange.request_id))
+        events, self.pending = [*self.pending, *events], []
+        await self.opener.write(b"".join(sse(event) for event in events))
 
     async def end(self) -> None:
-        if self.streaming:
-            if not self.answered:
-                await self._answer()
+        if self.opener is not None:
+            await self.opener.write(b"")
             await self.exchange.send({"type": "http.response.body", "body": b""})
         else:
             await self.exchange.json(200, json.dumps(self.translator.response).encode())

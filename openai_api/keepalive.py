@@ -1,0 +1,76 @@
+"""SSE keepalives while Modelship itself makes a streaming request wait: for a slot, that is
+for a cold start or for memory in the queue.
+
+They commit the answer to 200 and SSE, so they stop the moment the request has its slot:
+once the engine is called, its status and headers pass through unchanged (an engine's 500
+reaches the client as a 500), unless Modelship had already opened the stream while it
+waited, in which case what follows comes inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from openai_api.forwarder import sse_start
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from openai_api.forwarder import Send
+
+COMMENT = b": keepalive\n\n"
+# The answer a Responses turn keeps alive while it waits for its slot: set by the foreground
+# handler of a streaming request (engine_turn reads it); None elsewhere (background runs).
+waiting_answer: ContextVar[SseOpener | None] = ContextVar("waiting_answer", default=None)
+
+
+class SseOpener:
+    """One streaming request's answer: its SSE headers go out once, before any body, from
+    whichever of the keepalives and the queued notice writes first."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.committed = False
+        self._lock = asyncio.Lock()
+
+    async def write(self, body: bytes) -> None:
+        async with self._lock:
+            if not self.committed:
+                await self.send(sse_start(self.request_id))
+                self.committed = True
+            await self.send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+@contextlib.asynccontextmanager
+async def kept_alive(opener: SseOpener | None) -> AsyncIterator[None]:
+    """A comment every MSHIP_SSE_KEEPALIVE_S while the block runs (nothing without an
+    opener: a request that does not stream). The beat ends between two writes, never in
+    the middle of one."""
+    if opener is None:
+        yield
+        return
+    done = asyncio.Event()
+
+    async def beat() -> None:
+        interval = settings.MSHIP_SSE_KEEPALIVE_S
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), interval)
+                return
+            await opener.write(COMMENT)
+
+    beating = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        done.set()
+        # A beat whose write failed found the caller gone: the request's own path finds
+        # that out too.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(beating)
