@@ -93,16 +93,14 @@ class KeyFile:
         except OSError:
             stamp, key = None, None
         self.stamp = stamp
+        # Said once while it lasts, also when the file was never there.
+        if key is None and not self.said_missing:
+            log.error("the on-demand key file %s is missing or empty: /ondemand answers 503", path)
+            self.said_missing = True
+        elif key is not None:
+            self.said_missing = False
         if key == self.key:
             return
-        if key is None:
-            if not self.said_missing:
-                log.error(
-                    "the on-demand key file %s is missing or empty: /ondemand answers 503", path
-                )
-                self.said_missing = True
-        else:
-            self.said_missing = False
         if self.key is not None:
             self.previous, self.previous_until = self.key, now + PREVIOUS_KEY_GRACE_S
         self.key = key

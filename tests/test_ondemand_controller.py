@@ -253,8 +253,10 @@ async def test_it_refuses_beyond_the_queue_limit(deployer: FakeDeployer, clock: 
     deployer.add(1, "a", 2)
     first, second = acquiring(controller, 1), acquiring(controller, 1)
     await settle()
-    refused = acquiring(controller, 1)
-    assert await code_of(refused) == "ondemand_queue_full"
+    with pytest.raises(GatewayError) as refused:
+        await controller.acquire(1)
+    assert (refused.value.status, refused.value.code) == (503, "ondemand_queue_full")
+    assert refused.value.headers == {"retry-after": "60"}  # the seed's Retry-After: 60
     deployer.finish(1)
     await asyncio.gather(first, second)
 
@@ -531,3 +533,21 @@ async def test_it_never_makes_room_with_a_model_another_process_holds_a_lease_on
     assert deployer.stops == [("shared", "Put to sleep to make room for big")]
     deployer.finish(2)
     controller.release(await big)
+
+
+async def test_it_answers_a_removal_while_waiting_by_what_the_request_waited_for(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    deployer.add(1, "starting-for-it", 2)
+    waiter = acquiring(controller, 1)
+    await settle()
+    del deployer.rows[1]  # removed while it started for this request
+    deployer.finish(1)
+    assert await code_of(waiter) == "ondemand_stopped"
+
+    deployer.add(2, "started-by-hand", 2, state="starting")
+    waiter = acquiring(controller, 2)
+    await settle()
+    del deployer.rows[2]  # removed while the request only waited
+    controller.notify()
+    assert await code_of(waiter) == "not_found"

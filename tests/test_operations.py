@@ -305,3 +305,31 @@ def test_it_drops_a_switch_whose_engine_could_not_be_launched(
         None,
     )
     assert deployment.state_reason.startswith("cannot run '/nonexistent/engine'")
+
+
+def queued_names() -> list[str]:
+    """What is queued for the cluster, taken off the queue without running it."""
+    broker = get_broker()
+    names = []
+    while broker.queue_size():
+        for ack, packed in broker.dequeue() or []:
+            broker.acknowledge(ack)
+            names.append(SignedPackage.loads(packed)["func"].__name__)
+    return names
+
+
+def test_it_asks_litellm_for_a_sync_on_a_state_change_a_removal_and_a_mode_change(
+    ops: User, make_deployment: Any, site: Any, tmp_path: Path
+) -> None:
+    site.MSHIP_LITELLM_URL = "http://127.0.0.1:9"  # configured; the sync itself is not run
+    deployment = make_deployment("listed", config=sim(), mode="on_demand")
+    deployer.restart(deployment.pk)  # planned -> starting -> ready
+    assert "sync_litellm" in queued_names()
+    assert change("api", deployment, ops, tmp_path, mode="always_on").status_code == 200
+    assert queued_names() == ["sync_litellm"]
+    deployer.stop(deployment.pk)
+    queued_names()
+    api = APIClient()
+    api.force_authenticate(ops)
+    assert api.delete(f"/api/deployments/{deployment.pk}/").status_code == 204
+    assert queued_names() == ["sync_litellm"]
