@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 from django_q.brokers import get_broker
@@ -333,3 +333,28 @@ def test_it_asks_litellm_for_a_sync_on_a_state_change_a_removal_and_a_mode_chang
     api.force_authenticate(ops)
     assert api.delete(f"/api/deployments/{deployment.pk}/").status_code == 204
     assert queued_names() == ["sync_litellm"]
+
+
+@pytest.mark.parametrize("mode", ["on_demand", "sometimes"])
+def test_it_refuses_a_mode_switch_through_every_door_and_changes_nothing(
+    mode: str, ops: User, make_deployment: Any, tmp_path: Path
+) -> None:
+    """A system deployment is always on, and "sometimes" is no mode: each door says so."""
+    system = make_deployment("decider", config=sim(), system=True)
+    api = APIClient()
+    api.force_authenticate(ops)
+    answer = change("api", system, ops, tmp_path, mode=mode)
+    assert answer.status_code == 400 and "mode" in answer.json()
+    dedicated = api.patch(f"/api/deployments/{system.pk}/mode/", {"mode": mode}, format="json")
+    if mode == "on_demand":
+        assert dedicated.status_code == 409
+        assert dedicated.json()["detail"] == "decider is a system deployment and is always on"
+    else:
+        assert dedicated.status_code == 400 and "mode" in dedicated.json()
+    page = change("admin", system, ops, tmp_path, mode=mode)
+    assert page.status_code == 200 and 'id="id_mode_error"' in page.content.decode()
+    with pytest.raises(CommandError, match="nothing was changed"):
+        change("models_yaml", system, ops, tmp_path, mode=mode)
+    system.refresh_from_db()
+    assert (system.mode, system.pending_mode) == (None, None)
+    assert not AuditEntry.objects.filter(deployment=system).exists()
