@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import textwrap
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -155,3 +156,46 @@ def test_it_guards_the_gateway_in_a_container_on_its_docker_networks(
     assert call(engines_network.name) == 200
     assert call(engines_network.name, "X-Forwarded-For: 10.0.0.1") == 404
     assert call(decider_network.name) == 404
+
+
+async def test_it_lets_nobody_through_before_the_first_policy_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Docker slow to answer at start-up: a request waits a while for the first read, then
+    is refused as if the route did not exist; once the read is in, the peer passes."""
+    docker_answers = threading.Event()
+
+    def slow_read() -> peers.PeerPolicy:
+        docker_answers.wait(30)
+        return build_policy("127.0.0.1/32", [], None)
+
+    monkeypatch.setattr(peers, "read_policy", slow_read)
+    monkeypatch.setattr(peers, "FIRST_REFRESH_WAIT_S", 0.1)
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    guard = peers.PeerGuard(app)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/ondemand/1/v1/models",
+        "headers": [],
+        "client": ("127.0.0.1", 5000),
+    }
+    await guard(scope, receive, send)
+    assert reached == [] and sent[0]["status"] == 404
+    docker_answers.set()
+    assert guard._refreshing is not None
+    await guard._refreshing
+    await guard(scope, receive, send)
+    assert reached == ["/ondemand/1/v1/models"]
