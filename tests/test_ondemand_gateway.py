@@ -458,3 +458,28 @@ def test_it_closes_a_replaced_engines_session_after_its_last_stream(
     thread.join(30)
     assert text[-1] == "data: [DONE]"
     wait_until(lambda: old_url not in forwarder.sessions, 5)
+
+
+def test_it_strips_secrets_and_hop_headers_both_ways(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    steady = started(deploy(make_deployment, "headers"))
+    sent = {
+        "cookie": "session=secret",
+        "connection": "keep-alive, x-hop-only",
+        "x-hop-only": "1",
+        "x-app-header": "kept",
+        "accept-encoding": "gzip",
+    }
+    with ondemand_site.client(steady, **sent) as client:
+        answer = client.post("/chat/completions", json=CHAT)
+    assert answer.status_code == 200
+    raw = httpx.get(steady.engine_url + "/sim/last_chat_headers").json()
+    seen = {name.lower(): value for name, value in raw.items()}
+    # What the engine received: none of the caller's secrets or hop-by-hop headers, the
+    # bytes uncompressed, the request's id.
+    assert {"authorization", "cookie", "x-hop-only"}.isdisjoint(seen)
+    assert seen["accept-encoding"] == "identity" and seen["x-app-header"] == "kept"
+    assert seen["x-request-id"] == answer.headers["x-request-id"]
+    # What the client got: not the engine's Server header (aiohttp's, naming its version).
+    assert "aiohttp" not in answer.headers.get("server", "")
