@@ -245,3 +245,22 @@ def test_it_prints_the_same_entries_as_a_static_model_list(
     assert listed[0]["litellm_params"]["api_base"].endswith(f"/ondemand/{lazy.pk}/v1")
     call_command("sync_litellm")
     assert "unchanged" in capsys.readouterr().out
+
+
+def test_it_replaces_an_entry_once_when_its_parameters_change(
+    stand_in: StandIn, make_deployment: Callable[..., Deployment], site: Any
+) -> None:
+    lazy = make_deployment("lazy", mode="on_demand")
+    sync()
+    [before] = stand_in.entries("lazy")
+    site.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = 1800  # LiteLLM's timeout for the entry follows it
+    outcome = sync()
+    assert outcome is not None and (len(outcome.added), len(outcome.deleted)) == (1, 1)
+    [after] = stand_in.entries("lazy")
+    assert after["model_info"]["modelship_params_fp"] != before["model_info"]["modelship_params_fp"]
+    assert after["litellm_params"]["timeout"] == 2400
+    assert after["model_info"]["modelship_id"] == lazy.pk
+    writes = stand_in.writes
+    again = sync()  # replaced once: the next sync writes nothing
+    assert again is not None and (again.added, again.deleted) == ([], [])
+    assert stand_in.writes == writes
