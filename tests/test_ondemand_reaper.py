@@ -12,13 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.adapter import DjangoDeployer
+from ondemand.controller import Controller
 from ondemand.lease import extend
 from tests.conftest import REPO, env_for_subprocess, in_thread
+from tests.fake_clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -190,3 +193,31 @@ def test_it_keeps_starts_off_the_threads_the_gateways_reads_use(make_deployment:
 
     assert asyncio.run(read_during_a_start()) in (State.PLANNED, State.STARTING)
     assert Deployment.objects.get(pk=slow.pk).state == State.READY
+
+
+def test_it_writes_the_lease_the_reaper_reads_when_a_long_stream_ends(
+    make_deployment: Any, site: Any
+) -> None:
+    """The controller on the fake clock, the deployer, the row and the reaper for real: a
+    stream of 80 s (no renewal pass ran) ends, and its end restarts the idle timer on the
+    row that the reaper in another process reads."""
+    lazy = make_deployment("long", mode="on_demand", idle_timeout_s=60)
+    deployer.restart(lazy.pk)
+
+    def lease() -> Any:
+        return Deployment.objects.get(pk=lazy.pk).lease_until
+
+    async def stream_then_end() -> tuple[Any, Any]:
+        clock = FakeClock()
+        controller = Controller(DjangoDeployer(), clock)
+        slot = await controller.acquire(lazy.pk)
+        granted = await sync_to_async(lease)()
+        await clock.advance(80)
+        controller.release(slot)
+        await asyncio.gather(*list(controller._background))  # the release's lease write
+        return granted, await sync_to_async(lease)()
+
+    granted, released = asyncio.run(stream_then_end())
+    assert released > granted  # written again at the last byte, not only at the grant
+    assert released > timezone.now() + timedelta(seconds=60)  # a full idle timeout from now
+    assert reap(site) == "stopped: -"
