@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.registry import controllers
-from tests.conftest import wait_until
+from tests.conftest import in_thread, wait_until
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
@@ -197,3 +197,40 @@ def test_it_ends_a_kept_alive_stream_with_the_refusal_as_an_event(
     events = [line for line in lines if line.startswith("event: ")]
     assert events[0] == "event: response.created" and events[-1] == "event: response.failed"
     assert any('"start_failed"' in line for line in lines)
+
+
+def test_it_starts_a_small_model_while_a_big_one_waits_for_memory_nobody_freed(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    """Capacity 8: a busy 7 GiB model streams; a 6 GiB model queues behind it (nothing can
+    be freed for it while it streams); a 1 GiB model fits in what is free and starts at
+    once. The big one gives up at its queue timeout, having started nothing."""
+    site.MSHIP_MEMORY_CAPACITY_GIB = 8
+    site.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = 6
+    busy = on_demand(make_deployment, site, "busy", memory_gib=7, config={"tokens_per_second": 5})
+    on_demand(make_deployment, site, "big", memory_gib=6)
+    on_demand(make_deployment, site, "small", memory_gib=1, config={"reply": "small one"})
+    deployer.restart(busy.pk)
+    seen_by_gateway(lambda s: s.routes["busy"].state == "ready")
+    client = sdk(gateway_url, api_key())
+    streaming = client.chat.completions.create(
+        model="busy", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=500
+    )
+    next(iter(streaming))  # its slot is held
+    outcome: list[Any] = []
+
+    def ask_big() -> None:
+        try:
+            outcome.append(ask(client, "big"))
+        except openai.APIStatusError as exc:
+            outcome.append(exc.status_code)
+
+    waiting = in_thread(ask_big)
+    big = Deployment.objects.get(name="big")
+    wait_until(lambda: any(big.pk in c.queue for c in controllers()), 30)
+    assert ask(client, "small") == "small one"  # behind the head, within what is free
+    assert any(big.pk in c.queue for c in controllers())  # the head still waits
+    waiting.join(30)
+    assert outcome == [503]  # ondemand_queue_timeout: the busy one never became idle
+    streaming.close()
+    assert Deployment.objects.get(name="big").state == State.PLANNED
