@@ -42,7 +42,6 @@ CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_
 
 
 def free_port() -> int:
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

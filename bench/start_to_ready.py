@@ -67,7 +67,6 @@ def direct_start(argv: list[str]) -> float:
 
 
 def docker_direct_start(image: str, argv: list[str], volumes: list[str]) -> float:
-
     client = docker.from_env()
     argv = [a.replace("{host}", "0.0.0.0").replace("{port}", "8000") for a in argv]
     began = time.perf_counter()

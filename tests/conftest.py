@@ -132,7 +132,6 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
     test database can be dropped at the end."""
 
     def run() -> None:
-
         try:
             target(*args)
         finally:

@@ -56,7 +56,6 @@ def engine_volumes() -> list[str]:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
-
     try:
         client = docker.from_env()
         client.ping()
@@ -67,7 +66,6 @@ def docker_client() -> Any:
 
 @pytest.fixture(scope="session")
 def engine_image(docker_client: Any) -> str:
-
     data = skeleton()
     tag = f"modelship-test-engine:{hashlib.sha256(data).hexdigest()[:12]}"
     try:

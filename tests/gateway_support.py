@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def gateway_url(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
-
     port = free_port("127.0.0.1")
     # The server `serve` runs, with its limits.
     server = uvicorn.Server(config(application, "127.0.0.1", port, log_level="warning"))

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def staff(client: Client, transactional_db: None) -> Client:
-
     client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
     return client
 
@@ -93,7 +92,6 @@ def test_it_keeps_audit_and_events_read_only(staff: Client) -> None:
 
 
 def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Client) -> None:
-
     made = staff.post(
         "/admin/openai_api/apikey/add/",
         {"name": "ci", "allowed_models": "[]", "requests_per_minute": ""},
@@ -119,7 +117,6 @@ def test_it_audits_api_keys_and_shows_a_new_one_once_without_a_cookie(staff: Cli
 
 
 def test_it_sends_secure_cookies_and_hsts_behind_tls() -> None:
-
     script = (
         "import django; django.setup(); from django.conf import settings as s;"
         "print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"

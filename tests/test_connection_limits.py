@@ -216,7 +216,6 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
 
 
 def test_it_is_the_server_serve_runs_by_default() -> None:
-
     parser = Command().create_parser("manage.py", "serve")
     assert parser.parse_args([]).server == "uvicorn"
     assert os.path.exists(REPO / "modelship_site" / "server.py")

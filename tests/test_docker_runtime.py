@@ -221,7 +221,6 @@ def test_it_removes_an_orphan_container_and_settles_a_vanished_one(
 
 
 def test_it_notices_a_container_that_died_while_serving(make_deployment: Any) -> None:
-
     deployment = running(container(make_deployment, config={"crash_after_requests": 1}))
     chat(deployment.engine_url)
     handle = deployment.runtime_handle["replicas"][0]

@@ -80,7 +80,6 @@ def test_it_fails_an_engine_that_never_gets_healthy_and_kills_it(
 
 
 def _ps_lines() -> list[str]:
-
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()[1:] if " Z" not in line and "ps -eo" not in line]
 
@@ -105,7 +104,6 @@ def test_it_starts_an_engine_once_for_twenty_concurrent_starts(make_deployment: 
     errors: list[BaseException] = []
 
     def start() -> None:
-
         try:
             barrier.wait()
             deployer.restart(deployment.pk)

@@ -21,14 +21,12 @@ EXAMPLES = int(os.environ.get("MSHIP_FUZZ_API_EXAMPLES", "25"))
 
 @pytest.fixture
 def api_schema() -> Any:
-
     raw = SchemaGenerator().get_schema(request=None, public=True)
     return schemathesis.openapi.from_dict(raw)
 
 
 @pytest.fixture
 def token(transactional_db: None) -> str:
-
     user = User.objects.create_superuser("fuzz", "f@example.com", "pw-123456")
     for name in ("a", "b", "c"):  # so that some generated ids name a real deployment
         Deployment.objects.create(name=name, model="simulated", loader="simulated")

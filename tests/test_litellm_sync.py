@@ -49,7 +49,6 @@ class StandIn:
         self.timeline: list[set[str]] = []  # served names listed after each write
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-
         if scope["type"] != "http":
             return
         body = b""
@@ -106,7 +105,6 @@ class StandIn:
 
 @pytest.fixture
 def stand_in(site: Any, tmp_path: Path) -> Iterator[StandIn]:
-
     app = StandIn()
     port = free_port("127.0.0.1")
     server = uvicorn.Server(

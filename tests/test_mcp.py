@@ -372,7 +372,6 @@ def test_it_never_follows_an_mcp_servers_redirect(
 
 @contextlib.contextmanager
 def asgi_server(app: Any) -> Iterator[str]:
-
     port = free_port("127.0.0.1")
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     runner = uvicorn.Server(config)

@@ -58,7 +58,6 @@ def test_it_decides_each_address_by_the_table(
 
 
 def test_it_reads_decimal_and_octal_spellings_as_the_same_address() -> None:
-
     for spelling in ("2130706433", "0177.0.0.1", "0x7f.1"):
         resolved = socket.getaddrinfo(spelling, 80, type=socket.SOCK_STREAM)[0][4][0]
         assert normalise(str(resolved)) == ipaddress.ip_address("127.0.0.1")

@@ -68,7 +68,6 @@ def crowded(make_deployment: Any, site: Any, gateway_url: str, api_key: Any) -> 
 
 def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> threading.Thread:
     def run() -> None:
-
         wait_until(after, 30)
         free_room()
         connection.close()
@@ -79,7 +78,6 @@ def free_later(free_room: Callable[[], None], after: Callable[[], bool]) -> thre
 
 
 def queued_count() -> int:
-
     return sum(e.queued for c in controllers() for e in c.entries.values())
 
 

@@ -117,7 +117,6 @@ def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revok
 
 
 def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subprocess.Popen[bytes]:
-
     env = env_for_subprocess(
         MSHIP_VAR_DIR=str(tmp_path / "var"),
         MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
@@ -152,7 +151,6 @@ def test_it_keeps_serving_when_the_models_file_is_broken(site: Any, tmp_path: Pa
 
 
 def test_it_stops_everything_when_the_server_cannot_start(site: Any, tmp_path: Path) -> None:
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -115,7 +115,6 @@ def test_it_crashes_after_n_requests_when_told_to(make_deployment: Any) -> None:
 
 
 def test_it_serves_responses_itself_as_the_sdk_reads_them(make_deployment: Any) -> None:
-
     url = running(make_deployment, reply="one two three", reasoning="Hmm").engine_url
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     answer = client.responses.create(model="sim", input="hi")

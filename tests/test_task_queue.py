@@ -26,7 +26,6 @@ pytestmark = pytest.mark.usefixtures("engines")
 
 @pytest.fixture
 def cluster(transactional_db: None, site: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-
     get_broker().purge_queue()  # tasks other tests queued and no cluster ran
     env = env_for_subprocess(
         MSHIP_Q_NAME=Conf.PREFIX,
@@ -85,7 +84,6 @@ def test_it_starts_once_for_twenty_concurrent_api_starts(api: APIClient, cluster
     barrier = threading.Barrier(20)
 
     def start() -> None:
-
         barrier.wait()
         codes.append(api.post(f"/api/deployments/{deployment.pk}/start/").status_code)
         connection.close()
