@@ -70,13 +70,17 @@ def sse_start(request_id: str) -> dict[str, Any]:
     return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
-async def engine_message(response: aiohttp.ClientResponse) -> str:
-    """The message of an engine's error answer (its OpenAI-shaped message, else its text)."""
+async def engine_error_of(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
+    """An engine's error answer: its message (else its text) and its own code, if it gave
+    one (vLLM's and llama.cpp's are OpenAI-shaped)."""
     raw = await response.read()
     try:
-        return str(json.loads(raw)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return raw.decode(errors="replace")[:500] or f"the engine answered {response.status}"
+        error = json.loads(raw)["error"]
+        code = error.get("code")
+        return str(error["message"]), (str(code) if code not in (None, "") else None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = raw.decode(errors="replace")[:500]
+        return text or f"the engine answered {response.status}", None
 
 
 def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dict[str, str]:
@@ -255,8 +259,8 @@ class Forwarder:
         """Modelship opened the stream while the request waited (keepalives, the queued
         notice): the engine's bytes follow inside it, and an engine error is its last event."""
         if response.status != 200:
-            message = await engine_message(response)
-            await send_sse_error(send, response.status, message, "upstream_error")
+            message, code = await engine_error_of(response)
+            await send_sse_error(send, response.status, message, code or "upstream_error")
             return
         async for chunk in response.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -13,7 +13,7 @@ import aiohttp
 
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import engine_message, forwarder, unreachable
+from openai_api.forwarder import engine_error_of, forwarder, unreachable
 from openai_api.keepalive import kept_alive, waiting_answer
 from openai_api.responses.translator import Event, StreamTranslator
 
@@ -111,4 +111,7 @@ async def chat_chunks(answer: aiohttp.ClientResponse) -> Any:
 
 
 async def engine_error(answer: aiohttp.ClientResponse) -> GatewayError:
-    return GatewayError(answer.status, await engine_message(answer), "upstream_error")
+    """The engine's own refusal (a context-length 400 keeps its message and code); the
+    gateway's upstream_error only where the engine gave no code of its own."""
+    message, code = await engine_error_of(answer)
+    return GatewayError(answer.status, message, code or "upstream_error")

@@ -30,7 +30,23 @@ HOSTED_TOOLS = frozenset(
         "custom",
     }
 )
-PASSED_THROUGH = ("temperature", "top_p", "parallel_tool_calls", "user")
+PASSED_THROUGH = (
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "parallel_tool_calls",
+    "user",
+)
+SERVICE_TIERS = frozenset({"auto", "default", "flex", "priority"})
+# What the response echoes where the request gave nothing: the engines' own defaults.
+DEFAULT_SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+}
 TEXT_FORMATS = frozenset({"text", "json_schema", "json_object"})
 
 
@@ -133,9 +149,18 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
     reasoning = data.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise bad("'reasoning' must be an object.", "reasoning")
-    for name in ("temperature", "top_p"):
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         if data.get(name) is not None and not is_number(data[name]):
             raise bad(f"'{name}' must be a number.", name)
+    top_logprobs = data.get("top_logprobs")
+    if top_logprobs is not None and (not is_integer(top_logprobs) or not 0 <= top_logprobs <= 20):
+        raise bad("'top_logprobs' must be an integer from 0 to 20.", "top_logprobs")
+    for name in ("safety_identifier", "prompt_cache_key"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise bad(f"'{name}' must be a string.", name)
+    tier = data.get("service_tier")
+    if tier is not None and tier not in SERVICE_TIERS:
+        raise bad("'service_tier' is auto, default, flex or priority.", "service_tier")
     max_tool_calls = data.get("max_tool_calls")
     if max_tool_calls is not None and (not is_integer(max_tool_calls) or max_tool_calls < 1):
         raise bad("'max_tool_calls' must be a positive integer.", "max_tool_calls")
@@ -173,6 +198,19 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
         user=user,
         raw=data,
     )
+
+
+def check_tool_outputs(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
+    """Each function_call_output answers a function call of the conversation (earlier
+    turns or this input): one for a call_id nobody made is a 400 naming it, not an engine
+    error later."""
+    made = {i.get("call_id") for i in [*history, *items] if i.get("type") == "function_call"}
+    for index, item in enumerate(items):
+        if item.get("type") == "function_call_output" and item.get("call_id") not in made:
+            raise bad(
+                f"No function call with call_id {item.get('call_id')!r} in this conversation.",
+                f"input[{index}].call_id",
+            )
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:
@@ -380,7 +418,10 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> di
 
 
 def public_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool as the response echoes and stores it: an MCP server's credentials stay out."""
+    """A tool as the response echoes and stores it: an MCP server's credentials stay out; a
+    function tool says whether it is strict (null: not said)."""
+    if tool.get("type") == "function":
+        return {**tool, "strict": tool.get("strict")}
     if tool.get("type") != "mcp":
         return tool
     return {k: v for k, v in tool.items() if k not in ("headers", "authorization")}
@@ -399,11 +440,16 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def envelope(
     request: ResponsesRequest, response_id: str, created_at: int, status: str
 ) -> dict[str, Any]:
-    """The response object before any output: what the request asked, echoed."""
+    """The response object before any output: what the request asked, echoed (a sampling
+    setting the request left out as the value the engine uses)."""
+    raw = request.raw
+    sampling = {name: raw.get(name, default) for name, default in DEFAULT_SAMPLING.items()}
+    sampling = {name: DEFAULT_SAMPLING[name] if v is None else v for name, v in sampling.items()}
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
+        "completed_at": None,
         "status": status,
         "background": request.background,
         "error": None,
@@ -417,12 +463,15 @@ def envelope(
         "previous_response_id": request.previous_response_id,
         "reasoning": request.reasoning,
         "store": request.store,
-        "temperature": request.temperature,
         "text": request.text or {"format": {"type": "text"}},
         "tool_choice": request.tool_choice,
         "tools": [public_tool(tool) for tool in request.tools],
-        "top_p": request.top_p,
         "truncation": "disabled",
         "usage": None,
         "user": request.user,
+        "max_tool_calls": raw.get("max_tool_calls"),
+        "safety_identifier": raw.get("safety_identifier"),
+        "prompt_cache_key": raw.get("prompt_cache_key"),
+        "service_tier": raw.get("service_tier") or "default",
+        **sampling,
     }

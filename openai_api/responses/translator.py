@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from typing import Any
 
 from openai_api.responses.protocol import new_id
@@ -30,6 +31,7 @@ class Item:
         self.fields = fields
         self.text = ""
         self.done = False
+        self.cut = False  # ended by max_output_tokens: incomplete, like its response
 
     def opened(self) -> dict[str, Any]:
         if self.kind == "message":
@@ -74,16 +76,13 @@ class Item:
         return {"id": self.id, **self.fields}  # made whole by the MCP loop
 
     def closed(self) -> dict[str, Any]:
+        status = "incomplete" if self.cut else "completed"
         if self.kind == "message":
-            return {
-                **self.opened(),
-                "status": "completed",
-                "content": [_text_part(self.text)],
-            }
+            return {**self.opened(), "status": status, "content": [_text_part(self.text)]}
         if self.kind == "reasoning":
             return {**self.opened(), "summary": [{"type": "summary_text", "text": self.text}]}
         if self.kind == "function_call":
-            return {**self.opened(), "status": "completed", "arguments": self.text}
+            return {**self.opened(), "status": status, "arguments": self.text}
         if self.kind == "mcp_call":
             failed = self.fields.get("error") is not None
             return {
@@ -329,6 +328,7 @@ class StreamTranslator:
         events: list[Event] = []
         for item in self.items:
             if not item.done:
+                item.cut = self.finish_reason == "length"
                 events += self._close(item)
         self.response["output"] = [item.closed() for item in self.items]
         self.response["usage"] = self._usage()
@@ -338,6 +338,7 @@ class StreamTranslator:
             kind = "response.incomplete"
         else:
             self.response["status"] = "completed"
+            self.response["completed_at"] = int(time.time())
             kind = "response.completed"
         events.append(self._event(kind, response=copy.deepcopy(self.response)))
         return events

@@ -1,0 +1,237 @@
+"""The Open Responses specification's required fields and their types, as a JSON Schema of
+the project's own (written from the specification's published OpenAPI document): what a
+strict client checks first, and what the SDK forgives.
+
+`check_response` validates a response object; `check_event` a stream event (and the
+response inside the events that carry one).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+import jsonschema
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+NUMBER = {"type": "number"}
+INTEGER = {"type": "integer"}
+STRING = {"type": "string"}
+NULLABLE_STRING = {"type": ["string", "null"]}
+NULLABLE_INTEGER = {"type": ["integer", "null"]}
+NULLABLE_OBJECT = {"type": ["object", "null"]}
+STATUSES = ["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
+ITEM_STATUSES = ["in_progress", "completed", "incomplete", "failed"]
+
+OUTPUT_TEXT = {
+    "type": "object",
+    "required": ["type", "text", "annotations"],
+    "properties": {"type": {"const": "output_text"}, "text": STRING, "annotations": {}},
+}
+MESSAGE = {
+    "type": "object",
+    "required": ["id", "type", "role", "status", "content"],
+    "properties": {
+        "id": STRING,
+        "type": {"const": "message"},
+        "role": {"const": "assistant"},
+        "status": {"enum": ITEM_STATUSES},
+        "content": {"type": "array", "items": OUTPUT_TEXT},
+    },
+}
+FUNCTION_CALL = {
+    "type": "object",
+    "required": ["id", "type", "call_id", "name", "arguments", "status"],
+    "properties": {
+        "type": {"const": "function_call"},
+        "call_id": STRING,
+        "name": STRING,
+        "arguments": STRING,
+        "status": {"enum": ITEM_STATUSES},
+    },
+}
+REASONING = {
+    "type": "object",
+    "required": ["id", "type", "summary"],
+    "properties": {"type": {"const": "reasoning"}, "summary": {"type": "array"}},
+}
+ITEM = {
+    "type": "object",
+    "required": ["type"],
+    "oneOf": [
+        {"properties": {"type": {"const": "message"}}, **MESSAGE},
+        {"properties": {"type": {"const": "function_call"}}, **FUNCTION_CALL},
+        {"properties": {"type": {"const": "reasoning"}}, **REASONING},
+        {"properties": {"type": {"enum": ["mcp_call", "mcp_list_tools", "mcp_approval_request"]}}},
+    ],
+}
+FUNCTION_TOOL = {
+    "type": "object",
+    "required": ["type", "name", "strict"],
+    "properties": {
+        "type": {"const": "function"},
+        "name": STRING,
+        "strict": {"type": ["boolean", "null"]},
+    },
+}
+RESPONSE = {
+    "type": "object",
+    "required": [
+        "id",
+        "object",
+        "created_at",
+        "completed_at",
+        "status",
+        "incomplete_details",
+        "model",
+        "previous_response_id",
+        "instructions",
+        "output",
+        "error",
+        "tools",
+        "tool_choice",
+        "truncation",
+        "parallel_tool_calls",
+        "text",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "temperature",
+        "reasoning",
+        "usage",
+        "max_output_tokens",
+        "max_tool_calls",
+        "store",
+        "background",
+        "service_tier",
+        "metadata",
+        "safety_identifier",
+        "prompt_cache_key",
+    ],
+    "properties": {
+        "id": STRING,
+        "object": {"const": "response"},
+        "created_at": INTEGER,
+        "completed_at": NULLABLE_INTEGER,
+        "status": {"enum": STATUSES},
+        "incomplete_details": NULLABLE_OBJECT,
+        "model": STRING,
+        "previous_response_id": NULLABLE_STRING,
+        "instructions": {"type": ["string", "array", "null"]},
+        "output": {"type": "array", "items": ITEM},
+        "error": NULLABLE_OBJECT,
+        "tools": {
+            "type": "array",
+            "items": {
+                "if": {"properties": {"type": {"const": "function"}}},
+                "then": FUNCTION_TOOL,
+            },
+        },
+        "tool_choice": {"type": ["string", "object"]},
+        "truncation": {"enum": ["auto", "disabled"]},
+        "parallel_tool_calls": {"type": "boolean"},
+        "text": {"type": "object"},
+        "top_p": NUMBER,
+        "presence_penalty": NUMBER,
+        "frequency_penalty": NUMBER,
+        "top_logprobs": INTEGER,
+        "temperature": NUMBER,
+        "reasoning": NULLABLE_OBJECT,
+        "usage": NULLABLE_OBJECT,
+        "max_output_tokens": NULLABLE_INTEGER,
+        "max_tool_calls": NULLABLE_INTEGER,
+        "store": {"type": "boolean"},
+        "background": {"type": "boolean"},
+        "service_tier": NULLABLE_STRING,
+        "metadata": {"type": "object"},
+        "safety_identifier": NULLABLE_STRING,
+        "prompt_cache_key": NULLABLE_STRING,
+    },
+}
+EVENT = {
+    "type": "object",
+    "required": ["type", "sequence_number"],
+    "properties": {"type": STRING, "sequence_number": INTEGER},
+}
+
+
+def check_response(response: dict[str, Any]) -> None:
+    jsonschema.validate(response, RESPONSE)
+    # Items carry statuses consistent with the response's.
+    if response["status"] == "completed":
+        assert all(item.get("status") != "in_progress" for item in response["output"])
+        assert isinstance(response["completed_at"], int)
+    if response["status"] == "incomplete":
+        last = response["output"][-1] if response["output"] else None
+        assert last is None or last.get("status", "incomplete") == "incomplete"
+
+
+def check_event(event: dict[str, Any]) -> None:
+    jsonschema.validate(event, EVENT)
+    if isinstance(event.get("response"), dict):
+        check_response(event["response"])
+    if isinstance(event.get("item"), dict):
+        jsonschema.validate(event["item"], ITEM)
+
+
+class CheckedEvents(httpx2.SyncByteStream):
+    """An SSE stream passed on unchanged, each event checked as it goes by."""
+
+    def __init__(self, inner: httpx2.SyncByteStream) -> None:
+        self.inner = inner
+        self.buffer = b""
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            self.buffer += chunk
+            while b"\n\n" in self.buffer:
+                block, self.buffer = self.buffer.split(b"\n\n", 1)
+                self.check(block)
+            yield chunk
+
+    def check(self, block: bytes) -> None:
+        lines = block.decode().splitlines()
+        name = next((line[7:] for line in lines if line.startswith("event: ")), None)
+        data = next((line[6:] for line in lines if line.startswith("data: ")), None)
+        if data is None or data == "[DONE]":
+            return
+        event = json.loads(data)
+        if name is not None:
+            assert event["type"] == name, f"SSE event {name!r} carries {event['type']!r}"
+        if event.get("type") != "error":
+            check_event(event)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Conforming(httpx2.BaseTransport):
+    """A transport for the SDK (its HTTP client is httpx2) that checks every Responses body
+    and event it receives."""
+
+    def __init__(self) -> None:
+        self.inner = httpx2.HTTPTransport()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = self.inner.handle_request(request)
+        path = request.url.path
+        if not path.startswith("/v1/responses") or path.endswith("/input_items"):
+            return response
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            assert isinstance(response.stream, httpx2.SyncByteStream)
+            response.stream = CheckedEvents(response.stream)
+            return response
+        body = response.read()
+        data = json.loads(body) if body else None
+        if not isinstance(data, dict) or response.status_code != 200:
+            return response
+        if data.get("object") == "response" and "deleted" not in data:
+            check_response(data)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
