@@ -20,10 +20,11 @@ from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.relay import Traffic, relay
-from openai_api.responses import background, store
+from openai_api.responses import background, input_tokens, store
 from openai_api.responses import handler as responses
 
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
+COUNT_TOKENS = "responses/input_tokens"  # counted by the engine's tokenizer, in a slot
 
 
 async def handle(exchange: Exchange) -> None:
@@ -39,12 +40,13 @@ async def handle(exchange: Exchange) -> None:
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
         return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
-    if endpoint.startswith("responses/"):
+    counting = endpoint == COUNT_TOKENS
+    if endpoint.startswith("responses/") and not counting:
         parts = endpoint.split("/")[1:]
         if parts and parts[0]:
             await check_response_scope(caller, snapshot, parts[0])
         return await stored_response(exchange, caller.identity, method, parts)
-    if endpoint not in PUBLIC:
+    if endpoint not in PUBLIC and not counting:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
@@ -62,8 +64,10 @@ async def handle(exchange: Exchange) -> None:
         # As if it did not exist: a restricted key learns nothing of other models.
         raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
     previous = (data or {}).get("previous_response_id")
-    if endpoint == "responses" and isinstance(previous, str):
+    if endpoint in ("responses", COUNT_TOKENS) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)
+    if counting:
+        return await input_tokens.count(exchange, route, caller.identity, data or {})
     if endpoint == "responses" and "chat/completions" in route.endpoints:
         # Built from the engine's chat completions, for every chat-capable deployment.
         return await responses.create(exchange, route, caller.identity, data or {})

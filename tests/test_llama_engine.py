@@ -268,3 +268,24 @@ def test_it_serves_the_responses_api_from_the_real_engine(
         return client.responses.retrieve(queued.id).status == "incomplete"
 
     wait_until(done, 30)
+
+
+def test_it_counts_input_tokens_with_llama_cpps_own_tokenizer(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    deployment = serving("tiny", **tiny(tiny_models))
+    counted = sdk(gateway_url, api_key()).responses.input_tokens.count(
+        model="tiny", input="Hello there", instructions="Be brief."
+    )
+    # What llama.cpp itself makes of that chat: its template applied, then tokenized.
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+    ]
+    url = deployment.engine_url
+    prompt = httpx.post(url + "/apply-template", json={"messages": chat}).json()["prompt"]
+    tokens = httpx.post(url + "/tokenize", json={"content": prompt}).json()["tokens"]
+    assert counted.input_tokens == len(tokens) > 0

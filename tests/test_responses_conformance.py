@@ -7,9 +7,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import openai
 import pytest
 
-from tests.open_responses_schema import check_event, check_response
+from tests.open_responses_schema import Conforming, check_event, check_response
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,6 +25,15 @@ TOOL = {
     "description": "Roll a die",
     "parameters": {"type": "object", "properties": {}},
 }
+
+
+def sdk(gateway_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=gateway_url + "/v1",
+        api_key=key,
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(transport=Conforming()),
+    )
 
 
 def post(gateway_url: str, key: str, body: dict[str, Any]) -> httpx.Response:
@@ -174,3 +184,23 @@ def test_it_passes_an_engines_own_refusal_through(
         "engine_error",
         "The simulated engine failed as it was told to.",
     )
+
+
+def test_it_counts_a_requests_input_tokens_with_the_engines_tokenizer(
+    gateway_url: str, api_key: Callable[..., str], serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "four words of reply"})
+    serving("voice", loader="tts", usecase="tts", model="espeak-ng", config={"backend": "espeak"})
+    client = sdk(gateway_url, api_key())
+    counted = client.responses.input_tokens.count(
+        model="sim", input="one two three", instructions="be brief"
+    )
+    assert (counted.object, counted.input_tokens) == ("response.input_tokens", 5)
+    first = client.responses.create(model="sim", input="one two three")
+    chained = client.responses.input_tokens.count(
+        model="sim", input="and five", previous_response_id=first.id
+    )
+    assert chained.input_tokens == 3 + 4 + 2  # the earlier turn, its answer, the input
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_tokens.count(model="voice", input="hello")
+    assert refused.value.code == "unsupported_endpoint"

@@ -28,6 +28,7 @@ from deployments.engines.common import (
     config_of,
     engine_app,
     error,
+    json_body,
     parser,
     serve,
 )
@@ -366,6 +367,21 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response({"served": state.served, "running": state.running, "pid": os.getpid()})
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: a prompt or a chat's messages, counted (a word is a token here)."""
+    body = await json_body(request)
+    if isinstance(body, web.Response):
+        return body
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return error(400, "Give a prompt or messages.", "invalid_request")
+        prompt = " ".join(str(m.get("content") or "") for m in messages if isinstance(m, dict))
+    tokens = list(range(len(prompt.split())))
+    return web.json_response({"count": len(tokens), "max_model_len": 32768, "tokens": tokens})
+
+
 async def last_chat_headers(request: web.Request) -> web.Response:
     """The headers of the last chat completion request, as the engine received them."""
     return web.json_response(request.app[STATE].last_chat_headers)
@@ -388,6 +404,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/sim/stats", stats),
         web.get("/sim/last_chat_request", last_chat_request),
         web.get("/sim/last_chat_headers", last_chat_headers),
+        web.post("/tokenize", tokenize),
     ]
     app = engine_app(served_names, routes, owner="simulated", client_max_size=64 * 2**20)
     app[STATE] = SimState(config=config, served_names=served_names)

@@ -60,6 +60,9 @@ class Loader:
     running_gauge: ClassVar[str | None] = None
     waiting_gauge: ClassVar[str | None] = None
     can_sleep_mode: ClassVar[bool] = False
+    # How the engine counts a chat's tokens: "vllm" (POST /tokenize with the messages) or
+    # "llama" (POST /apply-template, then /tokenize); None: it cannot.
+    tokenizer: ClassVar[str | None] = None
     default_image: ClassVar[str] = ""
     # The engine's program: its name on PATH, the setting that names it on this host, and
     # where the engine's published image keeps it.

@@ -28,6 +28,7 @@ class LlamaServerLoader(Loader):
     usecases = frozenset({"generate", "embed"})
     running_gauge = "llamacpp:requests_processing"
     waiting_gauge = "llamacpp:requests_deferred"
+    tokenizer = "llama"
     default_image = "ghcr.io/ggml-org/llama.cpp:server"
     binary_name = "llama-server"
     binary_env = "MSHIP_LLAMA_SERVER_BIN"

@@ -55,6 +55,7 @@ class SimulatedLoader(ShippedEngineLoader):
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
     can_sleep_mode = True
+    tokenizer = "vllm"  # it stands in for vLLM
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return {

@@ -15,6 +15,7 @@ class VllmLoader(Loader):
     waiting_gauge = "vllm:num_requests_waiting"
     default_image = "vllm/vllm-openai:latest"
     can_sleep_mode = True
+    tokenizer = "vllm"
 
     # vLLM has hundreds of engine arguments; any is passed through as a flag.
     def validate(self, spec: EngineSpec) -> list[str]:
