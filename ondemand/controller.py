@@ -226,6 +226,8 @@ class Controller:
                 woke.cancel()
                 if not finished.done():
                     finished.cancel()
+                elif not finished.cancelled():
+                    finished.exception()  # read below from the attempt; marked as seen here
             if not attempt.done():
                 return None
         exc = attempt.exception()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from dataclasses import replace
 from typing import Any
@@ -262,13 +263,17 @@ async def test_it_refuses_beyond_the_queue_limit(deployer: FakeDeployer, clock: 
 
 
 async def test_it_says_does_not_fit_at_once_for_a_model_bigger_than_the_budget(
-    controller: Controller, deployer: FakeDeployer
+    controller: Controller, deployer: FakeDeployer, caplog: pytest.LogCaptureFixture
 ) -> None:
     deployer.add(1, "pinned", 4, state="ready", on_demand=False)
     deployer.always_on.add(1)
     deployer.add(2, "huge", 7)
     assert await code_of(acquiring(controller, 2)) == "does_not_fit"
     assert deployer.starts == []
+    await settle()
+    gc.collect()
+    # The refusal was read where it was answered: asyncio logs no unread failure for it.
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 async def test_it_makes_room_by_stopping_the_least_recently_used_idle_model(
