@@ -32,13 +32,16 @@ ACTOR = "ondemand"
 T = TypeVar("T")
 
 
-async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    def run() -> T:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connection.close()
+def _closing(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run in a worker thread: the thread's database connection is closed after."""
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        connection.close()
 
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    run = functools.partial(_closing, fn, *args, **kwargs)
     return await sync_to_async(run, thread_sensitive=False)()
 
 
@@ -52,12 +55,7 @@ def engine_pool() -> ThreadPoolExecutor:
 
 
 async def in_engine_thread(fn: Callable[..., T], *args: Any) -> T:
-    def run() -> T:
-        try:
-            return fn(*args)
-        finally:
-            connection.close()
-
+    run = functools.partial(_closing, fn, *args)
     return await asyncio.get_running_loop().run_in_executor(engine_pool(), run)
 
 

@@ -252,9 +252,8 @@ class Controller:
         """Keep our lease on the row a full idle timeout (and LEASE_EXTRA_S) ahead of now:
         what the reaper in another process reads as "idle since". Written at most every
         LEASE_RENEW_S, never per request."""
-        needed = self.clock.now() + entry.idle_timeout_s + LEASE_EXTRA_S - LEASE_RENEW_S
-        if entry.lease_until >= needed:
-            return True  # no database write: the lease already covers it
+        if self._lease_covers(entry):
+            return True  # no database write
         seconds = entry.idle_timeout_s + LEASE_EXTRA_S
         now = self.clock.now()
         if not await self.deployer.hold(deployment_id, seconds):
@@ -263,6 +262,11 @@ class Controller:
         entry.lease_until = now + seconds
         entry.lease_wall_until = time.time() + seconds
         return True
+
+    def _lease_covers(self, entry: Entry) -> bool:
+        """Our lease already runs a full idle timeout past now (less the renewal margin)."""
+        needed = self.clock.now() + entry.idle_timeout_s + LEASE_EXTRA_S - LEASE_RENEW_S
+        return entry.lease_until >= needed
 
     async def renew_leases(self) -> None:
         """For slots that outlast their lease (long streams): run every LEASE_RENEW_S / 2."""
@@ -281,9 +285,9 @@ class Controller:
         entry.inflight -= 1
         entry.idle_since = self.clock.now()
         self._counted(slot.deployment_id)
-        if entry.inflight == 0:
+        if entry.inflight == 0 and not self._lease_covers(entry):
             # The burst's last byte: the idle timer restarts here for the reaper too, so the
-            # lease must cover a full idle timeout from now (one write at most, none when a
+            # lease must cover a full idle timeout from now (no task, no write, when a
             # renewal in the last LEASE_RENEW_S already covers it).
             self._in_background(self._hold(slot.deployment_id, entry))
 

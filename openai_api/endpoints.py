@@ -31,27 +31,24 @@ class Endpoint:
     probe_streams: bool = False
 
 
+def text_generation(path: str) -> Endpoint:
+    """OpenAI's text generation endpoints: every trait, both ways (streamed and plain)."""
+    return Endpoint(
+        path,
+        GENERATE,
+        streams=True,
+        notice_streamed=True,
+        notice_plain=True,
+        probe=True,
+        probe_streams=True,
+    )
+
+
 ENDPOINTS: dict[str, Endpoint] = {
     e.path: e
     for e in (
-        Endpoint(
-            "chat/completions",
-            GENERATE,
-            streams=True,
-            notice_streamed=True,
-            notice_plain=True,
-            probe=True,
-            probe_streams=True,
-        ),
-        Endpoint(
-            "completions",
-            GENERATE,
-            streams=True,
-            notice_streamed=True,
-            notice_plain=True,
-            probe=True,
-            probe_streams=True,
-        ),
+        text_generation("chat/completions"),
+        text_generation("completions"),
         Endpoint("responses", GENERATE, streams=True, notice_plain=True, probe=True),
         Endpoint("messages", GENERATE, streams=True, probe=True),
         Endpoint("chat/completions/batch", GENERATE, public=False),

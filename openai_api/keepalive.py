@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from django.conf import settings
 
@@ -20,9 +20,11 @@ from openai_api.forwarder import sse_start
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
     from openai_api.forwarder import Send
 
+T = TypeVar("T")
 COMMENT = b": keepalive\n\n"
 # The answer a Responses turn keeps alive while it waits for its slot: set by the foreground
 # handler of a streaming request (engine_turn reads it); None elsewhere (background runs).
@@ -45,6 +47,15 @@ class SseOpener:
                 await self.send(sse_start(self.request_id))
                 self.committed = True
             await self.send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+async def enter_kept_alive(
+    held: AsyncExitStack, slot: AbstractAsyncContextManager[T], opener: SseOpener | None
+) -> T:
+    """Enter the slot into `held` with keepalives while it is being acquired (a cold start,
+    the queue), and none once it is: the caller then calls the engine."""
+    async with kept_alive(opener):
+        return await held.enter_async_context(slot)
 
 
 @contextlib.asynccontextmanager

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
-from openai_api.keepalive import SseOpener, kept_alive
+from openai_api.keepalive import SseOpener, enter_kept_alive
 from openai_api.queued_notice import QueuedNotice
 from openai_api.queued_notice import eligible as notice_eligible
 
@@ -51,10 +51,8 @@ async def relay(
         async with cancel_on_hangup(exchange.receive), AsyncExitStack() as held:
             # Keepalives while Modelship waits for the slot (a cold start, the queue), not
             # once the engine is called.
-            async with kept_alive(opener):
-                base_url = await held.enter_async_context(
-                    slot(notice.on_queued if notice else None)
-                )
+            wanted = slot(notice.on_queued if notice else None)
+            base_url = await enter_kept_alive(held, wanted, opener)
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's
             call = Call(

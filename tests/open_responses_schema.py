@@ -178,6 +178,17 @@ def check_event(event: dict[str, Any]) -> None:
         jsonschema.validate(event["item"], ITEM)
 
 
+def sse_event(block: str) -> tuple[str | None, dict[str, Any] | None]:
+    """One SSE block's event name and its JSON data (None for a comment or [DONE])."""
+    lines = block.splitlines()
+    name = next((line[7:] for line in lines if line.startswith("event: ")), None)
+    data = next((line[6:] for line in lines if line.startswith("data: ")), None)
+    if data is None or data == "[DONE]":
+        return name, None
+    event: dict[str, Any] = json.loads(data)
+    return name, event
+
+
 class CheckedEvents(httpx2.SyncByteStream):
     """An SSE stream passed on unchanged, each event checked as it goes by."""
 
@@ -194,12 +205,9 @@ class CheckedEvents(httpx2.SyncByteStream):
             yield chunk
 
     def check(self, block: bytes) -> None:
-        lines = block.decode().splitlines()
-        name = next((line[7:] for line in lines if line.startswith("event: ")), None)
-        data = next((line[6:] for line in lines if line.startswith("data: ")), None)
-        if data is None or data == "[DONE]":
+        name, event = sse_event(block.decode())
+        if event is None:
             return
-        event = json.loads(data)
         if name is not None:
             assert event["type"] == name, f"SSE event {name!r} carries {event['type']!r}"
         if event.get("type") != "error":

@@ -95,14 +95,23 @@ def change(door: str, deployment: Deployment, user: User, tmp_path: Path, **chan
     return None
 
 
-def run_queue() -> list[tuple[str, tuple[Any, ...]]]:
-    """Run what the operations queued, here, as the django-q cluster would; return it."""
+def take_queue() -> list[dict[str, Any]]:
+    """The tasks queued for the cluster, taken off the queue (not run)."""
     broker = get_broker()
-    ran = []
+    tasks = []
     while broker.queue_size():
         for ack, packed in broker.dequeue() or []:
-            task = SignedPackage.loads(packed)
             broker.acknowledge(ack)
+            tasks.append(SignedPackage.loads(packed))
+    return tasks
+
+
+def run_queue() -> list[tuple[str, tuple[Any, ...]]]:
+    """Run what the operations queued, here, as the django-q cluster would (and what those
+    tasks queue in turn); return it."""
+    ran = []
+    while tasks := take_queue():
+        for task in tasks:
             ran.append((task["func"].__name__, task["args"]))
             task["func"](*task["args"], **task["kwargs"])
     return ran
@@ -309,13 +318,7 @@ def test_it_drops_a_switch_whose_engine_could_not_be_launched(
 
 def queued_names() -> list[str]:
     """What is queued for the cluster, taken off the queue without running it."""
-    broker = get_broker()
-    names = []
-    while broker.queue_size():
-        for ack, packed in broker.dequeue() or []:
-            broker.acknowledge(ack)
-            names.append(SignedPackage.loads(packed)["func"].__name__)
-    return names
+    return [task["func"].__name__ for task in take_queue()]
 
 
 def test_it_asks_litellm_for_a_sync_on_a_state_change_a_removal_and_a_mode_change(

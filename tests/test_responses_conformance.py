@@ -3,14 +3,13 @@ client checks), for plain, streamed, incomplete and function-calling answers."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
 
-from tests.open_responses_schema import Conforming, check_event, check_response
+from tests.open_responses_schema import Conforming, check_event, check_response, sse_event
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,12 +54,9 @@ def streamed(gateway_url: str, key: str, body: dict[str, Any]) -> list[dict[str,
         timeout=60,
     ) as answer:
         assert answer.status_code == 200
-        name = None
-        for line in answer.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                event = json.loads(line[6:])
+        for block in answer.read().decode().split("\n\n"):
+            name, event = sse_event(block)
+            if event is not None:
                 assert event["type"] == name  # the SSE event's name is its type
                 events.append(event)
     return events

@@ -23,6 +23,7 @@ from deployments.engines.sim_core import (
     sse,
     sse_stream,
     tokens_for,
+    usage,
 )
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Answer:
         self.sequence = 0
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.reasoning_id = f"rs_{uuid.uuid4().hex}"
-        in_tokens = max(1, len(prompt.split()))
+        counted = usage(prompt, self.tokens)  # the chat route's count, in Responses' words
         self.response: dict[str, Any] = {
             "id": f"resp_{uuid.uuid4().hex}",
             "object": "response",
@@ -83,11 +84,11 @@ class Answer:
             "truncation": "disabled",
             "metadata": body.get("metadata") or {},
             "usage": {
-                "input_tokens": in_tokens,
+                "input_tokens": counted["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": len(self.tokens),
+                "output_tokens": counted["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": in_tokens + len(self.tokens),
+                "total_tokens": counted["total_tokens"],
             },
         }
 

@@ -14,7 +14,7 @@ import aiohttp
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_error_of, forwarder, unreachable
-from openai_api.keepalive import kept_alive, waiting_answer
+from openai_api.keepalive import enter_kept_alive, waiting_answer
 from openai_api.responses.translator import Event, StreamTranslator
 
 if TYPE_CHECKING:
@@ -30,8 +30,7 @@ async def generate(
     mid-answer (its failure already emitted). Before its answer began, an engine error is
     raised as the request's error."""
     async with AsyncExitStack() as held:
-        async with kept_alive(waiting_answer.get()):  # while Modelship waits, not the engine
-            base_url = await held.enter_async_context(dispatcher.slot(route))
+        base_url = await enter_kept_alive(held, dispatcher.slot(route), waiting_answer.get())
         try:
             await call_engine(base_url, body, translator, emit, request_id, route.name)
         except EngineFailed:

@@ -34,10 +34,7 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
     dispatcher.check_servable(route)
     if request.store:
         await store.run(store.check_quota, identity, request.background)
-    history: list[dict[str, Any]] = []
-    if request.previous_response_id:
-        history = await store.run(store.history, identity, request.previous_response_id)
-    protocol.check_tool_outputs(history, request.input_items)
+    history = await store.earlier_items(identity, request)
     response = protocol.envelope(
         request, protocol.new_id("resp"), int(time.time()), status="in_progress"
     )

@@ -37,11 +37,7 @@ async def count(exchange: Exchange, route: Route, identity: str, data: dict[str,
     if tokenizer is None or "chat/completions" not in route.endpoints:
         raise no_tokenizer(route)
     request = protocol.parse(data)
-    history: list[dict[str, Any]] = []
-    if request.previous_response_id:
-        history = await store.run(store.history, identity, request.previous_response_id)
-    protocol.check_tool_outputs(history, request.input_items)
-    chat = protocol.chat_request(request, history)
+    chat = protocol.chat_request(request, await store.earlier_items(identity, request))
     async with dispatcher.slot(route) as base_url:
         tokens = await engine_count(base_url, route.name, tokenizer, chat)
     body = {"object": "response.input_tokens", "input_tokens": tokens}

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
+from openai_api.responses.protocol import ResponsesRequest, check_tool_outputs
 
 # A stored response's status (the Responses API's words): still running, or ended.
 RUNNING = ("queued", "in_progress")
@@ -72,6 +73,16 @@ def history(identity: str, response_id: str) -> list[dict[str, Any]]:
     output."""
     stored = get(identity, response_id)
     return [*stored.conversation, *stored.response.get("output", [])]
+
+
+async def earlier_items(identity: str, request: ResponsesRequest) -> list[dict[str, Any]]:
+    """The items a request continues from (its previous response's conversation and
+    output), its function call outputs checked against them and its own calls."""
+    items: list[dict[str, Any]] = []
+    if request.previous_response_id:
+        items = await run(history, identity, request.previous_response_id)
+    check_tool_outputs(items, request.input_items)
+    return items
 
 
 def save(identity: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
