@@ -20,7 +20,7 @@ from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.relay import Traffic, relay
-from openai_api.responses import background, input_tokens, store
+from openai_api.responses import background, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
 
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
@@ -40,6 +40,11 @@ async def handle(exchange: Exchange) -> None:
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
         return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
+    if endpoint == "conversations" or endpoint.startswith("conversations/"):
+        parts = [part for part in endpoint.split("/")[1:] if part]
+        return await conversation_api.handle(
+            exchange, caller.identity, method, parts, query_of(exchange)
+        )
     counting = endpoint == COUNT_TOKENS
     if endpoint.startswith("responses/") and not counting:
         parts = endpoint.split("/")[1:]
@@ -99,7 +104,7 @@ async def check_response_scope(caller: Caller, snapshot: Snapshot, response_id: 
 async def stored_response(exchange: Exchange, identity: str, method: str, parts: list[str]) -> None:
     """GET and DELETE /v1/responses/{id}, GET .../input_items, POST .../cancel."""
     response_id, rest = (parts[0], parts[1:]) if parts and parts[0] else ("", [])
-    query = dict(parse_qsl(exchange.scope.get("query_string", b"").decode("latin-1")))
+    query = query_of(exchange)
     if not response_id or len(rest) > 1:
         raise GatewayError(404, f"Unknown path {exchange.scope['path']}.", "not_found")
     if not rest and method == "GET":
@@ -125,6 +130,10 @@ async def stored_response(exchange: Exchange, identity: str, method: str, parts:
     raise GatewayError(
         405, f"{method} is not allowed on {exchange.scope['path']}.", "method_not_allowed"
     )
+
+
+def query_of(exchange: Exchange) -> dict[str, str]:
+    return dict(parse_qsl(exchange.scope.get("query_string", b"").decode("latin-1")))
 
 
 def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str, Any] | None]:

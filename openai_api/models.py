@@ -106,3 +106,38 @@ class ResponseEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.response_id} #{self.sequence}"
+
+
+class Conversation(models.Model):
+    """A conversation of the Responses API: items that responses made in it read as their
+    context and extend, scoped by the caller's identity like stored responses. It lives
+    until deleted; its items count towards the caller's storage quota."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    identity = models.CharField(max_length=200, db_index=True)
+    metadata = models.JSONField(default=dict)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class ConversationItem(models.Model):
+    """One item of a conversation, in the order it was added."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="items")
+    item_id = models.CharField(max_length=64)
+    item = models.JSONField()
+    size = models.PositiveIntegerField(default=0)  # bytes as JSON: the storage quota
+
+    class Meta:
+        ordering = ["conversation", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "item_id"], name="one_item_per_id")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id} {self.item_id}"

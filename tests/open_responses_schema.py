@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 import jsonschema
+import openai
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -150,6 +151,12 @@ RESPONSE = {
         "metadata": {"type": "object"},
         "safety_identifier": NULLABLE_STRING,
         "prompt_cache_key": NULLABLE_STRING,
+        "conversation": {
+            "oneOf": [
+                {"type": "null"},
+                {"type": "object", "required": ["id"], "properties": {"id": STRING}},
+            ]
+        },
     },
 }
 EVENT = {
@@ -215,6 +222,17 @@ class CheckedEvents(httpx2.SyncByteStream):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def conforming_sdk(gateway_url: str, key: str) -> openai.OpenAI:
+    """The SDK, with every Responses body and event it receives over HTTP checked."""
+    return openai.OpenAI(
+        base_url=gateway_url + "/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=60,
+        http_client=openai.DefaultHttpxClient(transport=Conforming()),
+    )
 
 
 class Conforming(httpx2.BaseTransport):

@@ -19,7 +19,7 @@ from mcp.server.mcpserver import MCPServer
 from deployments.runtimes.process import free_port
 from openai_api.models import StoredResponse
 from tests.conftest import wait_until
-from tests.open_responses_schema import Conforming
+from tests.open_responses_schema import conforming_sdk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -84,12 +84,7 @@ def mcp_url() -> Iterator[str]:
 @pytest.fixture
 def client(gateway_url: str, api_key: Callable[..., str], site: Any) -> openai.OpenAI:
     site.MSHIP_MCP_ALLOWED_HOSTS = ["127.0.0.1"]  # the test's MCP server is on loopback
-    return openai.OpenAI(
-        base_url=gateway_url + "/v1",
-        api_key=api_key(),
-        max_retries=0,
-        http_client=openai.DefaultHttpxClient(transport=Conforming()),  # the schema, checked
-    )
+    return conforming_sdk(gateway_url, api_key())  # the schema, checked
 
 
 def dice(url: str, **extra: Any) -> Any:

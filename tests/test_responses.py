@@ -24,7 +24,7 @@ from openai_api.responses import replay
 from openai_api.tasks import sweep_responses
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 from tests.gateway_support import seen_by_gateway
-from tests.open_responses_schema import Conforming
+from tests.open_responses_schema import conforming_sdk
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,13 +38,7 @@ pytestmark = pytest.mark.usefixtures("engines")
 def sdk(gateway_url: str, key: str) -> openai.OpenAI:
     """The SDK, with every Responses body and event it receives checked against the Open
     Responses schema (tests/open_responses_schema.py)."""
-    return openai.OpenAI(
-        base_url=gateway_url + "/v1",
-        api_key=key,
-        max_retries=0,
-        timeout=60,
-        http_client=openai.DefaultHttpxClient(transport=Conforming()),
-    )
+    return conforming_sdk(gateway_url, key)
 
 
 def last_chat_request(deployment: Deployment) -> dict[str, Any]:

@@ -26,37 +26,29 @@ from openai_api.responses import store
 from openai_api.responses.engine_turn import conclude
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.respond import respond
-from openai_api.responses.translator import Event, StreamTranslator, sse
+from openai_api.responses.translator import Event, sse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from openai_api.catalog import Route
     from openai_api.exchange import Exchange
-    from openai_api.responses.protocol import ResponsesRequest
+    from openai_api.responses.turn import Turn
 
 log = logging.getLogger(__name__)
 _runs: dict[str, asyncio.Task[None]] = {}  # this process's live runs, by response id
 
 
-async def start(
-    exchange: Exchange,
-    route: Route,
-    identity: str,
-    request: ResponsesRequest,
-    translator: StreamTranslator,
-    history: list[dict[str, Any]],
-    conversation: list[dict[str, Any]],
-) -> None:
+async def start(exchange: Exchange, turn: Turn) -> None:
+    translator, identity = turn.translator, turn.identity
     response = translator.response
     rid = response["id"]
     opening = translator.start(created_status="queued")
     queued = {**copy.deepcopy(response), "status": "queued"}
     # Everything the run needs is checked before the engine is called: a store or a log
     # that cannot be reached is a 503 now.
-    await store.run(store.save, identity, queued, conversation)
+    await store.run(store.save, identity, queued, turn.context)
     await store.run(store.beat, rid)
-    replay = replay_log() if request.stream else None
+    replay = replay_log() if turn.request.stream else None
     if replay is not None:
         try:
             await replay.append(rid, opening)
@@ -65,9 +57,7 @@ async def start(
                 store.end_if_running, identity, rid, "failed", _error("store_unavailable")
             )
             raise
-    task = asyncio.ensure_future(
-        _run(route, identity, request, history, translator, replay, exchange.request_id)
-    )
+    task = asyncio.ensure_future(_run(turn, replay, exchange.request_id))
     _runs[rid] = task
     task.add_done_callback(lambda _: _runs.pop(rid, None))
     if replay is None:
@@ -79,15 +69,8 @@ def _error(code: str, message: str = "") -> dict[str, str]:
     return {"code": code, "message": message or code.replace("_", " ")}
 
 
-async def _run(
-    route: Route,
-    identity: str,
-    request: ResponsesRequest,
-    history: list[dict[str, Any]],
-    translator: StreamTranslator,
-    replay: ReplayLog | None,
-    request_id: str,
-) -> None:
+async def _run(turn: Turn, replay: ReplayLog | None, request_id: str) -> None:
+    translator, identity, request = turn.translator, turn.identity, turn.request
     rid = translator.response["id"]
 
     async def emit(events: list[Event]) -> None:
@@ -95,13 +78,15 @@ async def _run(
             await replay.append(rid, events)
 
     async def save(finished_response: dict[str, Any]) -> None:
-        await store.run(store.save_if_running, identity, finished_response)
+        await store.run(store.save_if_running, identity, request, finished_response)
 
     beat = asyncio.ensure_future(_heartbeat(rid))
     try:
         await save(copy.deepcopy(translator.response))  # in_progress
         try:
-            answered = await respond(route, request, history, translator, emit, request_id)
+            answered = await respond(
+                turn.route, request, turn.history, translator, emit, request_id
+            )
         except GatewayError as exc:  # refused before the engine answered
             await emit(translator.fail(exc.code, exc.message))
             await save(translator.response)

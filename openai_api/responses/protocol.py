@@ -8,11 +8,17 @@ resolved by the gateway before this runs and arrives here as earlier items.
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_api.errors import GatewayError
+from openai_api.responses.fields import (
+    bad,
+    conversation_id,
+    is_integer,
+    is_number,
+    metadata_of,
+)
+from openai_api.responses.input_items import input_items
 
 HOSTED_TOOLS = frozenset(
     {
@@ -50,22 +56,6 @@ DEFAULT_SAMPLING = {
 TEXT_FORMATS = frozenset({"text", "json_schema", "json_object"})
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
-
-
-def bad(message: str, param: str | None = None) -> GatewayError:
-    return GatewayError(400, message, "invalid_request", param=param)
-
-
-def is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 @dataclass
 class ResponsesRequest:
     """A checked request: the fields the envelope echoes and what the engine gets."""
@@ -77,6 +67,7 @@ class ResponsesRequest:
     store: bool
     background: bool
     previous_response_id: str | None
+    conversation: str | None  # the conversation whose items it continues and extends
     tools: list[dict[str, Any]]
     tool_choice: Any
     parallel_tool_calls: bool
@@ -169,15 +160,18 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
     user = data.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("'user' must be a string.", "user")
-    metadata = data.get("metadata") or {}
-    if not isinstance(metadata, dict) or len(metadata) > 16:
-        raise bad("'metadata' must be an object of at most 16 keys.", "metadata")
+    metadata = metadata_of(data.get("metadata"))
     previous = data.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad("'previous_response_id' must be a string.", "previous_response_id")
     instructions = data.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise bad("'instructions' must be a string.", "instructions")
+    conversation = conversation_id(data.get("conversation"))
+    if conversation is not None and previous is not None:
+        raise bad(
+            "'conversation' and 'previous_response_id' cannot be used together.", "conversation"
+        )
     return ResponsesRequest(
         model=model,
         input_items=input_items(data.get("input")),
@@ -186,6 +180,7 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
         store=store,
         background=background,
         previous_response_id=previous,
+        conversation=conversation,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=data.get("parallel_tool_calls", True) is not False,
@@ -194,97 +189,10 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
         top_p=data.get("top_p"),
         text=text,
         reasoning=reasoning,
-        metadata={str(k): str(v) for k, v in metadata.items()},
+        metadata=metadata,
         user=user,
         raw=data,
     )
-
-
-def check_tool_outputs(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
-    """Each function_call_output answers a function call of the conversation (earlier
-    turns or this input): one for a call_id nobody made is a 400 naming it, not an engine
-    error later."""
-    made = {i.get("call_id") for i in [*history, *items] if i.get("type") == "function_call"}
-    for index, item in enumerate(items):
-        if item.get("type") == "function_call_output" and item.get("call_id") not in made:
-            raise bad(
-                f"No function call with call_id {item.get('call_id')!r} in this conversation.",
-                f"input[{index}].call_id",
-            )
-
-
-def input_items(value: Any) -> list[dict[str, Any]]:
-    """The request's input as items, each with an id (input_items lists them by it)."""
-    if value is None:
-        raise bad("'input' is required.", "input")
-    if isinstance(value, str):
-        value = [{"role": "user", "content": value}]
-    if not isinstance(value, list):
-        raise bad("'input' must be a string or a list of items.", "input")
-    items = []
-    for index, raw in enumerate(value):
-        if not isinstance(raw, dict):
-            raise bad(f"input[{index}] must be an object.", f"input[{index}]")
-        item = dict(raw)
-        kind = item.setdefault("type", "message")
-        if kind == "message":
-            if item.get("role") not in ("user", "assistant", "system", "developer"):
-                raise bad(f"input[{index}] needs a role.", f"input[{index}].role")
-            content = item.get("content")
-            if isinstance(content, str):
-                part = "output_text" if item["role"] == "assistant" else "input_text"
-                item["content"] = [{"type": part, "text": content}]
-            elif not isinstance(content, list) or not all(
-                isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
-            ):
-                raise bad(
-                    f"input[{index}].content must be text or a list of typed parts.",
-                    f"input[{index}].content",
-                )
-            item.setdefault("id", new_id("msg"))
-            item.setdefault("status", "completed")
-        elif kind == "function_call":
-            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
-                raise bad(f"input[{index}] needs call_id and name.", f"input[{index}]")
-            if not isinstance(item.setdefault("arguments", "{}"), str):
-                raise bad(f"input[{index}].arguments must be a string.", f"input[{index}]")
-            item.setdefault("id", new_id("fc"))
-            item.setdefault("status", "completed")
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-                raise bad(f"input[{index}] needs call_id.", f"input[{index}].call_id")
-            output = item.get("output")
-            if not isinstance(output, str):
-                item["output"] = json.dumps(output)
-            item.setdefault("id", new_id("fco"))
-            item.setdefault("status", "completed")
-        elif kind == "reasoning":
-            item.setdefault("id", new_id("rs"))
-        elif kind == "mcp_approval_response":
-            if not isinstance(item.get("approval_request_id"), str) or not isinstance(
-                item.get("approve"), bool
-            ):
-                raise bad(
-                    f"input[{index}] needs approval_request_id and approve.", f"input[{index}]"
-                )
-            item.setdefault("id", new_id("mcpa"))
-        elif kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request"):
-            # An earlier output, passed back: a call must say what ran and what came of it.
-            if kind != "mcp_list_tools" and not (
-                isinstance(item.get("name"), str)
-                and isinstance(item.get("arguments", "{}"), str)
-                and isinstance(item.get("output") or "", str)
-                and isinstance(item.get("error") or {}, dict | str)
-            ):
-                raise bad(
-                    f"input[{index}] needs a name and string arguments and output.",
-                    f"input[{index}]",
-                )
-            item.setdefault("id", new_id("mcp"))
-        else:
-            raise bad(f"input[{index}] has an unknown type {kind!r}.", f"input[{index}].type")
-        items.append(item)
-    return items
 
 
 def check_mcp_tool(tool: dict[str, Any], param: str) -> None:
@@ -461,6 +369,7 @@ def envelope(
         "output": [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "conversation": {"id": request.conversation} if request.conversation else None,
         "reasoning": request.reasoning,
         "store": request.store,
         "text": request.text or {"format": {"type": "text"}},

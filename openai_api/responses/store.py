@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
-from openai_api.responses.protocol import ResponsesRequest, check_tool_outputs
+from openai_api.responses import conversations
+from openai_api.responses.input_items import check_tool_outputs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from openai_api.responses.protocol import ResponsesRequest
 
 # A stored response's status (the Responses API's words): still running, or ended.
 RUNNING = ("queued", "in_progress")
@@ -75,12 +81,23 @@ def history(identity: str, response_id: str) -> list[dict[str, Any]]:
     return [*stored.conversation, *stored.response.get("output", [])]
 
 
-async def earlier_items(identity: str, request: ResponsesRequest) -> list[dict[str, Any]]:
-    """The items a request continues from (its previous response's conversation and
-    output), its function call outputs checked against them and its own calls."""
+async def earlier_items(
+    identity: str,
+    request: ResponsesRequest,
+    known: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The items a request continues from (its conversation's items, or its previous
+    response's conversation and output), its function call outputs checked against them
+    and its own calls. `known`: continuations a WebSocket holds in memory (responses made on
+    it, stored or not), looked up before the store."""
     items: list[dict[str, Any]] = []
-    if request.previous_response_id:
-        items = await run(history, identity, request.previous_response_id)
+    previous = request.previous_response_id
+    if request.conversation:
+        items = await run(conversations.items_of, identity, request.conversation)
+    elif previous and known is not None and previous in known:
+        items = list(known[previous])
+    elif previous:
+        items = await run(history, identity, previous)
     check_tool_outputs(items, request.input_items)
     return items
 
@@ -102,17 +119,38 @@ def save(identity: str, response: dict[str, Any], conversation: list[dict[str, A
     )
 
 
+def save_turn(
+    identity: str,
+    request: ResponsesRequest,
+    response: dict[str, Any],
+    context: list[dict[str, Any]],
+) -> None:
+    """A foreground response at its end: stored where the request asked, and a completed
+    one's input and output added to its conversation, together."""
+    with transaction.atomic():
+        if request.store:
+            save(identity, response, context)
+        extend_conversation(identity, request, response)
+
+
+def extend_conversation(identity: str, request: ResponsesRequest, response: dict[str, Any]) -> None:
+    if request.conversation and response["status"] in ("completed", "incomplete"):
+        items = [*request.input_items, *response.get("output", [])]
+        conversations.append(identity, request.conversation, items)
+
+
 def check_quota(identity: str, background: bool) -> None:
     """429 before any engine work when the caller already stores MSHIP_RESPONSES_QUOTA_BYTES
     or, for a background run, already runs MSHIP_MAX_BACKGROUND_RUNS."""
     live = StoredResponse.objects.filter(identity=identity, expires_at__gt=timezone.now())
-    held = live.aggregate(total=Sum("size"))["total"] or 0
+    held = (live.aggregate(total=Sum("size"))["total"] or 0) + conversations.held_bytes(identity)
     quota = settings.MSHIP_RESPONSES_QUOTA_BYTES
     if quota and held >= quota:
         raise GatewayError(
             429,
-            f"Stored responses of this caller take {held} bytes, the quota is {quota}: delete"
-            " some (DELETE /v1/responses/{id}) or send store: false.",
+            f"Stored responses and conversations of this caller take {held} bytes, the quota"
+            f" is {quota}: delete some (DELETE /v1/responses/{{id}}, /v1/conversations/{{id}})"
+            " or send store: false.",
             "storage_quota_exceeded",
         )
     if not background:
@@ -171,12 +209,16 @@ def sweep() -> int:
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 
-def save_if_running(identity: str, response: dict[str, Any]) -> bool:
+def save_if_running(identity: str, request: ResponsesRequest, response: dict[str, Any]) -> bool:
     """A background run's write: only while nobody ended it first (a cancel, a poll that
-    found it lost), so a late write never brings a finished response back."""
-    updated = StoredResponse.objects.filter(
-        pk=response["id"], identity=identity, status__in=RUNNING
-    ).update(status=response["status"], response=response)
+    found it lost), so a late write never brings a finished response back. The write that
+    completes it adds its input and output to its conversation."""
+    with transaction.atomic():
+        updated = StoredResponse.objects.filter(
+            pk=response["id"], identity=identity, status__in=RUNNING
+        ).update(status=response["status"], response=response)
+        if updated:
+            extend_conversation(identity, request, response)
     return bool(updated)
 
 

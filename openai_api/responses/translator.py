@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from openai_api.responses.protocol import new_id
+from openai_api.responses.fields import new_id
 
 Event = dict[str, Any]
 

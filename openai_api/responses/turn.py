@@ -1,0 +1,56 @@
+"""A Responses create, checked and ready to run: its request, what it continues from and
+the translator its response is built in. Every transport (a POST, a background run, a
+WebSocket) prepares its creates here, so each refuses the same things the same way."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from openai_api.dispatch import dispatcher
+from openai_api.mcp import loop as mcp_loop
+from openai_api.responses import protocol, store
+from openai_api.responses.fields import new_id
+from openai_api.responses.translator import StreamTranslator
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from openai_api.catalog import Route
+
+
+@dataclass
+class Turn:
+    """A create, checked and ready to run: what it continues from and its response."""
+
+    route: Route
+    identity: str
+    request: protocol.ResponsesRequest
+    history: list[dict[str, Any]]  # what it continues from (earlier turns, a conversation)
+    translator: StreamTranslator
+
+    @property
+    def context(self) -> list[dict[str, Any]]:
+        """Every input item of the response: what it continued from, then its own."""
+        return [*self.history, *self.request.input_items]
+
+
+async def prepare(
+    route: Route,
+    identity: str,
+    data: dict[str, Any],
+    known: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> Turn:
+    """Check a create and resolve what it continues from. Everything refused here is
+    refused before anything is written or the engine is called: a model that cannot serve
+    now, a caller over quota, an unknown previous response or conversation."""
+    request = protocol.parse(data)
+    dispatcher.check_servable(route)
+    if request.store or request.conversation:
+        await store.run(store.check_quota, identity, request.background)
+    history = await store.earlier_items(identity, request, known)
+    response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
+    if request.uses_mcp:
+        await mcp_loop.check(request, history)
+    return Turn(route, identity, request, history, StreamTranslator(response))
