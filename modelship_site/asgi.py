@@ -1,7 +1,8 @@
 """ASGI entry point. Channels routes the public /v1 gateway (and /rerank, /score) to its raw
 ASGI handler, ahead of Django's middleware and URL stack; everything else (the admin, /api,
 /health) goes to Django's ASGI application. /ondemand/{id}/v1/... is the on-demand gateway
-that LiteLLM calls, behind its peer guard."""
+that LiteLLM calls, behind its peer guard. WebSockets go to the Responses API's socket
+(/v1/responses; any other path is refused at the handshake)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from django.urls import re_path  # noqa: E402
 
 from ondemand.gateway import application as ondemand_gateway  # noqa: E402
 from openai_api.gateway import application as openai_gateway  # noqa: E402
+from openai_api.websocket import application as responses_socket  # noqa: E402
 
 # URLRouter routes to ASGI applications; django-stubs type re_path for views only.
 routes = [
@@ -25,4 +27,5 @@ routes = [
     re_path(r"^ondemand(/|$)", ondemand_gateway),  # type: ignore[arg-type]
     re_path(r"", django_asgi_app),  # type: ignore[arg-type]
 ]
-application = ProtocolTypeRouter({"http": URLRouter(routes)})
+sockets = [re_path(r"", responses_socket)]  # type: ignore[arg-type]
+application = ProtocolTypeRouter({"http": URLRouter(routes), "websocket": URLRouter(sockets)})

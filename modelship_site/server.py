@@ -11,7 +11,9 @@ Limits (each an MSHIP_* setting, see README):
   such timeout of its own: a client trickling headers would hold a connection forever);
 - an idle keep-alive connection is closed after MSHIP_KEEPALIVE_TIMEOUT_S;
 - at most MSHIP_MAX_CONNECTIONS connections and requests at once (past it: 503);
-- request headers of at most 64 KiB.
+- request headers of at most 64 KiB;
+- a WebSocket message of at most MSHIP_MAX_BODY_BYTES (a request body's limit), and a ping
+  every MSHIP_WS_PING_S that the client must answer within as long.
 
 Run: ``python -m modelship_site.server --host 127.0.0.1 --port 8000``
 """
@@ -49,6 +51,14 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         super().on_response_complete()
         self._arm()
 
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        # The connection is a WebSocket from here on, handed to its own protocol: no request
+        # headers to wait for any more.
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        super().handle_websocket_upgrade(*args)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
@@ -79,6 +89,9 @@ def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
         timeout_keep_alive=int(settings.MSHIP_KEEPALIVE_TIMEOUT_S),
         limit_concurrency=settings.MSHIP_MAX_CONNECTIONS or None,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        ws_max_size=settings.MSHIP_MAX_BODY_BYTES,
+        ws_ping_interval=settings.MSHIP_WS_PING_S,
+        ws_ping_timeout=settings.MSHIP_WS_PING_S,
         **options,
     )
 

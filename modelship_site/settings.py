@@ -269,6 +269,9 @@ MSHIP_ROUTE_STALE_S = env_float("MSHIP_ROUTE_STALE_S", 30)
 # SSE comment keepalives while a streaming request waits for its slot (never once the
 # engine is called: its status must reach the client unchanged).
 MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
+# WebSocket pings (the Responses socket): one this often, and a client that does not answer
+# one within as long is closed. They keep a socket alive while a response waits for its slot.
+MSHIP_WS_PING_S = env_float("MSHIP_WS_PING_S", 15)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)
 # A request for a stopped on-demand model waits at most this long (its start included), and

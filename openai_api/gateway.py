@@ -64,10 +64,7 @@ async def handle(exchange: Exchange) -> None:
     name, streaming, data = await parsed(
         requested_model, content_type, body, heavy=content_type.startswith("multipart/")
     )
-    route = snapshot.routes.get(name)
-    if route is None or (caller.key is not None and not caller.key.may_use(route)):
-        # As if it did not exist: a restricted key learns nothing of other models.
-        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
+    route = route_for(snapshot, caller, name)
     previous = (data or {}).get("previous_response_id")
     if endpoint in ("responses", COUNT_TOKENS) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)
@@ -77,16 +74,36 @@ async def handle(exchange: Exchange) -> None:
         # Built from the engine's chat completions, for every chat-capable deployment.
         return await responses.create(exchange, route, caller.identity, data or {})
     if endpoint not in route.endpoints:
-        raise GatewayError(
-            404,
-            f"The model {name!r} ({route.loader}, {route.usecase}) does not serve /v1/{endpoint}.",
-            "unsupported_endpoint",
-        )
+        raise unsupported(route, name, endpoint)
     traffic = Traffic(route, endpoint, path, body, streaming, data)
     await relay(exchange, traffic, lambda on_queued: dispatcher.slot(route, on_queued))
 
 
 application = asgi(handle)
+
+
+def route_for(snapshot: Snapshot, caller: Caller, name: str) -> Route:
+    route = snapshot.routes.get(name)
+    if route is None or (caller.key is not None and not caller.key.may_use(route)):
+        # As if it did not exist: a restricted key learns nothing of other models.
+        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
+    return route
+
+
+def responses_route(snapshot: Snapshot, caller: Caller, name: str) -> Route:
+    """The model of a Responses request: any the caller may use that serves chat."""
+    route = route_for(snapshot, caller, name)
+    if "chat/completions" not in route.endpoints:
+        raise unsupported(route, name, "responses")
+    return route
+
+
+def unsupported(route: Route, name: str, endpoint: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model {name!r} ({route.loader}, {route.usecase}) does not serve /v1/{endpoint}.",
+        "unsupported_endpoint",
+    )
 
 
 async def check_response_scope(caller: Caller, snapshot: Snapshot, response_id: str) -> None:

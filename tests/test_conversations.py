@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import wait_until
 from tests.open_responses_schema import conforming_sdk
 
 if TYPE_CHECKING:
@@ -176,6 +177,23 @@ def test_it_extends_a_conversation_only_with_a_turn_that_answered(
     )
     assert cut.status == "incomplete"  # an answer cut short is still a turn
     assert len(list(client.conversations.items.list(conversation.id))) == 3
+
+
+def test_it_extends_the_conversation_of_a_background_response_when_it_completes(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "later"})
+    conversation = client.conversations.create(items=[said("start")])
+    queued = client.responses.create(
+        model="sim", input="in the background", conversation=conversation.id, background=True
+    )
+    assert queued.status == "queued"
+    wait_until(lambda: client.responses.retrieve(queued.id).status == "completed", 10)
+    assert texts(client.conversations.items.list(conversation.id, order="asc")) == [
+        "start",
+        "in the background",
+        "later",
+    ]
 
 
 def engine_saw(deployment: Deployment) -> list[str]:

@@ -20,6 +20,7 @@ from deployments.runtimes.process import free_port
 from openai_api.models import StoredResponse
 from tests.conftest import wait_until
 from tests.open_responses_schema import conforming_sdk
+from tests.ws_support import until_done
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -384,3 +385,23 @@ def asgi_server(app: Any) -> Iterator[str]:
     finally:
         runner.should_exit = True
         thread.join(10)
+
+
+def test_it_runs_mcp_tools_for_a_response_over_a_websocket(
+    client: openai.OpenAI, serving: Callable[..., Deployment], mcp_url: str
+) -> None:
+    model(serving, "roll")
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model="sim", input="Roll a d20", tools=[dice(mcp_url, require_approval="never")]
+        )
+        events = until_done(connection)
+    kinds = [e["type"] for e in events]
+    assert "response.mcp_call.completed" in kinds and kinds[-1] == "response.completed"
+    response = events[-1]["response"]
+    assert [item["type"] for item in response["output"]] == [
+        "mcp_list_tools",
+        "mcp_call",
+        "message",
+    ]
+    assert client.responses.retrieve(response["id"]).output_text == "The tool said: rolled 20"

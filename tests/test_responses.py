@@ -24,7 +24,7 @@ from openai_api.responses import replay
 from openai_api.tasks import sweep_responses
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 from tests.gateway_support import seen_by_gateway
-from tests.open_responses_schema import conforming_sdk
+from tests.open_responses_schema import check_event, conforming_sdk
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -429,6 +429,8 @@ def test_it_fails_the_response_when_the_engine_dies_mid_stream(
     kinds = [e["type"] for e in events]
     assert kinds[-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["status"] == "failed"
+    for event in events[:-2] + events[-1:]:
+        check_event(event)  # the failed response conforms too
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
 

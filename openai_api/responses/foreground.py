@@ -34,9 +34,10 @@ class Out(Protocol):
     async def emit(self, events: list[Event]) -> None: ...
 
 
-async def run(turn: Turn, out: Out, request_id: str) -> None:
+async def run(turn: Turn, out: Out, request_id: str, generate: bool = True) -> None:
     """A foreground response, start to end: its events out, the response kept (stored,
-    added to its conversation) before its terminal event."""
+    added to its conversation) before its terminal event. `generate=False` (a WebSocket's
+    warm-up) makes no output and calls no engine."""
     translator, request = turn.translator, turn.request
 
     async def save(finished: dict[str, Any]) -> None:
@@ -46,7 +47,11 @@ async def run(turn: Turn, out: Out, request_id: str) -> None:
     waiting_answer.set(out.opener)
     await out.emit(translator.start())
     try:
-        done = await respond(turn.route, request, turn.history, translator, out.emit, request_id)
+        done = (
+            await respond(turn.route, request, turn.history, translator, out.emit, request_id)
+            if generate
+            else True  # a warm-up: the response (and what it continues) kept, no output
+        )
     except GatewayError as exc:
         if not out.opened:
             raise  # nothing went out: a plain error

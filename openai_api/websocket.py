@@ -1,0 +1,244 @@
+"""/v1/responses over a WebSocket (the SDK's `client.responses.connect()`): a raw ASGI
+application that Channels routes the upgrade to.
+
+The handshake authenticates as a request does (Authorization, x-api-key, the trusted
+identity rules) and is refused with an OpenAI-shaped HTTP answer. Then each `response.create`
+event (the POST body's fields; `stream` implicit, `background` refused) runs as a foreground
+response whose events go out as text frames, the same protocol as the SSE stream
+(`generate: false` warms up: a response kept with no output, no engine called). Each create
+is checked again as a request is (the key still valid, its rate, its models).
+
+One response at a time on a lane: the default lane, or the one a create's `stream_id` names
+(events then carry it); lanes run side by side. A create for a busy lane is an `error`
+event, and so is any refusal: the socket stays open. Responses made on the socket, stored or
+not, can be continued from it by `previous_response_id` (the last MAX_REMEMBERED, in memory).
+A close cancels the responses under way, as a hang-up cancels a request: their engines see
+the request closed.
+
+The protocol has no keepalive event: the server's WebSocket pings (MSHIP_WS_PING_S) keep the
+connection alive while a response waits for its slot (a cold start, the memory queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from common.request_id import make_request_id
+from openai_api.auth import authenticate, last_used, rate_limiter
+from openai_api.catalog import catalog
+from openai_api.errors import TYPES, GatewayError
+from openai_api.gateway import check_response_scope, responses_route
+from openai_api.responses.fields import bad
+from openai_api.responses.foreground import run
+from openai_api.responses.turn import Turn, prepare
+
+if TYPE_CHECKING:
+    from openai_api.exchange import Receive, Scope, Send
+    from openai_api.keepalive import SseOpener
+    from openai_api.responses.translator import Event
+
+log = logging.getLogger(__name__)
+PATH = "/v1/responses"
+MAX_REMEMBERED = 64  # responses a socket can continue from memory
+DEFAULT_LANE = ""
+
+
+async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    if (await receive())["type"] != "websocket.connect":
+        return
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    request_id = make_request_id(headers.get("x-request-id"))
+    peer = (scope.get("client") or ("", 0))[0]
+    try:
+        check_handshake(scope, headers)
+        authenticate(await catalog.current(), headers, peer)
+    except GatewayError as exc:
+        return await deny(scope, send, exc, request_id)
+    await send({"type": "websocket.accept", "headers": [(b"x-request-id", request_id.encode())]})
+    socket = Socket(send, headers, peer)
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            if message["type"] == "websocket.receive":
+                await socket.received(message.get("text") or message.get("bytes") or b"")
+    finally:
+        await socket.closed()
+
+
+def check_handshake(scope: Scope, headers: dict[str, str]) -> None:
+    """Only /v1/responses has a socket. A browser page of another origin cannot open one
+    with the caller's standing (the gateway may trust its network); other clients send no
+    Origin."""
+    if scope["path"].rstrip("/") != PATH:
+        raise GatewayError(404, f"Unknown WebSocket path {scope['path']}.", "not_found")
+    origin = headers.get("origin")
+    allowed = settings.MSHIP_CORS_ORIGINS
+    if origin and "*" not in allowed and origin not in allowed:
+        raise GatewayError(403, "Cross-origin WebSockets are not allowed here.", "cors_forbidden")
+
+
+async def deny(scope: Scope, send: Send, exc: GatewayError, request_id: str) -> None:
+    """Refuse the handshake with an HTTP answer (its status and OpenAI-shaped body) where
+    the server can send one, else by closing before accepting (a 403)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = exc.body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+        *[(k.encode(), v.encode()) for k, v in exc.headers.items()],
+    ]
+    await send({"type": "websocket.http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+def error_event(exc: GatewayError, lane: str) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "type": TYPES.get(exc.status, "server_error"),
+        "code": exc.code,
+        "message": exc.message,
+        "param": exc.param,
+    }
+    if exc.headers:
+        error["headers"] = exc.headers
+    event = {"type": "error", "status": exc.status, "error": error}
+    return {**event, "stream_id": lane} if lane else event
+
+
+class Socket:
+    """One connection: its lanes' responses under way and what it can continue from."""
+
+    def __init__(self, send: Send, headers: dict[str, str], peer: str) -> None:
+        self._send = send
+        self.headers = headers
+        self.peer = peer
+        self.lanes: dict[str, asyncio.Task[None]] = {}
+        self.known: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._sending = asyncio.Lock()
+
+    async def send(self, event: dict[str, Any], lane: str = DEFAULT_LANE) -> None:
+        if lane:
+            event = {**event, "stream_id": lane}
+        async with self._sending:
+            await self._send({"type": "websocket.send", "text": json.dumps(event)})
+
+    async def received(self, raw: str | bytes) -> None:
+        lane = DEFAULT_LANE
+        try:
+            event = json.loads(raw)
+            if not isinstance(event, dict):
+                raise ValueError
+        except ValueError:
+            return await self.send(error_event(bad("A client event is a JSON object."), lane))
+        stream_id = event.get("stream_id")
+        if stream_id is not None and (not isinstance(stream_id, str) or not stream_id):
+            error = bad("'stream_id' must be a non-empty string.", "stream_id")
+            return await self.send(error_event(error, lane))
+        lane = stream_id or DEFAULT_LANE
+        kind = event.get("type")
+        if kind != "response.create":
+            error = bad(
+                f"Unsupported client event {kind!r}: only response.create is served here.", "type"
+            )
+            return await self.send(error_event(error, lane))
+        if lane in self.lanes:
+            busy = GatewayError(
+                409,
+                "A response is already in progress on this stream; send the next one when it"
+                " ends, or on another stream_id.",
+                "response_already_in_flight",
+            )
+            return await self.send(error_event(busy, lane))
+        task = asyncio.create_task(self.create(event, lane))
+        self.lanes[lane] = task
+        task.add_done_callback(lambda _: self.lanes.pop(lane, None))
+
+    async def create(self, event: dict[str, Any], lane: str) -> None:
+        data = {k: v for k, v in event.items() if k not in ("type", "stream_id")}
+        request_id = make_request_id(None)
+        out = SocketOut(self, lane)
+        try:
+            if data.get("background"):
+                raise bad("background is not available over a WebSocket.", "background")
+            generate = data.pop("generate", True)
+            if not isinstance(generate, bool):
+                raise bad("'generate' must be a boolean.", "generate")
+            data["stream"] = True  # implicit over a socket
+            turn = await self.prepare(data)
+            await run(turn, out, request_id, generate)
+            if turn.translator.response["status"] in ("completed", "incomplete"):
+                self.remember(turn)
+        except GatewayError as exc:
+            with contextlib.suppress(Exception):
+                await self.send(error_event(exc, lane))
+        except asyncio.CancelledError:
+            raise  # the socket closed
+        except Exception:
+            log.exception("a WebSocket response failed (request %s)", request_id)
+            message = f"The server had an error processing the request {request_id}."
+            with contextlib.suppress(Exception):
+                await self.send(error_event(GatewayError(500, message, "internal_error"), lane))
+
+    async def prepare(self, data: dict[str, Any]) -> Turn:
+        """A create, checked as a POST is: the caller, its rate, the model, its scope."""
+        snapshot = await catalog.current()
+        caller = authenticate(snapshot, self.headers, self.peer)
+        if caller.key is not None:
+            rate_limiter.check(caller.key)
+            last_used.touch(caller.key)
+        if not isinstance(data.get("model"), str):
+            raise bad("'model' is required.", "model")
+        route = responses_route(snapshot, caller, data["model"])
+        previous = data.get("previous_response_id")
+        if isinstance(previous, str) and previous not in self.known:
+            await check_response_scope(caller, snapshot, previous)
+        return await prepare(route, caller.identity, data, self.known)
+
+    def remember(self, turn: Turn) -> None:
+        response = turn.translator.response
+        self.known[response["id"]] = [*turn.context, *response["output"]]
+        while len(self.known) > MAX_REMEMBERED:
+            self.known.popitem(last=False)
+
+    async def closed(self) -> None:
+        """The client went away: its responses under way end as a hang-up ends a request."""
+        tasks = list(self.lanes.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class SocketOut:
+    """A response's way out on a socket: each event a text frame on its lane. Its opening
+    events wait for the engine's first answer, so a refusal before that is an `error`
+    event rather than a response that failed."""
+
+    opener: SseOpener | None = None  # no SSE keepalives: the server's pings
+
+    def __init__(self, socket: Socket, lane: str) -> None:
+        self.socket = socket
+        self.lane = lane
+        self.opened = False
+        self.pending: list[Event] = []
+
+    async def emit(self, events: list[Event]) -> None:
+        if not events:
+            return
+        if events[0]["type"] == "response.created":
+            self.pending = events
+            return
+        events, self.pending = [*self.pending, *events], []
+        self.opened = True
+        for event in events:
+            await self.socket.send(event, self.lane)
