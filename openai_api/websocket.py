@@ -70,6 +70,8 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
                 break
             if message["type"] == "websocket.receive":
                 await socket.received(message.get("text") or message.get("bytes") or b"")
+    except ClientGone:
+        pass
     finally:
         await socket.closed()
 
@@ -116,6 +118,10 @@ def error_event(exc: GatewayError, lane: str) -> dict[str, Any]:
     return {**event, "stream_id": lane} if lane else event
 
 
+class ClientGone(Exception):
+    """The client closed the socket while something was being sent to it."""
+
+
 class Socket:
     """One connection: its lanes' responses under way and what it can continue from."""
 
@@ -131,7 +137,10 @@ class Socket:
         if lane:
             event = {**event, "stream_id": lane}
         async with self._sending:
-            await self._send({"type": "websocket.send", "text": json.dumps(event)})
+            try:
+                await self._send({"type": "websocket.send", "text": json.dumps(event)})
+            except OSError as exc:  # the client went away: its close ends what is under way
+                raise ClientGone from exc
 
     async def received(self, raw: str | bytes) -> None:
         lane = DEFAULT_LANE
@@ -160,14 +169,13 @@ class Socket:
                 "response_already_in_flight",
             )
             return await self.send(error_event(busy, lane))
-        task = asyncio.create_task(self.create(event, lane))
-        self.lanes[lane] = task
-        task.add_done_callback(lambda _: self.lanes.pop(lane, None))
+        self.lanes[lane] = asyncio.create_task(self.create(event, lane))
 
     async def create(self, event: dict[str, Any], lane: str) -> None:
         data = {k: v for k, v in event.items() if k not in ("type", "stream_id")}
         request_id = make_request_id(None)
         out = SocketOut(self, lane)
+        turn: Turn | None = None
         try:
             if data.get("background"):
                 raise bad("background is not available over a WebSocket.", "background")
@@ -180,15 +188,21 @@ class Socket:
             if turn.translator.response["status"] in ("completed", "incomplete"):
                 self.remember(turn)
         except GatewayError as exc:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ClientGone):
                 await self.send(error_event(exc, lane))
-        except asyncio.CancelledError:
-            raise  # the socket closed
+        except ClientGone:
+            pass  # the receive loop sees the close and ends the socket
         except Exception:
             log.exception("a WebSocket response failed (request %s)", request_id)
             message = f"The server had an error processing the request {request_id}."
-            with contextlib.suppress(Exception):
-                await self.send(error_event(GatewayError(500, message, "internal_error"), lane))
+            with contextlib.suppress(ClientGone):
+                if turn is not None and out.opened:  # the response under way ends as failed
+                    await out.emit(turn.translator.fail("internal_error", message))
+                else:
+                    await self.send(error_event(GatewayError(500, message, "internal_error"), lane))
+        finally:
+            # Before the task ends: the lane is free the moment its terminal event is out.
+            self.lanes.pop(lane, None)
 
     async def prepare(self, data: dict[str, Any]) -> Turn:
         """A create, checked as a POST is: the caller, its rate, the model, its scope."""

@@ -159,6 +159,27 @@ RESPONSE = {
         },
     },
 }
+CONVERSATION = {
+    "type": "object",
+    "required": ["id", "object", "created_at", "metadata"],
+    "properties": {
+        "id": STRING,
+        "object": {"const": "conversation"},
+        "created_at": INTEGER,
+        "metadata": {"type": "object"},
+    },
+}
+ITEM_LIST = {
+    "type": "object",
+    "required": ["object", "data", "first_id", "last_id", "has_more"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object", "required": ["id", "type"]}},
+        "first_id": NULLABLE_STRING,
+        "last_id": NULLABLE_STRING,
+        "has_more": {"type": "boolean"},
+    },
+}
 EVENT = {
     "type": "object",
     "required": ["type", "sequence_number"],
@@ -245,6 +266,8 @@ class Conforming(httpx2.BaseTransport):
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self.inner.handle_request(request)
         path = request.url.path
+        if path.startswith("/v1/conversations"):
+            return self.check_conversations(response)
         if not path.startswith("/v1/responses") or path.endswith("/input_items"):
             return response
         if response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -257,6 +280,16 @@ class Conforming(httpx2.BaseTransport):
             return response
         if data.get("object") == "response" and "deleted" not in data:
             check_response(data)
+        return response
+
+    def check_conversations(self, response: httpx2.Response) -> httpx2.Response:
+        data = json.loads(response.read() or b"null")
+        if response.status_code == 200 and isinstance(data, dict):
+            kind = data.get("object")
+            if kind == "conversation":
+                jsonschema.validate(data, CONVERSATION)
+            elif kind == "list":
+                jsonschema.validate(data, ITEM_LIST)
         return response
 
     def close(self) -> None:

@@ -200,3 +200,14 @@ def engine_saw(deployment: Deployment) -> list[str]:
     deployment.refresh_from_db()
     body = httpx.get(deployment.engine_url + "/sim/last_chat_request").json()
     return [str(m["content"]) for m in body["messages"] if m["role"] != "system"]
+
+
+def test_it_counts_the_input_tokens_of_a_turn_in_a_conversation(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim")
+    conversation = client.conversations.create(items=[said("my name is Ada")])
+    counted = client.responses.input_tokens.count(
+        model="sim", input="hi", conversation=conversation.id
+    )
+    assert counted.input_tokens == 4 + 1  # the conversation's items, then the input

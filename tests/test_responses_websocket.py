@@ -15,6 +15,7 @@ import pytest
 import websockets
 from websockets.sync.client import connect
 
+from openai_api import websocket
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
@@ -236,3 +237,23 @@ def test_it_starts_an_on_demand_model_for_a_socket(
     with client.responses.connect() as connection:
         connection.response.create(model="lazy", input="wake up")
         assert text_of(until_done(connection)) == "awake"
+
+
+def test_it_answers_an_unexpected_failure_with_an_error_event_and_stays_open(
+    client: openai.OpenAI, serving: Callable[..., Deployment], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serving("sim", config={"reply": "back"})
+    real_run = websocket.run  # type: ignore[attr-defined]  # the name the module calls
+
+    async def broken(*args: Any) -> None:
+        raise RuntimeError("a bug")
+
+    with client.responses.connect() as connection:
+        monkeypatch.setattr(websocket, "run", broken)
+        connection.response.create(model="sim", input="x")
+        [failed] = until_done(connection)
+        monkeypatch.setattr(websocket, "run", real_run)
+        connection.response.create(model="sim", input="x")
+        assert text_of(until_done(connection)) == "back"
+    assert (failed["status"], failed["error"]["code"]) == (500, "internal_error")
+    assert "a bug" not in failed["error"]["message"]  # the details stay in the log
