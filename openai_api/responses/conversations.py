@@ -29,6 +29,15 @@ def not_found(conversation_id: str) -> GatewayError:
     )
 
 
+def item_not_found(conversation_id: str, item_id: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"No item with id {item_id!r} in conversation {conversation_id!r}.",
+        "not_found",
+        param="item_id",
+    )
+
+
 def public(conversation: Conversation) -> dict[str, Any]:
     return {
         "id": conversation.id,
@@ -134,12 +143,7 @@ def _add(
 def item(identity: str, conversation_id: str, item_id: str) -> dict[str, Any]:
     found = get(identity, conversation_id).items.filter(item_id=item_id).first()
     if found is None:
-        raise GatewayError(
-            404,
-            f"No item with id {item_id!r} in conversation {conversation_id!r}.",
-            "not_found",
-            param="item_id",
-        )
+        raise item_not_found(conversation_id, item_id)
     return dict(found.item)
 
 
@@ -147,12 +151,7 @@ def delete_item(identity: str, conversation_id: str, item_id: str) -> dict[str, 
     conversation = get(identity, conversation_id)
     deleted, _ = conversation.items.filter(item_id=item_id).delete()
     if not deleted:
-        raise GatewayError(
-            404,
-            f"No item with id {item_id!r} in conversation {conversation_id!r}.",
-            "not_found",
-            param="item_id",
-        )
+        raise item_not_found(conversation_id, item_id)
     return public(conversation)
 
 
