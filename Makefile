@@ -17,9 +17,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Debian packages the tests run for real: espeak-ng behind the shipped TTS engine.
+# Debian packages the engines use: espeak-ng (the zero-dependency voice) and ffmpeg (speech
+# in mp3, opus, aac and flac).
 system-deps:
-	@command -v espeak-ng >/dev/null || { apt-get update -qq && apt-get install -y -qq espeak-ng; }
+	@command -v espeak-ng >/dev/null && command -v ffmpeg >/dev/null || { apt-get update -qq \
+		&& apt-get install -y -qq --no-install-recommends espeak-ng ffmpeg; }
 
 run: setup
 	$(PY) manage.py migrate --noinput

@@ -18,6 +18,7 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 
+from deployments import engine_envs
 from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -141,8 +142,33 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
             delay = min(delay * 1.5, 0.5)
 
 
+def prepare_engine_env(deployment: Deployment) -> None:
+    """A process engine's family environment, installed before its first start (blocking:
+    minutes for a large family; the state reason says so meanwhile)."""
+    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment))
+    if family is None or deployment.runtime != "process" or deployment.command:
+        return
+
+    def progress(line: str) -> None:
+        Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(state_reason=line)
+
+    engine_envs.ensure(family, progress)
+
+
 def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) -> Deployment:
     """Launch a deployment that is already marked starting and wait for its health."""
+    try:
+        prepare_engine_env(deployment)
+    except engine_envs.EnvFailed as exc:
+        transition(
+            deployment,
+            State.FAILED,
+            expected=[State.STARTING],
+            reason=str(exc),
+            actor=actor,
+            drop_switch=True,
+        )
+        return deployment
     try:
         handles = launch_all(deployment)
     except EngineUnreachable as exc:
@@ -358,9 +384,10 @@ def _blue_green(deployment: Deployment, actor: str) -> Deployment:
         event(deployment, "replacing", "starting the new configuration beside the old", actor)
         new_handles: list[Handle] = []
         try:
+            prepare_engine_env(deployment)  # the new configuration may need another family
             new_handles = launch_all(deployment)
             wait_healthy(deployment, new_handles, settings.MSHIP_START_TIMEOUT_S)
-        except (RuntimeError_, StartFailed) as exc:
+        except (RuntimeError_, StartFailed, engine_envs.EnvFailed) as exc:
             stop_handles(deployment, new_handles)
             event(
                 deployment, "replace_failed", f"the old configuration keeps serving: {exc}", actor

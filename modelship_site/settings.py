@@ -272,6 +272,10 @@ MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 # WebSocket pings (the Responses socket): one this often, and a client that does not answer
 # one within as long is closed. They keep a socket alive while a response waits for its slot.
 MSHIP_WS_PING_S = env_float("MSHIP_WS_PING_S", 15)
+# Engine families' own virtualenvs (deployments/engine_envs.py), and how long one install
+# may take (pip resolving and downloading torch can take minutes).
+MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", VAR_DIR / "engines")
+MSHIP_ENGINE_ENV_TIMEOUT_S = env_float("MSHIP_ENGINE_ENV_TIMEOUT_S", 1800)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)
 # A request for a stopped on-demand model waits at most this long (its start included), and

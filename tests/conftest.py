@@ -49,6 +49,8 @@ def site(settings: Any, tmp_path: Path) -> Any:
     settings.MSHIP_GPU_MEMORY_GIB = 8.0
     settings.MSHIP_STOP_GRACE_S = 2.0
     settings.MSHIP_START_TIMEOUT_S = 30.0
+    # Engine environments are made once and shared by every test and run (as `make run`'s).
+    settings.MSHIP_ENGINE_ENVS_DIR = REPO / "var" / "engines"
     return settings
 
 

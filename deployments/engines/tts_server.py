@@ -1,9 +1,11 @@
-"""Text to speech at OpenAI's /v1/audio/speech.
+"""Text to speech at OpenAI's /v1/audio/speech, on espeak-ng, Piper or Kokoro
+(deployments/engines/tts_backends.py), in OpenAI's formats (deployments/engines/audio_out.py),
+streamed as it is synthesised.
 
-Backends:
-- ``espeak``: the espeak-ng synthesiser (Debian's ``espeak-ng``); no model files at all.
-- ``kokoro``: Kokoro through ``kokoro-onnx``; ``--model`` is the .onnx file and the
-  ``voices`` option the voices file.
+Voices: OpenAI's names (`alloy`, `echo`, … and the newer `ash`, `ballad`, `coral`, `sage`,
+`verse`, `marin`, `cedar`) map to the backend's own voices through the deployment's
+`voice_map` over a default table (every name to the default voice where the backend has one
+voice); the backend's own names are accepted as they are. `{"id": name}` is a voice too.
 
 Run: ``python -m deployments.engines.tts_server --model espeak-ng --config '{"backend": "espeak"}'``
 """
@@ -11,103 +13,99 @@ Run: ``python -m deployments.engines.tts_server --model espeak-ng --config '{"ba
 from __future__ import annotations
 
 import asyncio
-import io
 import re
-import shutil
-import subprocess
-import wave
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from deployments.engines.common import (
-    engine_app,
-    error,
-    json_body,
-    run_engine,
-)
+from deployments.engines import audio_out
+from deployments.engines.common import engine_app, error, json_body, run_engine
+from deployments.engines.tts_backends import Backend, EspeakBackend, make_backend
 
-FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+# espeak-ng's variants for OpenAI's names: a spread of its English voices.
+ESPEAK_MAP = dict(
+    zip(
+        OPENAI_VOICES,
+        (
+            "en-us",
+            "en-us+m2",
+            "en-gb+m3",
+            "en-us+f2",
+            "en-us+m3",
+            "en-gb",
+            "en-us+m7",
+            "en-us+f3",
+            "en-us+f4",
+            "en-us+f1",
+            "en-us+m4",
+            "en-us+f5",
+            "en-us+m5",
+        ),
+        strict=True,
+    )
+)
 # A voice is a name (en, en-us, en+f3, af_heart), never a path or an option.
 VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+-]{0,63}")
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for one speech request
 
 
-class Backend(Protocol):
-    default_voice: str
+class Voices:
+    """What a request's voice names: OpenAI's names through the deployment's map, the
+    backend's own names as they are, restricted to `voices_allowed` where it is set."""
 
-    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        """16-bit mono PCM samples and their rate."""
-        ...
+    def __init__(self, backend: Backend, config: dict[str, Any]) -> None:
+        default = str(config.get("voice") or backend.voices[0])
+        table = ESPEAK_MAP if isinstance(backend, EspeakBackend) else {}
+        self.map = {name: table.get(name, default) for name in OPENAI_VOICES}
+        self.map.update({str(k): str(v) for k, v in (config.get("voice_map") or {}).items()})
+        self.map.update({name: name for name in backend.voices})
+        self.default = default
+        self.allowed = config.get("voices_allowed")
+        self.accepted = [v for v in self.map if not self.allowed or v in self.allowed]
+        # espeak-ng takes any of its many languages and variants (en+f3, fr, de+m2): a
+        # well-formed name goes to it, and it says whether it knows it.
+        self.open = isinstance(backend, EspeakBackend)
 
-
-class EspeakBackend:
-    default_voice = "en"
-
-    def __init__(self) -> None:
-        binary = shutil.which("espeak-ng")
-        if binary is None:
-            raise SystemExit("tts: espeak-ng is not installed (apt-get install espeak-ng)")
-        self.binary = binary
-
-    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        words_per_minute = str(int(175 * speed))
-        # The caller's text goes on stdin, never on the command line: as an argument, a text
-        # such as "-f/etc/shadow" is an option (speak that file).
-        done = subprocess.run(
-            [self.binary, "-v", voice, "-s", words_per_minute, "--stdout", "--stdin"],
-            input=text.encode(),
-            capture_output=True,
-            check=False,
-            timeout=120,
+    def resolve(self, asked: Any) -> str:
+        """The backend's voice for the request's; ValueError naming what is accepted."""
+        if isinstance(asked, dict):
+            asked = asked.get("id")
+        if asked is None:
+            return self.default
+        name = str(asked)
+        if name in self.accepted:
+            return self.map[name]
+        if self.open and VOICE_NAME.fullmatch(name) and not self.allowed:
+            return name
+        raise ValueError(
+            f"voice {name[:64]!r} is not offered here; voices: {', '.join(self.accepted)}."
         )
-        if done.returncode != 0 or not done.stdout:
-            raise ValueError(done.stderr.decode(errors="replace").strip() or "espeak-ng failed")
-        with wave.open(io.BytesIO(done.stdout)) as wav:
-            return wav.readframes(wav.getnframes()), wav.getframerate()
-
-
-class KokoroBackend:
-    default_voice = "af_heart"
-
-    def __init__(self, model: str, voices: str) -> None:
-        from kokoro_onnx import Kokoro  # noqa: PLC0415 - optional: only the Kokoro backend
-
-        self.kokoro = Kokoro(model, voices)
-
-    def synthesise(self, text: str, voice: str, speed: float) -> tuple[bytes, int]:
-        import numpy as np  # noqa: PLC0415 - only the Kokoro backend needs it
-
-        samples, rate = self.kokoro.create(text, voice=voice, speed=speed)
-        pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        return pcm, int(rate)
-
-
-def make_backend(model: str, config: dict[str, Any]) -> Backend:
-    backend = config.get("backend") or ("kokoro" if model.endswith(".onnx") else "espeak")
-    if backend == "espeak":
-        return EspeakBackend()
-    if backend == "kokoro":
-        return KokoroBackend(model, str(config.get("voices", "voices.bin")))
-    raise SystemExit(f"tts: unknown backend {backend!r} (espeak, kokoro)")
-
-
-def as_wav(pcm: bytes, rate: int) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(rate)
-        wav.writeframes(pcm)
-    return out.getvalue()
 
 
 def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) -> web.Application:
-    # One synthesis at a time: both backends are CPU-bound and not re-entrant.
+    # One synthesis at a time: the backends are CPU-bound and not re-entrant.
     lock = asyncio.Lock()
-    voices = config.get("voices_allowed")
+    voices = Voices(backend, config)
 
-    async def speech(request: web.Request) -> web.Response:
+    async def speech(request: web.Request) -> web.StreamResponse:
         body = await json_body(request)
         if isinstance(body, web.Response):
             return body
@@ -116,19 +114,18 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
             return error(400, "'input' must be a non-empty string.", "invalid_input")
         if len(text) > MAX_INPUT_CHARS:
             return error(400, f"'input' is over {MAX_INPUT_CHARS} characters.", "input_too_long")
-        fmt = body.get("response_format", "wav")
-        if fmt not in FORMATS:
-            supported = ", ".join(FORMATS)
+        fmt = body.get("response_format") or audio_out.default_format()
+        if fmt not in audio_out.formats():
+            supported = ", ".join(audio_out.formats())
             return error(
                 400,
-                f"response_format {fmt!r} is not supported ({supported}).",
+                f"response_format {fmt!r} is not supported here ({supported}).",
                 "unsupported_format",
             )
-        voice = str(body.get("voice") or config.get("voice") or backend.default_voice)
-        if not VOICE_NAME.fullmatch(voice):
-            return error(400, f"voice {voice[:64]!r} is not a voice name.", "invalid_voice")
-        if voices and voice not in voices:
-            return error(400, f"voice {voice!r} is not offered.", "invalid_voice")
+        try:
+            voice = voices.resolve(body.get("voice"))
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_voice")
         try:
             speed = float(body.get("speed", 1.0))
         except (TypeError, ValueError):
@@ -136,14 +133,34 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
         if not 0.25 <= speed <= 4.0:
             return error(400, "'speed' must be between 0.25 and 4.0.", "invalid_speed")
         async with lock:
+            chunks = in_thread(backend.stream(text, voice, speed))
             try:
-                pcm, rate = await asyncio.to_thread(backend.synthesise, text, voice, speed)
-            except ValueError as exc:
-                return error(400, str(exc), "synthesis_failed")
-        data = as_wav(pcm, rate) if fmt == "wav" else pcm
-        return web.Response(body=data, content_type=FORMATS[fmt])
+                first = await anext(chunks)  # a failure before any audio is a plain 400
+            except (ValueError, StopAsyncIteration) as exc:
+                return error(400, str(exc) or "nothing was synthesised", "synthesis_failed")
+            answer = web.StreamResponse(headers={"content-type": audio_out.CONTENT_TYPES[fmt]})
+            answer.enable_chunked_encoding()
+            await answer.prepare(request)
+            async for piece in audio_out.encoded(fmt, backend.rate, prepend(first, chunks)):
+                await answer.write(piece)
+            await answer.write_eof()
+            return answer
 
     return engine_app(served_names, [web.post("/v1/audio/speech", speech)])
+
+
+async def in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """A synthesiser's chunks, each made in a worker thread (the loop keeps serving)."""
+    done = object()
+    while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+        assert isinstance(chunk, bytes)
+        yield chunk
+
+
+async def prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 if __name__ == "__main__":

@@ -103,6 +103,11 @@ class Loader:
         """Container settings this engine wants unless the operator's docker block differs."""
         return {}
 
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        """The engine environment (deployments/engine_envs.py) its process runs on; None:
+        Modelship's own Python, or a program of its own."""
+        return None
+
     def env(self, spec: EngineSpec) -> dict[str, str]:
         """Extra environment for the engine."""
         return {}

