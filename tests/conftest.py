@@ -154,5 +154,6 @@ def env_for_subprocess(**extra: str) -> dict[str, str]:
         env["DATABASE_URL"] = (
             f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
+    env["MSHIP_ENGINE_ENVS_DIR"] = str(REPO / "var" / "engines")  # made once, shared
     env.update(extra)
     return env

@@ -41,11 +41,21 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         wait_until(lambda: httpx.get(base + "/readyz").status_code == 200, 60)
         token = (tmp_path / "var" / "admin_token").read_text().strip()
         assert (tmp_path / "var" / "admin_token").stat().st_mode & 0o77 == 0
-        listed = httpx.get(
-            base + "/api/deployments/", headers={"authorization": f"Token {token}"}
-        ).json()
-        names = {d["name"]: d["state"] for d in listed["results"]}
-        assert names == {"sim-chat": "ready", "tiny-embed": "ready", "tiny-chat": "planned"}
+
+        def states() -> dict[str, str]:
+            listed = httpx.get(
+                base + "/api/deployments/", headers={"authorization": f"Token {token}"}
+            ).json()
+            return {d["name"]: d["state"] for d in listed["results"]}
+
+        # The voice's first start may install its engine environment first.
+        wait_until(lambda: states().get("voice") not in ("planned", "starting"), 240)
+        assert states() == {
+            "sim-chat": "ready",
+            "tiny-embed": "ready",
+            "tiny-chat": "planned",
+            "voice": "ready",
+        }
         assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
         login = httpx.get(base + "/admin/login/")
         assert login.status_code == 200 and "Modelship" in login.text
@@ -61,6 +71,9 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         # The real model: embeddings from llama.cpp, always on.
         vectors = sdk.embeddings.create(model="tiny-embed", input=["a", "b"]).data
         assert len(vectors) == 2 and len(vectors[0].embedding) == 64
+        # The real voice, in OpenAI's default format (mp3).
+        speech = sdk.audio.speech.create(model="voice", voice="alloy", input="Hello.")
+        assert speech.response.headers["content-type"] == "audio/mpeg" and speech.content
         # The on-demand gateway's key was made for LiteLLM; this machine is no peer of it.
         key_file = tmp_path / "var" / "ondemand_key"
         assert key_file.read_text().startswith("odk-") and key_file.stat().st_mode & 0o77 == 0
