@@ -56,7 +56,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("rerank", frozenset({"embed"}), unversioned=True),
         Endpoint("score", frozenset({"embed"}), unversioned=True),
         Endpoint("audio/transcriptions", frozenset({"transcription"})),
-        Endpoint("audio/translations", frozenset({"translation"})),
+        Endpoint("audio/translations", frozenset({"transcription", "translation"})),
         Endpoint("audio/speech", frozenset({"tts"}), ondemand=False),
         Endpoint("images/generations", frozenset({"image"}), ondemand=False),
         Endpoint("images/edits", frozenset({"image"}), ondemand=False),

@@ -30,8 +30,12 @@ pytestmark = pytest.mark.usefixtures("engines")
 
 
 def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:
-    for name, flags in (("tiny", []), ("tiny-embed", ["--embedding"])):  # as `make run` does
-        out = str(REPO / f"var/models/{name}.gguf")
+    for name, flags in (
+        ("tiny.gguf", []),
+        ("tiny-embed.gguf", ["--embedding"]),
+        ("tiny-whisper.bin", ["--kind", "whisper"]),
+    ):  # as `make run` does
+        out = str(REPO / f"var/models/{name}")
         call_command("make_tiny_model", out, "--if-missing", *flags)
     port = free_port("127.0.0.1")
     serve = serve_process(site, tmp_path, port, "examples/models.yaml")
@@ -48,13 +52,17 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
             ).json()
             return {d["name"]: d["state"] for d in listed["results"]}
 
-        # The voice's first start may install its engine environment first.
-        wait_until(lambda: states().get("voice") not in ("planned", "starting"), 240)
+        # The voice's and the transcriber's first starts may install their environments.
+        wait_until(
+            lambda: all(states().get(n) not in ("planned", "starting") for n in ("voice", "ears")),
+            300,
+        )
         assert states() == {
             "sim-chat": "ready",
             "tiny-embed": "ready",
             "tiny-chat": "planned",
             "voice": "ready",
+            "ears": "ready",
         }
         assert reply_of(Deployment.objects.get(name="sim-chat").engine_url)
         login = httpx.get(base + "/admin/login/")
@@ -74,6 +82,11 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         # The real voice, in OpenAI's default format (mp3).
         speech = sdk.audio.speech.create(model="voice", voice="alloy", input="Hello.")
         assert speech.response.headers["content-type"] == "audio/mpeg" and speech.content
+        # Real transcription of it (of nonsense words: the model is tiny and random).
+        heard = sdk.audio.transcriptions.create(
+            model="whisper-1", file=("hello.mp3", speech.content)
+        )
+        assert isinstance(heard.text, str)
         # The on-demand gateway's key was made for LiteLLM; this machine is no peer of it.
         key_file = tmp_path / "var" / "ondemand_key"
         assert key_file.read_text().startswith("odk-") and key_file.stat().st_mode & 0o77 == 0

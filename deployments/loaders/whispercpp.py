@@ -1,22 +1,48 @@
-"""whisper.cpp's `whisper-server`, serving transcriptions at the OpenAI path."""
+"""whisper.cpp: its `whisper-server` program where one is given (`binary`,
+MSHIP_WHISPER_SERVER_BIN, on PATH, or in its image), else Modelship's own server on
+`pywhispercpp` (deployments/engines/whisper_server.py) in the whisper engine environment,
+which serves translations and every response format too."""
 
 from __future__ import annotations
 
-from deployments.loaders.base import EngineSpec, Loader, file_size_gib
+import os
+import shutil
+
+from deployments.engines.whisper_ggml import problems
+from deployments.loaders.base import EngineSpec, file_size_gib
+from deployments.loaders.shipped import ShippedEngineLoader
 
 
-class WhisperCppLoader(Loader):
+class WhisperCppLoader(ShippedEngineLoader):
     name = "whispercpp"
     config_key = "whispercpp_config"
     config_options = frozenset({"threads", "language", "binary", "extra_args"})
-    usecases = frozenset({"transcription"})
+    usecases = frozenset({"transcription", "translation"})
+    module = "deployments.engines.whisper_server"
     default_image = "ghcr.io/ggml-org/whisper.cpp:main"
     binary_name = "whisper-server"
     binary_env = "MSHIP_WHISPER_SERVER_BIN"
 
+    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
+        """whisper.cpp's own server, where there is one to run; None: Modelship's."""
+        if spec.config.get("binary"):
+            return str(spec.config["binary"])
+        if container:
+            return self.container_binary or self.binary_name  # the image's
+        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        found = super().validate(spec)
+        if self.program(spec) is None and os.path.isfile(spec.model):
+            found += [f"model: {issue}" for issue in problems(spec.model)[:5]]
+        return found
+
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        binary = self.program(spec, container)
+        if binary is None:
+            return super().argv(spec, host, port, container)
         cfg = spec.config
-        argv = [self.binary(spec, container), "-m", spec.model, "--host", host, "--port", str(port)]
+        argv = [binary, "-m", spec.model, "--host", host, "--port", str(port)]
         # Serve at the OpenAI path so the gateway forwards it unchanged.
         argv += ["--inference-path", "/v1/audio/transcriptions", "--convert"]
         if "threads" in cfg:
@@ -25,8 +51,16 @@ class WhisperCppLoader(Loader):
             argv += ["-l", str(cfg["language"])]
         return argv + list(cfg.get("extra_args", []))
 
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return "whisper" if self.program(spec) is None else None
+
+    def image(self, spec: EngineSpec) -> str:
+        return self.default_image  # a container runs the image's whisper-server
+
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
-        return ("audio/transcriptions",)
+        if self.program(spec) is not None:
+            return ("audio/transcriptions",)  # whisper-server's one path
+        return ("audio/transcriptions", "audio/translations")
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         size = file_size_gib(spec.model)
