@@ -44,6 +44,7 @@ class Route:
     idle_timeout_s: float = 600.0
     system: bool = False
     networks: tuple[str, ...] = ()  # the engines' Docker networks (subnets)
+    sees_images: bool = False  # its chat takes image parts
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class Snapshot:
 
 def route_of(d: Deployment) -> Route:
     loader = LOADERS.get(d.loader)
-    endpoints = loader.endpoints(EngineSpec.of(d)) if loader else ()
+    spec = EngineSpec.of(d)
+    endpoints = loader.endpoints(spec) if loader else ()
     handles = (d.runtime_handle or {}).get("replicas", [])
     return Route(
         deployment_id=d.pk,
@@ -91,6 +93,7 @@ def route_of(d: Deployment) -> Route:
         idle_timeout_s=float(d.effective_idle_timeout_s),
         system=d.system,
         networks=tuple(str(subnet) for h in handles for subnet in h.get("subnets", ())),
+        sees_images=loader.sees_images(spec) if loader else False,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GENERATE = frozenset({"generate"})
+AUDIO_IN = frozenset({"transcription", "translation"})
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("embeddings", frozenset({"embed"}), probe=True),
         Endpoint("rerank", frozenset({"embed"}), unversioned=True),
         Endpoint("score", frozenset({"embed"}), unversioned=True),
-        Endpoint("audio/transcriptions", frozenset({"transcription"})),
-        Endpoint("audio/translations", frozenset({"transcription", "translation"})),
+        # A Whisper deployment transcribes and translates, whichever it was declared for.
+        Endpoint("audio/transcriptions", AUDIO_IN),
+        Endpoint("audio/translations", AUDIO_IN),
         Endpoint("audio/speech", frozenset({"tts"}), ondemand=False),
         Endpoint("images/generations", frozenset({"image"}), ondemand=False),
         Endpoint("images/edits", frozenset({"image"}), ondemand=False),

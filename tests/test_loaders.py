@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
+from deployments import engine_envs
 from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.loaders.shipped import SimulatedLoader
 from deployments.models import Deployment
@@ -29,6 +30,7 @@ def test_it_knows_every_loader_the_design_names() -> None:
         "stable_diffusion_cpp",
         "whispercpp",
         "tts",
+        "custom",
         "simulated",
     }
 
@@ -133,8 +135,28 @@ def test_it_runs_llama_cpp_from_the_wheel_where_no_binary_is_installed(
     assert "-ngl" in llama.argv(spec(num_gpus=1), "h", "1")
 
 
-def test_it_builds_the_other_engines_command_lines() -> None:
-    whisper = get_loader("whispercpp").argv(spec(model="/w.bin", usecase="transcription"), "h", "1")
+def test_it_runs_whisper_cpps_server_where_there_is_one_and_its_own_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loader = get_loader("whispercpp")
+    tiny = spec(model="/w.bin", usecase="transcription")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("MSHIP_WHISPER_SERVER_BIN", raising=False)
+    own = loader.argv(tiny, "h", "1")
+    assert own[0] == engine_envs.python("whisper") and own[1:3] == [
+        "-m",
+        "deployments.engines.whisper_server",
+    ]
+    assert loader.engine_family(tiny) == "whisper"
+    assert loader.endpoints(tiny) == ("audio/transcriptions", "audio/translations")
+    # A container runs the image's whisper-server.
+    assert loader.argv(tiny, "h", "1", container=True)[0] == "whisper-server"
+    assert loader.image(tiny) == "ghcr.io/ggml-org/whisper.cpp:main"
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/whisper-server")
+    whisper = loader.argv(tiny, "h", "1")
+    assert loader.engine_family(tiny) is None
+    assert loader.endpoints(tiny) == ("audio/transcriptions",)
+    assert whisper[0] == "/usr/local/bin/whisper-server"
     assert whisper[1:] == [
         "-m",
         "/w.bin",
@@ -146,6 +168,9 @@ def test_it_builds_the_other_engines_command_lines() -> None:
         "/v1/audio/transcriptions",
         "--convert",
     ]
+
+
+def test_it_builds_the_other_engines_command_lines() -> None:
     sd = get_loader("stable_diffusion_cpp").argv(spec(model="/sd.gguf", usecase="image"), "h", "2")
     assert sd[1:] == ["-m", "/sd.gguf", "--listen-ip", "h", "--listen-port", "2"]
     sim = get_loader("simulated").argv(spec(config={"reply": "x"}), "h", "3")
@@ -170,7 +195,7 @@ def test_it_builds_the_other_engines_command_lines() -> None:
 
 def test_it_rejects_a_use_case_a_loader_does_not_serve() -> None:
     assert get_loader("whispercpp").validate(spec(usecase="generate")) == [
-        "usecase 'generate' is not served by whispercpp (transcription)"
+        "usecase 'generate' is not served by whispercpp (transcription, translation)"
     ]
 
 

@@ -42,6 +42,7 @@ class SimConfig:
     first_token_delay_s: float = 0.0
     # Every inference request is answered with this HTTP status (after the delay above).
     fail_status: int | None = None
+    vision: bool = False  # it stands in for a model that takes images (the loader says so)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:

@@ -101,6 +101,11 @@ class Voices:
 
 
 def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) -> web.Application:
+    return engine_app(served_names, speech_routes(backend, config))
+
+
+def speech_routes(backend: Backend, config: dict[str, Any]) -> list[web.RouteDef]:
+    """/v1/audio/speech on a backend (a plugin's too: deployments/engines/plugin_server.py)."""
     # One synthesis at a time: the backends are CPU-bound and not re-entrant.
     lock = asyncio.Lock()
     voices = Voices(backend, config)
@@ -146,7 +151,7 @@ def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) 
             await answer.write_eof()
             return answer
 
-    return engine_app(served_names, [web.post("/v1/audio/speech", speech)])
+    return [web.post("/v1/audio/speech", speech)]
 
 
 async def in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

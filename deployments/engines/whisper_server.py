@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import threading
 import wave
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -112,7 +112,22 @@ class Whisper:
         return str(language), segments
 
 
-def make_app(whisper: Whisper, served_names: list[str]) -> web.Application:
+class Transcriber(Protocol):
+    languages: set[str]
+
+    def run(
+        self, audio: np.ndarray, task: str, options: dict[str, Any], gone: threading.Event
+    ) -> tuple[str, list[Segment]]:
+        """The language heard (or asked) and the segments, for "transcribe" or "translate"."""
+        ...
+
+
+def make_app(whisper: Transcriber, served_names: list[str]) -> web.Application:
+    return engine_app(served_names, transcription_routes(whisper), client_max_size=64 * 2**20)
+
+
+def transcription_routes(whisper: Transcriber) -> list[web.RouteDef]:
+    """/v1/audio/transcriptions and /translations on a transcriber (a plugin's too)."""
     lock = asyncio.Lock()
 
     def handler(task: str) -> Any:
@@ -146,14 +161,10 @@ def make_app(whisper: Whisper, served_names: list[str]) -> web.Application:
 
         return handle
 
-    return engine_app(
-        served_names,
-        [
-            web.post("/v1/audio/transcriptions", handler("transcribe")),
-            web.post("/v1/audio/translations", handler("translate")),
-        ],
-        client_max_size=64 * 2**20,
-    )
+    return [
+        web.post("/v1/audio/transcriptions", handler("transcribe")),
+        web.post("/v1/audio/translations", handler("translate")),
+    ]
 
 
 def checked(form: Any, languages: set[str], task: str) -> dict[str, Any]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from deployments.loaders.base import EngineSpec, Loader
 from deployments.loaders.llama_server import LlamaServerLoader
-from deployments.loaders.shipped import DiffusersLoader, SimulatedLoader, TtsLoader
+from deployments.loaders.shipped import (
+    CustomLoader,
+    DiffusersLoader,
+    SimulatedLoader,
+    TtsLoader,
+)
 from deployments.loaders.stable_diffusion_cpp import StableDiffusionCppLoader
 from deployments.loaders.vllm import VllmLoader
 from deployments.loaders.whispercpp import WhisperCppLoader
@@ -18,6 +23,7 @@ LOADERS: dict[str, Loader] = {
         StableDiffusionCppLoader(),
         WhisperCppLoader(),
         TtsLoader(),
+        CustomLoader(),
         SimulatedLoader(),
     )
 }

@@ -103,6 +103,11 @@ class Loader:
         """Container settings this engine wants unless the operator's docker block differs."""
         return {}
 
+    def sees_images(self, spec: EngineSpec) -> bool:
+        """Whether its chat takes image parts (a Responses `input_image` is refused with a
+        400 naming the part where it does not)."""
+        return False
+
     def engine_family(self, spec: EngineSpec) -> str | None:
         """The engine environment (deployments/engine_envs.py) its process runs on; None:
         Modelship's own Python, or a program of its own."""

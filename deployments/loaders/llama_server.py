@@ -23,7 +23,16 @@ class LlamaServerLoader(Loader):
     name = "llama_server"
     config_key = "llama_server_config"
     config_options = frozenset(
-        {"n_ctx", "n_gpu_layers", "parallel", "pooling", "threads", "binary", "extra_args"}
+        {
+            "n_ctx",
+            "n_gpu_layers",
+            "parallel",
+            "pooling",
+            "threads",
+            "binary",
+            "extra_args",
+            "mmproj",
+        }
     )
     usecases = frozenset({"generate", "embed"})
     running_gauge = "llamacpp:requests_processing"
@@ -57,6 +66,8 @@ class LlamaServerLoader(Loader):
             argv += ["--parallel", str(cfg["parallel"])]
         if "threads" in cfg:
             argv += ["--threads", str(cfg["threads"])]
+        if "mmproj" in cfg:  # the vision projector: the model then takes images
+            argv += ["--mmproj", str(cfg["mmproj"])]
         if spec.usecase == "embed":
             argv += ["--embedding", "--pooling", str(cfg.get("pooling", "mean"))]
         return argv + list(cfg.get("extra_args", []))
@@ -74,6 +85,9 @@ class LlamaServerLoader(Loader):
         if spec.config.get("binary") == LAUNCHER:
             return str(settings.MSHIP_ENGINE_IMAGE)
         return self.default_image
+
+    def sees_images(self, spec: EngineSpec) -> bool:
+        return "mmproj" in spec.config
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         if spec.usecase == "embed":

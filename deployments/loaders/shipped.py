@@ -58,6 +58,7 @@ class SimulatedLoader(ShippedEngineLoader):
             "embedding_dim",
             "allocate_mib",
             "first_token_delay_s",
+            "vision",
         }
     )
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
@@ -73,6 +74,9 @@ class SimulatedLoader(ShippedEngineLoader):
             "transcription": ("audio/transcriptions",),
             "translation": ("audio/translations",),
         }.get(spec.usecase, ())
+
+    def sees_images(self, spec: EngineSpec) -> bool:
+        return bool(spec.config.get("vision"))
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         claim = spec.config.get("memory_claim_gib")
@@ -116,3 +120,39 @@ class TtsLoader(ShippedEngineLoader):
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("audio/speech",)
+
+
+class CustomLoader(ShippedEngineLoader):
+    """A plugin (deployments/engines/plugin_api.py) served by Modelship's plugin server, in
+    the plugin's own engine environment."""
+
+    name = "custom"
+    config_key = "custom_config"
+    module = "deployments.engines.plugin_server"
+    config_options = frozenset({"plugin", "options", "voice", "voice_map", "voices_allowed"})
+    usecases = frozenset({"tts", "transcription", "translation", "embed"})
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        problems = super().validate(spec)
+        plugin = spec.config.get("plugin")
+        if not isinstance(plugin, str) or not plugin:
+            problems.append(f"{self.config_key}: 'plugin' names the plugin (plugins/ or a package)")
+        else:
+            try:
+                engine_envs.plugin_family(plugin)
+            except engine_envs.EnvFailed as exc:
+                problems.append(f"{self.config_key}: {exc}")
+        if not isinstance(spec.config.get("options", {}), dict):
+            problems.append(f"{self.config_key}: 'options' is a mapping, given to the plugin")
+        return problems
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return engine_envs.plugin_family(str(spec.config.get("plugin", "")))
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        return {
+            "tts": ("audio/speech",),
+            "transcription": ("audio/transcriptions", "audio/translations"),
+            "translation": ("audio/transcriptions", "audio/translations"),
+            "embed": ("embeddings",),
+        }.get(spec.usecase, ())

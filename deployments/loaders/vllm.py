@@ -49,6 +49,9 @@ class VllmLoader(Loader):
     def can_sleep(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("enable_sleep_mode"))
 
+    def sees_images(self, spec: EngineSpec) -> bool:
+        return True  # vLLM answers for its model: a text-only one refuses image parts itself
+
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return {
             "generate": (

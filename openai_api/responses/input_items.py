@@ -8,6 +8,8 @@ from typing import Any
 
 from openai_api.responses.fields import bad, new_id
 
+IMAGE_URLS = ("http://", "https://", "data:image/")
+
 
 def check_tool_outputs(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
     """Each function_call_output answers a function call of the conversation (earlier
@@ -50,6 +52,9 @@ def input_items(value: Any) -> list[dict[str, Any]]:
                     f"input[{index}].content must be text or a list of typed parts.",
                     f"input[{index}].content",
                 )
+            else:
+                for number, part in enumerate(content):
+                    check_part(part, f"input[{index}].content[{number}]")
             item.setdefault("id", new_id("msg"))
             item.setdefault("status", "completed")
         elif kind == "function_call":
@@ -94,3 +99,38 @@ def input_items(value: Any) -> list[dict[str, Any]]:
             raise bad(f"input[{index}] has an unknown type {kind!r}.", f"input[{index}].type")
         items.append(item)
     return items
+
+
+def check_part(part: dict[str, Any], param: str) -> None:
+    """An image or a file part carries its data itself (a URL or a data URL for an image,
+    a data URL for a file): there is no file store here for an id to name."""
+    kind = part["type"]
+    if kind == "input_image":
+        url = part.get("image_url")
+        if part.get("file_id") or not isinstance(url, str) or not url.startswith(IMAGE_URLS):
+            raise bad(
+                "An input_image needs image_url: an http(s) URL or a data: URL (file ids are"
+                " not available here).",
+                param,
+            )
+        if part.get("detail", "auto") not in ("auto", "low", "high"):
+            raise bad("'detail' is auto, low or high.", f"{param}.detail")
+    elif kind == "input_file":
+        data = part.get("file_data")
+        if part.get("file_id") or part.get("file_url") or not isinstance(data, str) or not data:
+            raise bad(
+                "An input_file needs file_data (a data: URL, with a filename); file ids and"
+                " file URLs are not available here.",
+                param,
+            )
+
+
+def image_parts(items: list[dict[str, Any]]) -> list[str]:
+    """Where the items hold images, as the params that name them."""
+    return [
+        f"input[{index}].content[{number}]"
+        for index, item in enumerate(items)
+        if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
+        for number, part in enumerate(item["content"])
+        if isinstance(part, dict) and part.get("type") == "input_image"
+    ]

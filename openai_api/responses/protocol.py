@@ -243,6 +243,25 @@ def text_of(content: list[dict[str, Any]]) -> str:
     )
 
 
+def chat_content(content: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's parts for a chat engine: its text as a string where that is all it has,
+    else chat parts (text, image_url, file) in their order."""
+    if not any(part.get("type") in ("input_image", "input_file") for part in content):
+        return text_of(content)
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "input_image":
+            image = {"url": part["image_url"], "detail": part.get("detail", "auto")}
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_file":
+            file = {"file_data": part["file_data"], "filename": part.get("filename", "file")}
+            parts.append({"type": "file", "file": file})
+    return parts
+
+
 def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages for a conversation's items (earlier turns' outputs included)."""
     out: list[dict[str, Any]] = []
@@ -252,7 +271,7 @@ def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": text_of(item.get("content") or [])})
+            out.append({"role": role, "content": chat_content(item.get("content") or [])})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

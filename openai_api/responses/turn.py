@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from openai_api.dispatch import dispatcher
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol, store
-from openai_api.responses.fields import new_id
+from openai_api.responses.fields import bad, new_id
+from openai_api.responses.input_items import image_parts
 from openai_api.responses.translator import StreamTranslator
 
 if TYPE_CHECKING:
@@ -49,7 +50,14 @@ async def prepare(
     dispatcher.check_servable(route)
     if request.store or request.conversation:
         await store.run(store.check_quota, identity, request.background)
+    if not route.sees_images and (images := image_parts(request.input_items)):
+        raise bad(f"The model {route.name!r} does not take images ({images[0]} is one).", images[0])
     history = await store.earlier_items(identity, request, known)
+    if not route.sees_images and image_parts(history):
+        earlier = "conversation" if request.conversation else "previous_response_id"
+        raise bad(
+            f"The model {route.name!r} does not take images; earlier turns hold some.", earlier
+        )
     response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
     if request.uses_mcp:
         await mcp_loop.check(request, history)

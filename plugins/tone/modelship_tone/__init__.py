@@ -1,0 +1,47 @@
+"""An example Modelship plugin (see plugins/README.md): text to speech as a tone per word (its
+pitch from the word's letters, its length from the word's), and embeddings of character
+trigrams. Dependencies of its own (numpy), installed into its own engine environment."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from deployments.engines.plugin_api import BasePlugin
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+class TonePlugin(BasePlugin):
+    sample_rate = 16000
+    voices = ("low", "high")
+
+    def __init__(self, model: str, options: dict[str, Any]) -> None:
+        super().__init__(model, options)
+        self.dimensions = int(options.get("dimensions", 32))
+        if not 2 <= self.dimensions <= 4096:
+            raise SystemExit("tone: 'dimensions' is 2 to 4096")
+
+    def create_speech(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
+        base = 220.0 if voice == "low" else 440.0
+        for word in text.split():
+            seconds = (0.08 + 0.04 * len(word)) / speed
+            t = np.arange(int(seconds * self.sample_rate)) / self.sample_rate
+            pitch = base * (1 + (sum(map(ord, word)) % 12) / 12)
+            wave = 0.3 * np.sin(2 * np.pi * pitch * t)
+            yield (wave * 32767).astype("<i2").tobytes()
+
+    def create_embedding(self, texts: list[str]) -> list[list[float]]:
+        vectors = []
+        for text in texts:
+            vector = np.zeros(self.dimensions)
+            padded = f"  {text.lower()} "
+            for i in range(len(padded) - 2):
+                digest = hashlib.sha256(padded[i : i + 3].encode()).digest()
+                vector[int.from_bytes(digest[:4], "little") % self.dimensions] += 1.0
+            norm = float(np.linalg.norm(vector)) or 1.0
+            vectors.append([float(x) / norm for x in vector])
+        return vectors
