@@ -189,7 +189,10 @@ def test_it_builds_the_other_engines_command_lines() -> None:
         "--config",
         '{"reply": "x"}',
     ]
-    assert get_loader("diffusers").endpoints(spec(usecase="image")) == ("images/generations",)
+    assert get_loader("diffusers").endpoints(spec(usecase="image")) == (
+        "images/generations",
+        "images/edits",
+    )
     assert get_loader("tts").endpoints(spec(usecase="tts")) == ("audio/speech",)
 
 

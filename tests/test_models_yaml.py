@@ -11,8 +11,8 @@ import yaml
 from django.core.management import CommandError, call_command
 
 from deployments.models import AuditEntry, Deployment, State
-from deployments.models_yaml import ModelsFileError, parse
-from tests.conftest import in_thread, pid_alive, reply_of
+from deployments.models_yaml import ModelsFileError, load, parse
+from tests.conftest import REPO, in_thread, pid_alive, reply_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -204,3 +204,9 @@ def test_it_refuses_a_name_a_deployment_outside_the_file_serves(tmp_path: Path) 
         write(tmp_path, [simulated("second", aliases=["shared"])], "second.yaml"), reconcile=True
     )
     assert list(Deployment.objects.values_list("name", flat=True)) == ["second"]
+
+
+def test_it_takes_both_example_files() -> None:
+    for name in ("models.yaml", "models.full.yaml"):
+        declared = load(REPO / "examples" / name)
+        assert {"tiny-chat", "voice", "ears"} <= {d["name"] for d in declared}, name

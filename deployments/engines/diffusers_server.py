@@ -1,11 +1,15 @@
-"""Image generation with Hugging Face diffusers at OpenAI's /v1/images/generations.
+"""Images with Hugging Face diffusers at OpenAI's /v1/images/generations and
+/v1/images/edits, in the diffusers engine environment.
 
-Needs the optional extra (``pip install 'modelship[diffusers]'``) and a model the host
-already has (a local folder, or an id in the Hugging Face cache: nothing is downloaded when
-``HF_HUB_OFFLINE=1``). The pipeline loads before the port opens, so the engine is healthy
-only once it can generate.
+The pipeline (`AutoPipelineForText2Image`, a model folder on this host: nothing is
+downloaded) loads before the port opens, in float32 on a CPU and float16 on CUDA unless
+`torch_dtype` says otherwise. Edits run the same weights as image-to-image, or inpainting
+where a mask is given. One image request at a time, the others queued in order; a client
+that leaves stops its pipeline at the next step. `response_format: url` is answered with a
+data URL (there is no file host). /metrics counts steps, requests and cancellations, and
+shows the requests running and waiting (the on-demand reaper's load signal).
 
-Run: ``python -m deployments.engines.diffusers_server --model /models/sd-turbo``
+Run: ``python -m deployments.engines.diffusers_server --model var/models/tiny-sd``
 """
 
 from __future__ import annotations
@@ -13,83 +17,262 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from deployments.engines.common import (
-    engine_app,
-    error,
-    json_body,
-    run_engine,
-)
+from deployments.engines.common import engine_app, error, json_body, run_engine
 
 MAX_IMAGES = 4
+log = logging.getLogger("diffusers-engine")
+FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 
 
-def load_pipeline(model: str, config: dict[str, Any]) -> Any:
-    import torch  # noqa: PLC0415 - heavy, and only in the diffusers engine's environment
-    from diffusers import AutoPipelineForText2Image  # noqa: PLC0415 - as torch
-
-    dtype = getattr(torch, str(config.get("torch_dtype", "float16")))
-    device = config.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    pipeline = AutoPipelineForText2Image.from_pretrained(model, torch_dtype=dtype)
-    return pipeline.to(device)
+class Cancelled(Exception):
+    """The client left: the pipeline stops at its next step."""
 
 
-def parse_size(size: str) -> tuple[int, int]:
+@dataclass
+class Counters:
+    steps: int = 0
+    requests: int = 0
+    cancelled: int = 0
+    running: int = 0
+    waiting: int = 0
+
+    def text(self) -> str:
+        prefix = "modelship_image_"
+        return "".join(
+            f"# TYPE {prefix}{name} {kind}\n{prefix}{name} {value}\n"
+            for name, kind, value in (
+                ("steps_total", "counter", self.steps),
+                ("requests_total", "counter", self.requests),
+                ("cancelled_total", "counter", self.cancelled),
+                ("requests_running", "gauge", self.running),
+                ("requests_waiting", "gauge", self.waiting),
+            )
+        )
+
+
+class Pipelines:
+    """The text-to-image pipeline and, sharing its weights, image-to-image and inpainting."""
+
+    def __init__(self, model: str, config: dict[str, Any]) -> None:
+        import torch  # noqa: PLC0415 - the diffusers environment's
+        from diffusers import (  # noqa: PLC0415 - as torch
+            AutoPipelineForImage2Image,
+            AutoPipelineForInpainting,
+            AutoPipelineForText2Image,
+        )
+
+        self.torch = torch
+        device = config.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        default_dtype = "float16" if device.startswith("cuda") else "float32"
+        dtype = getattr(torch, str(config.get("torch_dtype") or default_dtype))
+        try:
+            text = AutoPipelineForText2Image.from_pretrained(model, torch_dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"diffusers: {model} is not a pipeline here: {exc}") from exc
+        self.text = text.to(device)
+        self.text.set_progress_bar_config(disable=True)
+        self.image = AutoPipelineForImage2Image.from_pipe(self.text)
+        self.inpaint = AutoPipelineForInpainting.from_pipe(self.text)
+        for pipeline in (self.image, self.inpaint):
+            pipeline.set_progress_bar_config(disable=True)
+        self.device = device
+        scale = getattr(self.text, "vae_scale_factor", 8)
+        self.default_size = int(self.text.unet.config.sample_size) * int(scale)
+        self.steps = int(config.get("num_inference_steps", 4))
+        self.guidance = float(config.get("guidance_scale", 0.0))
+
+    def run(self, job: Job, counters: Counters, gone: threading.Event) -> list[Any]:
+        def on_step(pipe: Any, step: int, timestep: Any, kwargs: dict[str, Any]) -> Any:
+            counters.steps += 1
+            if gone.is_set():
+                raise Cancelled
+            return kwargs
+
+        generator = None
+        if job.seed is not None:
+            generator = self.torch.Generator(device="cpu").manual_seed(job.seed)
+        options: dict[str, Any] = {
+            "prompt": job.prompt,
+            "num_images_per_prompt": job.n,
+            "num_inference_steps": self.steps,
+            "guidance_scale": self.guidance,
+            "generator": generator,
+            "callback_on_step_end": on_step,
+        }
+        if job.source is None:
+            result = self.text(width=job.width, height=job.height, **options)
+        elif job.mask is None:
+            source = job.source.resize((job.width, job.height))
+            # Image to image runs strength x steps: all of them, as a text-to-image would.
+            result = self.image(image=source, strength=1.0, **options)
+        else:
+            size = (job.width, job.height)
+            result = self.inpaint(
+                image=job.source.resize(size),
+                mask_image=job.mask.resize(size),
+                width=job.width,
+                height=job.height,
+                strength=1.0,
+                **options,
+            )
+        return list(result.images)
+
+
+@dataclass
+class Job:
+    prompt: str
+    n: int
+    width: int
+    height: int
+    response_format: str
+    output_format: str
+    seed: int | None
+    source: Any = None  # a PIL image for an edit
+    mask: Any = None
+
+
+def parse_size(size: str, default: int) -> tuple[int, int]:
+    if size in ("", "auto"):
+        return default, default
     width, _, height = size.partition("x")
     w, h = int(width), int(height)
-    if not (64 <= w <= 4096 and 64 <= h <= 4096) or w % 8 or h % 8:
+    if not (64 <= w <= 2048 and 64 <= h <= 2048) or w % 8 or h % 8:
         raise ValueError
     return w, h
 
 
-def make_app(pipeline: Any, served_names: list[str], config: dict[str, Any]) -> web.Application:
-    lock = asyncio.Lock()  # one generation at a time on the device
+def job_of(fields: dict[str, Any], default_size: int) -> Job:
+    """A request's fields, checked; ValueError names what is wrong and what is taken."""
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("'prompt' must be a non-empty string.")
+    response_format = fields.get("response_format") or "b64_json"
+    if response_format not in ("b64_json", "url"):
+        raise ValueError("response_format is b64_json or url (a data URL).")
+    output_format = fields.get("output_format") or "png"
+    if output_format not in FORMATS:
+        raise ValueError(f"output_format is one of {', '.join(FORMATS)}.")
+    try:
+        n = int(fields.get("n") or 1)
+        seed = None if fields.get("seed") in (None, "") else int(fields["seed"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError("'n' and 'seed' are integers.") from exc
+    if not 1 <= n <= MAX_IMAGES:
+        raise ValueError(f"'n' must be from 1 to {MAX_IMAGES}.")
+    try:
+        width, height = parse_size(str(fields.get("size") or "auto"), default_size)
+    except ValueError as exc:
+        raise ValueError(
+            "'size' is auto or WIDTHxHEIGHT, 64 to 2048 and multiples of 8 (e.g. 512x512)."
+        ) from exc
+    return Job(prompt, n, width, height, response_format, output_format, seed)
+
+
+def picture(data: bytes, what: str) -> Any:
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - the environment's
+
+    try:
+        return Image.open(io.BytesIO(data)).convert("RGB")
+    except UnidentifiedImageError as exc:
+        raise ValueError(f"the {what} is not an image (PNG, JPEG, WebP, …).") from exc
+    except OSError as exc:
+        raise ValueError(f"the {what} could not be read: {exc}") from exc
+
+
+def make_app(pipelines: Pipelines, served_names: list[str]) -> web.Application:
+    lock = asyncio.Lock()  # one request at a time on the device; the rest wait in order
+    counters = Counters()
+
+    async def answer(job: Job) -> web.Response:
+        gone = threading.Event()
+        counters.waiting += 1
+        try:
+            async with lock:
+                counters.waiting -= 1
+                counters.running += 1
+                try:
+                    images = await asyncio.to_thread(pipelines.run, job, counters, gone)
+                except asyncio.CancelledError:
+                    gone.set()  # the client left: the pipeline stops at its next step
+                    counters.cancelled += 1
+                    raise
+                except Exception as exc:  # diffusers' and torch's own words, whatever they raise
+                    log.exception("the pipeline failed")
+                    return error(500, f"The pipeline failed: {exc}", "engine_error", "server_error")
+                finally:
+                    counters.running -= 1
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                counters.waiting -= 1  # left while waiting its turn
+            raise
+        counters.requests += 1
+        data = []
+        for image in images:
+            out = io.BytesIO()
+            image.save(out, format=FORMATS[job.output_format])
+            encoded = base64.b64encode(out.getvalue()).decode()
+            if job.response_format == "url":
+                data.append({"url": f"data:image/{job.output_format};base64,{encoded}"})
+            else:
+                data.append({"b64_json": encoded})
+        return web.json_response({"created": int(time.time()), "data": data})
 
     async def generations(request: web.Request) -> web.Response:
         body = await json_body(request)
         if isinstance(body, web.Response):
             return body
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            return error(400, "'prompt' must be a non-empty string.", "invalid_prompt")
-        if body.get("response_format", "b64_json") != "b64_json":
-            return error(400, "Only response_format 'b64_json' is served.", "unsupported_format")
-        n = body.get("n", 1)
-        if not isinstance(n, int) or not 1 <= n <= MAX_IMAGES:
-            return error(400, f"'n' must be from 1 to {MAX_IMAGES}.", "invalid_n")
         try:
-            width, height = parse_size(str(body.get("size", "512x512")))
+            job = job_of(body, pipelines.default_size)
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_request")
+        return await answer(job)
+
+    async def edits(request: web.Request) -> web.Response:
+        try:
+            form = await request.post()
         except ValueError:
-            return error(400, "'size' must be WIDTHxHEIGHT, multiples of 8.", "invalid_size")
-        options = {
-            "num_inference_steps": int(config.get("num_inference_steps", 4)),
-            "guidance_scale": float(config.get("guidance_scale", 0.0)),
-        }
+            return error(400, "The body must be multipart/form-data.", "invalid_request")
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        upload = form.get("image") or form.get("image[]")
+        if not isinstance(upload, web.FileField):
+            return error(400, "'image' (the picture to edit) is required.", "missing_image")
+        mask = form.get("mask")
+        try:
+            source = picture(upload.file.read(), "image")
+            width, height = source.size
+            default = max(64, min(2048, (min(width, height) // 8) * 8))
+            job = job_of(fields, default)
+            job.source = source
+            if isinstance(mask, web.FileField):
+                job.mask = picture(mask.file.read(), "mask").convert("L")
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_request")
+        return await answer(job)
 
-        def generate() -> list[Any]:
-            result = pipeline(
-                prompt, num_images_per_prompt=n, width=width, height=height, **options
-            )
-            return list(result.images)
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=counters.text(), content_type="text/plain")
 
-        async with lock:
-            images = await asyncio.to_thread(generate)
-        data = []
-        for image in images:
-            out = io.BytesIO()
-            image.save(out, format="PNG")
-            data.append({"b64_json": base64.b64encode(out.getvalue()).decode()})
-        return web.json_response({"created": int(time.time()), "data": data})
-
-    return engine_app(served_names, [web.post("/v1/images/generations", generations)])
+    return engine_app(
+        served_names,
+        [
+            web.post("/v1/images/generations", generations),
+            web.post("/v1/images/edits", edits),
+            web.get("/metrics", metrics),
+        ],
+        client_max_size=64 * 2**20,
+    )
 
 
 if __name__ == "__main__":
     run_engine(
         "diffusers-engine",
-        lambda model, config, names: make_app(load_pipeline(model, config), names, config),
+        lambda model, config, names: make_app(Pipelines(model, config), names),
     )

@@ -89,9 +89,21 @@ class DiffusersLoader(ShippedEngineLoader):
     module = "deployments.engines.diffusers_server"
     config_options = frozenset({"torch_dtype", "device", "num_inference_steps", "guidance_scale"})
     usecases = frozenset({"image"})
+    running_gauge = "modelship_image_requests_running"
+    waiting_gauge = "modelship_image_requests_waiting"
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        problems = super().validate(spec)
+        steps = spec.config.get("num_inference_steps", 4)
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 999:
+            problems.append(f"{self.config_key}: num_inference_steps is 1 to 999")
+        return problems
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return "diffusers"
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
-        return ("images/generations",)
+        return ("images/generations", "images/edits")
 
 
 class TtsLoader(ShippedEngineLoader):

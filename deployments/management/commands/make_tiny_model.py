@@ -1,18 +1,24 @@
-"""manage.py make_tiny_model OUT [--kind chat|embedding|whisper] [--seed N]: a tiny model
-made here, with no download: a llama GGUF for llama.cpp (deployments/tiny_model.py) or a
-ggml Whisper for whisper.cpp (deployments/engines/whisper_ggml.py)."""
+"""manage.py make_tiny_model OUT [--kind chat|embedding|whisper|image] [--seed N]: a tiny
+model made here, with no download: a llama GGUF for llama.cpp (deployments/tiny_model.py), a
+ggml Whisper for whisper.cpp (deployments/engines/whisper_ggml.py), or a Stable Diffusion
+folder for diffusers (deployments/engines/tiny_diffusers.py, built in the diffusers engine
+environment, which is installed first where it is not)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from deployments import engine_envs
 from deployments.engines import whisper_ggml
 from deployments.tiny_model import write
 
-KINDS = ("chat", "embedding", "whisper")
+KINDS = ("chat", "embedding", "whisper", "image")
 
 
 class Command(BaseCommand):
@@ -35,6 +41,21 @@ class Command(BaseCommand):
         out.parent.mkdir(parents=True, exist_ok=True)
         if kind == "whisper":
             whisper_ggml.write_tiny(out, seed=options["seed"])
+        elif kind == "image":
+            self.build_image(out, options["seed"])
         else:
             write(out, seed=options["seed"], embedding=kind == "embedding")
-        self.stdout.write(f"wrote a tiny {kind} model: {out} ({out.stat().st_size} bytes)")
+        size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
+        size = size or out.stat().st_size
+        self.stdout.write(f"wrote a tiny {kind} model: {out} ({size} bytes)")
+
+    def build_image(self, out: Path, seed: int) -> None:
+        try:
+            python = engine_envs.ensure("diffusers", lambda line: self.stdout.write(line))
+        except engine_envs.EnvFailed as exc:
+            raise CommandError(str(exc)) from exc
+        argv = [python, "-m", "deployments.engines.tiny_diffusers", str(out), "--seed", str(seed)]
+        env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise CommandError(f"the tiny image model could not be built:\n{done.stderr[-2000:]}")
