@@ -159,17 +159,6 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
     """Launch a deployment that is already marked starting and wait for its health."""
     try:
         prepare_engine_env(deployment)
-    except engine_envs.EnvFailed as exc:
-        transition(
-            deployment,
-            State.FAILED,
-            expected=[State.STARTING],
-            reason=str(exc),
-            actor=actor,
-            drop_switch=True,
-        )
-        return deployment
-    try:
         handles = launch_all(deployment)
     except EngineUnreachable as exc:
         # Nothing is known to have started: the deployment goes back to how it was, and a
@@ -183,8 +172,9 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
             drop_switch=True,
         )
         raise
-    except RuntimeError_ as exc:
-        # The container engine refused the launch: the switch is dropped, not applied.
+    except (RuntimeError_, engine_envs.EnvFailed) as exc:
+        # The container engine refused the launch, or the engine's environment could not be
+        # installed: the switch is dropped, not applied.
         transition(
             deployment,
             State.FAILED,

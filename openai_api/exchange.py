@@ -28,6 +28,22 @@ class ClientGone(Exception):
     pass
 
 
+def cors_allowed(origin: str) -> bool:
+    """Whether a browser page of this origin may call the gateway (MSHIP_CORS_ORIGINS)."""
+    allowed = settings.MSHIP_CORS_ORIGINS
+    return "*" in allowed or origin in allowed
+
+
+def json_headers(body: bytes, request_id: str, extra: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The headers of a JSON answer (an HTTP one, or a refused WebSocket handshake's)."""
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+        *[(k.encode(), v.encode()) for k, v in extra.items()],
+    ]
+
+
 class Exchange:
     """One request's plumbing: its headers, its id, and whether its answer has started."""
 
@@ -48,8 +64,7 @@ class Exchange:
         # Responses API ends with response.failed); None: the plain SSE error event.
         self.on_failure: Callable[[str], Awaitable[None]] | None = None
         origin = self.headers.get("origin")
-        allowed = settings.MSHIP_CORS_ORIGINS
-        self.cors_origin = origin if origin and ("*" in allowed or origin in allowed) else None
+        self.cors_origin = origin if origin and cors_allowed(origin) else None
 
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -79,12 +94,7 @@ class Exchange:
         return has_body and not self.body_read
 
     async def json(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", self.request_id.encode()),
-            *[(k.encode(), v.encode()) for k, v in (extra or {}).items()],
-        ]
+        headers = json_headers(body, self.request_id, extra or {})
         if self.has_unread_body:
             # Refused before its body was read (or read whole): the connection closes rather
             # than take in the rest of an upload nobody will use.

@@ -28,15 +28,14 @@ import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-
 from common.request_id import make_request_id
 from openai_api.auth import authenticate, last_used, rate_limiter
 from openai_api.catalog import catalog
 from openai_api.errors import TYPES, GatewayError
+from openai_api.exchange import cors_allowed, json_headers
 from openai_api.gateway import check_response_scope, responses_route
 from openai_api.responses.fields import bad
-from openai_api.responses.foreground import run
+from openai_api.responses.foreground import Opening, run
 from openai_api.responses.turn import Turn, prepare
 
 if TYPE_CHECKING:
@@ -83,8 +82,7 @@ def check_handshake(scope: Scope, headers: dict[str, str]) -> None:
     if scope["path"].rstrip("/") != PATH:
         raise GatewayError(404, f"Unknown WebSocket path {scope['path']}.", "not_found")
     origin = headers.get("origin")
-    allowed = settings.MSHIP_CORS_ORIGINS
-    if origin and "*" not in allowed and origin not in allowed:
+    if origin and not cors_allowed(origin):
         raise GatewayError(403, "Cross-origin WebSockets are not allowed here.", "cors_forbidden")
 
 
@@ -95,12 +93,7 @@ async def deny(scope: Scope, send: Send, exc: GatewayError, request_id: str) -> 
         await send({"type": "websocket.close", "code": 1008})
         return
     body = exc.body()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()),
-        *[(k.encode(), v.encode()) for k, v in exc.headers.items()],
-    ]
+    headers = json_headers(body, request_id, exc.headers)
     await send({"type": "websocket.http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})
 
@@ -244,15 +237,11 @@ class SocketOut:
         self.socket = socket
         self.lane = lane
         self.opened = False
-        self.pending: list[Event] = []
+        self.opening = Opening()
 
     async def emit(self, events: list[Event]) -> None:
-        if not events:
+        if not (events := self.opening.release(events)):
             return
-        if events[0]["type"] == "response.created":
-            self.pending = events
-            return
-        events, self.pending = [*self.pending, *events], []
         self.opened = True
         for event in events:
             await self.socket.send(event, self.lane)

@@ -34,6 +34,23 @@ class Out(Protocol):
     async def emit(self, events: list[Event]) -> None: ...
 
 
+class Opening:
+    """A response's opening events (created, in_progress), held until the engine answers:
+    a refusal before that is a plain error, not a response that failed."""
+
+    def __init__(self) -> None:
+        self.pending: list[Event] = []
+
+    def release(self, events: list[Event]) -> list[Event]:
+        """What goes out now: nothing while only the opening is known, then the opening
+        with what follows it."""
+        if events and events[0]["type"] == "response.created":
+            self.pending = events
+            return []
+        out, self.pending = [*self.pending, *events], []
+        return out
+
+
 async def run(turn: Turn, out: Out, request_id: str, generate: bool = True) -> None:
     """A foreground response, start to end: its events out, the response kept (stored,
     added to its conversation) before its terminal event. `generate=False` (a WebSocket's

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from openai_api.forwarder import cancel_on_hangup
 from openai_api.keepalive import SseOpener
 from openai_api.responses import background, fields, store
-from openai_api.responses.foreground import run
+from openai_api.responses.foreground import Opening, run
 from openai_api.responses.translator import Event, StreamTranslator, sse
 from openai_api.responses.turn import prepare
 
@@ -50,19 +50,15 @@ class HttpOut:
         # The SSE answer, opened by the first events or by a keepalive while the request
         # waits for its slot.
         self.opener = SseOpener(exchange.send, exchange.request_id) if streaming else None
-        self.pending: list[Event] = []  # created/in_progress, held until the engine answers
+        self.opening = Opening()
 
     @property
     def opened(self) -> bool:
         return self.opener is not None and self.opener.committed
 
     async def emit(self, events: list[Event]) -> None:
-        if self.opener is None or not events:
+        if self.opener is None or not (events := self.opening.release(events)):
             return
-        if events[0]["type"] == "response.created":
-            self.pending = events  # a refusal before anything went out is a plain error
-            return
-        events, self.pending = [*self.pending, *events], []
         await self.opener.write(b"".join(sse(event) for event in events))
 
     async def end(self) -> None:

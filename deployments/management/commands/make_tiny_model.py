@@ -45,8 +45,8 @@ class Command(BaseCommand):
             self.build_image(out, options["seed"])
         else:
             write(out, seed=options["seed"], embedding=kind == "embedding")
-        size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
-        size = size or out.stat().st_size
+        files = [f for f in out.rglob("*") if f.is_file()] if out.is_dir() else [out]
+        size = sum(f.stat().st_size for f in files)
         self.stdout.write(f"wrote a tiny {kind} model: {out} ({size} bytes)")
 
     def build_image(self, out: Path, seed: int) -> None:
