@@ -1,8 +1,10 @@
 """Transcription and translation through /v1 with the official SDK, on whisper.cpp
-(pywhispercpp, in the whisper engine environment the first start installs) and a tiny ggml
-Whisper made here (`make_tiny_model --kind whisper`): every response format, audio in any
-format ffmpeg reads (speech the TTS engine made), and the failures: undecodable audio, a
-model file whisper.cpp would crash on."""
+(pywhispercpp, in the whisper engine environment the first start installs) with a tiny ggml
+Whisper made here (`make_tiny_model --kind whisper`), and on faster-whisper (CTranslate2, in
+its own environment) with the same model's CTranslate2 folder (`--kind whisper-ct2`): every
+response format, audio in any format ffmpeg reads (speech the TTS engine made), and the
+failures: undecodable audio, a model file whisper.cpp would crash on, a folder faster-whisper
+would fetch its tokenizer for."""
 
 from __future__ import annotations
 
@@ -38,15 +40,28 @@ def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def tiny_whisper_ct2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper") / "tiny-whisper-ct2"
+    call_command("make_tiny_model", str(path), "--kind", "whisper-ct2", "--seed", "1")
+    return path
+
+
 @pytest.fixture
 def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
 
-@pytest.fixture
-def ears(serving: Callable[..., Deployment], tiny_whisper: Path, site: Any) -> Deployment:
+@pytest.fixture(params=["whispercpp", "faster_whisper"])
+def ears(
+    request: pytest.FixtureRequest, serving: Callable[..., Deployment], site: Any
+) -> Deployment:
+    """A transcription deployment on each engine, as the SDK sees it: the same model name."""
     site.MSHIP_START_TIMEOUT_S = 60.0
-    return serving("ears", loader="whispercpp", usecase="transcription", model=str(tiny_whisper))
+    model = request.getfixturevalue(
+        "tiny_whisper" if request.param == "whispercpp" else "tiny_whisper_ct2"
+    )
+    return serving("ears", loader=request.param, usecase="transcription", model=str(model))
 
 
 @pytest.fixture
@@ -150,6 +165,31 @@ def test_it_refuses_a_model_whisper_cpp_would_crash_on(
     assert deployment.state == State.FAILED
     assert "cannot be loaded" in deployment.state_reason
     assert "decoder.token_embedding.weight" in deployment.state_reason
+
+
+def test_it_refuses_a_folder_faster_whisper_cannot_load_offline(
+    make_deployment: Any, tiny_whisper_ct2: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "no-tokenizer"
+    copy.mkdir()
+    for name in ("model.bin", "config.json", "vocabulary.json"):
+        (copy / name).write_bytes((tiny_whisper_ct2 / name).read_bytes())
+    loader = get_loader("faster_whisper")
+    spec = EngineSpec("ears", str(copy), usecase="transcription", config={"beam_size": 0})
+    found = loader.validate(spec)
+    assert any("tokenizer.json is missing" in issue for issue in found), found
+    assert any("beam_size" in issue for issue in found), found
+    assert loader.validate(EngineSpec("ears", str(tiny_whisper_ct2), usecase="transcription")) == []
+    # A model.bin that is not CTranslate2's: the start fails in the engine's words.
+    (copy / "tokenizer.json").write_bytes((tiny_whisper_ct2 / "tokenizer.json").read_bytes())
+    (copy / "model.bin").write_bytes(b"not a model" * 100)
+    deployment = make_deployment(
+        "ears", loader="faster_whisper", usecase="transcription", model=str(copy)
+    )
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "cannot be loaded" in deployment.state_reason
 
 
 def test_it_answers_the_gateways_audio_paths_for_a_whisper_deployment(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from deployments.loaders.base import EngineSpec, Loader
+from deployments.loaders.faster_whisper import FasterWhisperLoader
 from deployments.loaders.llama_server import LlamaServerLoader
 from deployments.loaders.shipped import (
     CustomLoader,
@@ -22,6 +23,7 @@ LOADERS: dict[str, Loader] = {
         DiffusersLoader(),
         StableDiffusionCppLoader(),
         WhisperCppLoader(),
+        FasterWhisperLoader(),
         TtsLoader(),
         CustomLoader(),
         SimulatedLoader(),

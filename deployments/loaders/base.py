@@ -136,7 +136,11 @@ class Loader:
 
 
 def file_size_gib(path: str) -> float | None:
+    """A model file's size, or a model folder's (every file in it); None if it is absent."""
     try:
+        if os.path.isdir(path):
+            files = (os.path.join(top, name) for top, _, names in os.walk(path) for name in names)
+            return sum(os.path.getsize(f) for f in files) / 2**30
         return os.path.getsize(path) / 2**30
     except OSError:
         return None

@@ -1,8 +1,9 @@
-"""manage.py make_tiny_model OUT [--kind chat|embedding|whisper|image] [--seed N]: a tiny
-model made here, with no download: a llama GGUF for llama.cpp (deployments/tiny_model.py), a
-ggml Whisper for whisper.cpp (deployments/engines/whisper_ggml.py), or a Stable Diffusion
-folder for diffusers (deployments/engines/tiny_diffusers.py, built in the diffusers engine
-environment, which is installed first where it is not)."""
+"""manage.py make_tiny_model OUT [--kind KIND] [--seed N]: a tiny model made here, with no
+download: a llama GGUF for llama.cpp (chat, embedding: deployments/tiny_model.py), a ggml
+Whisper for whisper.cpp (whisper: deployments/engines/whisper_ggml.py), a CTranslate2
+Whisper folder for faster-whisper (whisper-ct2: deployments/engines/tiny_whisper_ct2.py) or
+a Stable Diffusion folder for diffusers (image: deployments/engines/tiny_diffusers.py). The
+last two are built in their engine environment, installed first where it is not."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from deployments import engine_envs
 from deployments.engines import whisper_ggml
 from deployments.tiny_model import write
 
-KINDS = ("chat", "embedding", "whisper", "image")
+KINDS = ("chat", "embedding", "whisper", "whisper-ct2", "image")
+# Kinds built by a module of deployments/engines in an engine environment: its family.
+BUILT_IN_ENV = {
+    "image": ("diffusers", "deployments.engines.tiny_diffusers"),
+    "whisper-ct2": ("faster-whisper", "deployments.engines.tiny_whisper_ct2"),
+}
 
 
 class Command(BaseCommand):
-    help = "Write a tiny model of seeded random weights (llama GGUF, or ggml Whisper)."
+    help = "Write a tiny model of seeded random weights (llama, Whisper, Stable Diffusion)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("out", type=Path)
@@ -41,21 +47,22 @@ class Command(BaseCommand):
         out.parent.mkdir(parents=True, exist_ok=True)
         if kind == "whisper":
             whisper_ggml.write_tiny(out, seed=options["seed"])
-        elif kind == "image":
-            self.build_image(out, options["seed"])
+        elif kind in BUILT_IN_ENV:
+            self.build_in_env(kind, out, options["seed"])
         else:
             write(out, seed=options["seed"], embedding=kind == "embedding")
         files = [f for f in out.rglob("*") if f.is_file()] if out.is_dir() else [out]
         size = sum(f.stat().st_size for f in files)
         self.stdout.write(f"wrote a tiny {kind} model: {out} ({size} bytes)")
 
-    def build_image(self, out: Path, seed: int) -> None:
+    def build_in_env(self, kind: str, out: Path, seed: int) -> None:
+        family, module = BUILT_IN_ENV[kind]
         try:
-            python = engine_envs.ensure("diffusers", lambda line: self.stdout.write(line))
+            python = engine_envs.ensure(family, lambda line: self.stdout.write(line))
         except engine_envs.EnvFailed as exc:
             raise CommandError(str(exc)) from exc
-        argv = [python, "-m", "deployments.engines.tiny_diffusers", str(out), "--seed", str(seed)]
+        argv = [python, "-m", module, str(out), "--seed", str(seed)]
         env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "HF_HUB_OFFLINE": "1"}
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise CommandError(f"the tiny image model could not be built:\n{done.stderr[-2000:]}")
+            raise CommandError(f"the tiny {kind} model could not be built:\n{done.stderr[-2000:]}")

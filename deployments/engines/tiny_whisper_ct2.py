@@ -1,0 +1,149 @@
+"""A tiny multilingual Whisper in CTranslate2's format, for faster-whisper: one layer a side,
+64 wide, seeded random weights, the full 51,865-token vocabulary with Whisper's special,
+language and timestamp tokens, a byte-level tokenizer.json beside it (faster-whisper would
+fetch OpenAI's from the Hub without one) and the 80-bin preprocessor_config.json. It
+transcribes anything to nonsense, quickly. No torch and no download: the weights are numpy
+arrays set on CTranslate2's own WhisperSpec, so this runs in the faster-whisper engine
+environment (`manage.py make_tiny_model --kind whisper-ct2` calls it there). Written to a
+folder beside OUT, then renamed.
+
+Run: ``python -m deployments.engines.tiny_whisper_ct2 OUT [--seed N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ctranslate2.specs import WhisperSpec
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from deployments.engines.whisper_ggml import vocabulary
+
+WIDTH, HEADS, LAYERS, MELS = 64, 2, 1, 80
+AUDIO_CTX, TEXT_CTX, VOCAB = 1500, 448, 51866
+# Whisper's own order: a language's token id is its place here.
+_ORDER = """
+en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur
+hr bg lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si
+km sn yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha
+ba jw su yue
+"""
+LANGUAGES = tuple(_ORDER.split())
+TASK_TOKENS = ("<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>")
+QUIET_TOKENS = ("<|nospeech|>", "<|notimestamps|>")
+
+
+def byte_level(piece: bytes) -> str:
+    """GPT-2's printable stand-in for each byte, as byte-level BPE tokens are written."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    shifted = iter(range(256, 512))
+    table.update({b: chr(next(shifted)) for b in range(256) if b not in table})
+    return "".join(table[b] for b in piece)
+
+
+def tokens() -> list[str]:
+    """Whisper's multilingual layout: 50,257 byte-level pieces, end of text, start of
+    transcript, a token per language, the task tokens, then 0.02 s timestamps to the end."""
+    # CTranslate2 takes a Whisper whose vocabulary holds the empty token (as OpenAI's
+    # multilingual ones do) for a multilingual one: it is the last text token here.
+    text = [byte_level(piece) for piece in vocabulary(50256)] + [""]
+    special = ["<|endoftext|>", "<|startoftranscript|>"]
+    special += [f"<|{code}|>" for code in LANGUAGES]
+    special += [*TASK_TOKENS, *QUIET_TOKENS]
+    words = text + special
+    words += [f"<|{i * 0.02:.2f}|>" for i in range(VOCAB - len(words))]
+    return words
+
+
+def write_tokenizer(words: list[str], path: Path) -> None:
+    bpe = models.BPE(vocab={word: i for i, word in enumerate(words)}, merges=[])
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    first_special = words.index("<|endoftext|>")
+    tokenizer.add_special_tokens(words[first_special:])
+    tokenizer.save(str(path))
+
+
+def build_spec(seed: int, words: list[str]) -> WhisperSpec:
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def norm(layer: Any) -> None:
+        layer.gamma = np.ones(WIDTH, dtype=np.float32)
+        layer.beta = np.zeros(WIDTH, dtype=np.float32)
+
+    def linear(layer: Any, rows: int, cols: int = WIDTH) -> None:
+        layer.weight, layer.bias = rand(rows, cols), rand(rows)
+
+    def attention(block: Any, fused: list[int]) -> None:
+        norm(block.layer_norm)
+        for part, rows in zip(block.linear, fused, strict=True):
+            linear(part, rows)
+
+    def feed_forward(block: Any) -> None:
+        norm(block.layer_norm)
+        linear(block.linear_0, 4 * WIDTH)
+        linear(block.linear_1, WIDTH, 4 * WIDTH)
+
+    spec = WhisperSpec(LAYERS, HEADS, LAYERS, HEADS)
+    encoder, decoder = spec.encoder, spec.decoder
+    encoder.conv1.weight, encoder.conv1.bias = rand(WIDTH, MELS, 3), rand(WIDTH)
+    encoder.conv2.weight, encoder.conv2.bias = rand(WIDTH, WIDTH, 3), rand(WIDTH)
+    encoder.position_encodings.encodings = rand(AUDIO_CTX, WIDTH)
+    norm(encoder.layer_norm)
+    for layer in encoder.layer:
+        attention(layer.self_attention, [3 * WIDTH, WIDTH])
+        feed_forward(layer.ffn)
+    decoder.embeddings.weight = rand(VOCAB, WIDTH)
+    decoder.position_encodings.encodings = rand(TEXT_CTX, WIDTH)
+    norm(decoder.layer_norm)
+    decoder.projection.weight = decoder.embeddings.weight
+    for layer in decoder.layer:
+        attention(layer.self_attention, [3 * WIDTH, WIDTH])
+        attention(layer.attention, [WIDTH, 2 * WIDTH, WIDTH])
+        feed_forward(layer.ffn)
+    spec.register_vocabulary(words)
+    languages = [words.index(f"<|{code}|>") for code in LANGUAGES]
+    spec.config.suppress_ids = []
+    spec.config.suppress_ids_begin = [words.index("<|endoftext|>")]
+    spec.config.lang_ids = languages
+    spec.config.alignment_heads = [(0, head) for head in range(HEADS)]
+    return spec
+
+
+def write_tiny(out: Path, seed: int = 0) -> None:
+    words = tokens()
+    spec = build_spec(seed, words)
+    spec.validate()
+    spec.optimize(quantization="float16")  # as converters are usually run: half the size
+    building = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    spec.save(str(building))
+    write_tokenizer(words, building / "tokenizer.json")
+    features = {"feature_size": MELS, "sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
+    (building / "preprocessor_config.json").write_text(json.dumps(features))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(building, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    write_tiny(args.out, args.seed)
+
+
+if __name__ == "__main__":
+    main()

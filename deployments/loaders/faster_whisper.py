@@ -1,0 +1,43 @@
+"""faster-whisper: Whisper on CTranslate2 for a model folder in its format, served by
+Modelship's own server (deployments/engines/faster_whisper_server.py) in the faster-whisper
+engine environment, with the whisper.cpp engine's routes and formats."""
+
+from __future__ import annotations
+
+import os
+
+from deployments.engines.faster_whisper_server import problems
+from deployments.loaders.base import EngineSpec, file_size_gib
+from deployments.loaders.shipped import ShippedEngineLoader
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class FasterWhisperLoader(ShippedEngineLoader):
+    name = "faster_whisper"
+    config_key = "faster_whisper_config"
+    config_options = frozenset({"device", "compute_type", "threads", "beam_size", "language"})
+    usecases = frozenset({"transcription", "translation"})
+    module = "deployments.engines.faster_whisper_server"
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        found = super().validate(spec)
+        device = spec.config.get("device", "auto")
+        if device not in DEVICES:
+            found.append(f"{self.config_key}: device {device!r} is not one of {DEVICES}")
+        beam = spec.config.get("beam_size", 5)
+        if not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 16:
+            found.append(f"{self.config_key}: beam_size is 1 to 16")
+        if os.path.exists(spec.model):
+            found += [f"model: {issue}" for issue in problems(spec.model)]
+        return found
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return "faster-whisper"
+
+    def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
+        return ("audio/transcriptions", "audio/translations")
+
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        size = file_size_gib(spec.model)
+        return None if size is None else round(size * 1.5, 3)  # weights as float32 on CPU
