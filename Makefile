@@ -40,8 +40,9 @@ lint: setup
 test-sqlite: setup system-deps
 	MSHIP_Q_NAME=modelship-test $(PY) -m pytest -q -p no:cacheprovider
 
+# The heavy real-engine suites (marked heavy) ran on SQLite: they do not depend on the database.
 test-postgres: setup system-deps
-	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test \
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test MSHIP_TEST_HEAVY=0 \
 		$(PY) -m pytest -q -p no:cacheprovider
 
 # A Docker Engine for the docker runtime's tests: the running one, else one started (and, as

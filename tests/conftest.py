@@ -25,6 +25,17 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.gateway_support", "tests.docker_support"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heavy real-engine suites run once per `make test`: the second database's run
+    (MSHIP_TEST_HEAVY=0) skips them, as they do not depend on the database."""
+    if os.environ.get("MSHIP_TEST_HEAVY", "1") != "0":
+        return
+    skip = pytest.mark.skip(reason="a heavy engine suite: run once, on SQLite (make test-sqlite)")
+    for item in items:
+        if item.get_closest_marker("heavy"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, whose PostgreSQL sessions still open at the end (the

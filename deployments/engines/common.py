@@ -83,6 +83,7 @@ def engine_app(
             web.get("/v1/models", models_handler(served_names, owner)),
             web.get("/v1/models/{model:.+}", models_handler(served_names, owner)),
             web.get("/health", health),
+            web.get("/", health),  # where engines such as sd-server answer theirs
         ]
     )
     return app

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -86,6 +86,7 @@ class Pipelines:
         self.device = device
         scale = getattr(self.text, "vae_scale_factor", 8)
         self.default_size = int(self.text.unet.config.sample_size) * int(scale)
+        self.size_step = 8
         self.steps = int(config.get("num_inference_steps", 4))
         self.guidance = float(config.get("guidance_scale", 0.0))
 
@@ -139,17 +140,17 @@ class Job:
     mask: Any = None
 
 
-def parse_size(size: str, default: int) -> tuple[int, int]:
+def parse_size(size: str, default: int, step: int = 8) -> tuple[int, int]:
     if size in ("", "auto"):
         return default, default
     width, _, height = size.partition("x")
     w, h = int(width), int(height)
-    if not (64 <= w <= 2048 and 64 <= h <= 2048) or w % 8 or h % 8:
+    if not (64 <= w <= 2048 and 64 <= h <= 2048) or w % step or h % step:
         raise ValueError
     return w, h
 
 
-def job_of(fields: dict[str, Any], default_size: int) -> Job:
+def job_of(fields: dict[str, Any], default_size: int, step: int = 8) -> Job:
     """A request's fields, checked; ValueError names what is wrong and what is taken."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -168,10 +169,10 @@ def job_of(fields: dict[str, Any], default_size: int) -> Job:
     if not 1 <= n <= MAX_IMAGES:
         raise ValueError(f"'n' must be from 1 to {MAX_IMAGES}.")
     try:
-        width, height = parse_size(str(fields.get("size") or "auto"), default_size)
+        width, height = parse_size(str(fields.get("size") or "auto"), default_size, step)
     except ValueError as exc:
         raise ValueError(
-            "'size' is auto or WIDTHxHEIGHT, 64 to 2048 and multiples of 8 (e.g. 512x512)."
+            f"'size' is auto or WIDTHxHEIGHT, 64 to 2048 and multiples of {step} (e.g. 512x512)."
         ) from exc
     return Job(prompt, n, width, height, response_format, output_format, seed)
 
@@ -187,7 +188,18 @@ def picture(data: bytes, what: str) -> Any:
         raise ValueError(f"the {what} could not be read: {exc}") from exc
 
 
-def make_app(pipelines: Pipelines, served_names: list[str]) -> web.Application:
+class Painter(Protocol):
+    """What the image routes run: the diffusers pipelines, or stable-diffusion.cpp's."""
+
+    default_size: int
+    size_step: int  # widths and heights are multiples of it
+
+    def run(self, job: Job, counters: Counters, gone: threading.Event) -> list[Any]:
+        """The job's PIL images; stops at a step once ``gone`` is set, where it can."""
+        ...
+
+
+def make_app(pipelines: Painter, served_names: list[str]) -> web.Application:
     lock = asyncio.Lock()  # one request at a time on the device; the rest wait in order
     counters = Counters()
 
@@ -230,7 +242,7 @@ def make_app(pipelines: Pipelines, served_names: list[str]) -> web.Application:
         if isinstance(body, web.Response):
             return body
         try:
-            job = job_of(body, pipelines.default_size)
+            job = job_of(body, pipelines.default_size, pipelines.size_step)
         except ValueError as exc:
             return error(400, str(exc), "invalid_request")
         return await answer(job)
@@ -248,8 +260,9 @@ def make_app(pipelines: Pipelines, served_names: list[str]) -> web.Application:
         try:
             source = picture(upload.file.read(), "image")
             width, height = source.size
-            default = max(64, min(2048, (min(width, height) // 8) * 8))
-            job = job_of(fields, default)
+            step = pipelines.size_step
+            default = max(64, min(2048, (min(width, height) // step) * step))
+            job = job_of(fields, default, step)
             job.source = source
             if isinstance(mask, web.FileField):
                 job.mask = picture(mask.file.read(), "mask").convert("L")

@@ -1,22 +1,62 @@
-"""stable-diffusion.cpp's `sd-server`, serving OpenAI image generation from a GGUF model."""
+"""stable-diffusion.cpp: its `sd-server` program where one is given (`binary`,
+MSHIP_SD_SERVER_BIN, on PATH, or in its image), else Modelship's own server on the
+`stable-diffusion-cpp-python` binding (deployments/engines/sdcpp_server.py) in the sdcpp
+engine environment, with the diffusers engine's routes, checks, queue and metrics."""
 
 from __future__ import annotations
 
-from deployments.loaders.base import EngineSpec, Loader, file_size_gib
+import os
+import shutil
+
+from deployments.loaders.base import EngineSpec, file_size_gib
+from deployments.loaders.shipped import ShippedEngineLoader
 
 
-class StableDiffusionCppLoader(Loader):
+class StableDiffusionCppLoader(ShippedEngineLoader):
     name = "stable_diffusion_cpp"
     config_key = "stable_diffusion_cpp_config"
-    config_options = frozenset({"threads", "binary", "extra_args", "diffusion_model", "vae"})
+    config_options = frozenset(
+        {
+            "threads",
+            "binary",
+            "extra_args",
+            "diffusion_model",
+            "vae",
+            "sample_steps",
+            "cfg_scale",
+            "sample_method",
+            "wtype",
+        }
+    )
     usecases = frozenset({"image"})
-    health_path = "/"
+    module = "deployments.engines.sdcpp_server"
     binary_name = "sd-server"
     binary_env = "MSHIP_SD_SERVER_BIN"
+    health_path = "/"  # sd-server's page; Modelship's engines answer it too
+    running_gauge = "modelship_image_requests_running"
+    waiting_gauge = "modelship_image_requests_waiting"
+
+    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
+        """stable-diffusion.cpp's own server, where there is one to run; None: Modelship's."""
+        if spec.config.get("binary"):
+            return str(spec.config["binary"])
+        if container:
+            return self.container_binary or self.binary_name  # the image's
+        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+
+    def validate(self, spec: EngineSpec) -> list[str]:
+        found = super().validate(spec)
+        steps = spec.config.get("sample_steps", 20)
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 999:
+            found.append(f"{self.config_key}: sample_steps is 1 to 999")
+        return found
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        binary = self.program(spec, container)
+        if binary is None:
+            return super().argv(spec, host, port, container)
         cfg = spec.config
-        argv = [self.binary(spec, container)]
+        argv = [binary]
         if "diffusion_model" in cfg:
             argv += ["--diffusion-model", str(cfg["diffusion_model"])]
         else:
@@ -27,6 +67,14 @@ class StableDiffusionCppLoader(Loader):
         if "threads" in cfg:
             argv += ["-t", str(cfg["threads"])]
         return argv + list(cfg.get("extra_args", []))
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return "sdcpp" if self.program(spec) is None else None
+
+    def image(self, spec: EngineSpec) -> str:
+        # stable-diffusion.cpp publishes no server image: a container runs the sd-server of
+        # the image the deployment names.
+        return self.default_image
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("images/generations", "images/edits")

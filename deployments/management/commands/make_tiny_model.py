@@ -2,8 +2,10 @@
 download: a llama GGUF for llama.cpp (chat, embedding: deployments/tiny_model.py), a ggml
 Whisper for whisper.cpp (whisper: deployments/engines/whisper_ggml.py), a CTranslate2
 Whisper folder for faster-whisper (whisper-ct2: deployments/engines/tiny_whisper_ct2.py) or
-a Stable Diffusion folder for diffusers (image: deployments/engines/tiny_diffusers.py). The
-last two are built in their engine environment, installed first where it is not."""
+a Stable Diffusion folder for diffusers (image: deployments/engines/tiny_diffusers.py) or a
+full-sized Stable Diffusion 1.5 of random weights for stable-diffusion.cpp, which takes no
+tiny one (sd15-random, 2 GB: deployments/engines/sd15_random.py). The last three are built
+in their engine environment, installed first where it is not."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from deployments import engine_envs
 from deployments.engines import whisper_ggml
 from deployments.tiny_model import write
 
-KINDS = ("chat", "embedding", "whisper", "whisper-ct2", "image")
+KINDS = ("chat", "embedding", "whisper", "whisper-ct2", "image", "sd15-random")
 # Kinds built by a module of deployments/engines in an engine environment: its family.
 BUILT_IN_ENV = {
     "image": ("diffusers", "deployments.engines.tiny_diffusers"),
     "whisper-ct2": ("faster-whisper", "deployments.engines.tiny_whisper_ct2"),
+    "sd15-random": ("diffusers", "deployments.engines.sd15_random"),
 }
 
 
