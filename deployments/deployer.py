@@ -64,6 +64,9 @@ def launch_all(deployment: Deployment) -> list[Handle]:
         # A process engine runs in a folder of its own: a model path relative to Modelship's
         # working directory is made absolute.
         spec = dataclasses.replace(spec, model=local_path(spec.model))
+    family = loader.engine_family(spec)
+    # A container runs its family's environment from the host, mounted where it lies.
+    mounts = [str(engine_envs.location(family))] if container and family else []
     handles: list[Handle] = []
     try:
         for replica in range(deployment.num_replicas):
@@ -83,6 +86,7 @@ def launch_all(deployment: Deployment) -> list[Handle]:
                         options={**loader.docker_defaults(spec), **deployment.docker_options},
                         model=spec.model,
                         num_gpus=spec.num_gpus,
+                        mounts=[] if deployment.command else mounts,
                     )
                 )
             )
@@ -143,10 +147,11 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
 
 
 def prepare_engine_env(deployment: Deployment) -> None:
-    """A process engine's family environment, installed before its first start (blocking:
-    minutes for a large family; the state reason says so meanwhile)."""
+    """An engine's family environment, installed before its first start (blocking: minutes
+    for a large family; the state reason says so meanwhile). A container runs it too,
+    mounted from the host (deployer.launch_all)."""
     family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment))
-    if family is None or deployment.runtime != "process" or deployment.command:
+    if family is None or deployment.command:
         return
 
     def progress(line: str) -> None:

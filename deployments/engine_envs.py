@@ -87,7 +87,7 @@ def digest(family: str) -> str:
 
 
 def root() -> Path:
-    return Path(settings.MSHIP_ENGINE_ENVS_DIR)
+    return Path(settings.MSHIP_ENGINE_ENVS_DIR).absolute()  # a container mounts it by path
 
 
 def location(family: str) -> Path:

@@ -49,8 +49,9 @@ def skeleton() -> bytes:
 
 
 def engine_volumes() -> list[str]:
-    """The host paths the engine needs, read-only at the same paths."""
-    paths = {"/usr", sys.base_prefix, sys.prefix, str(REPO)}
+    """The host paths the engine needs, read-only at the same paths: /usr with the
+    alternatives its links point into (Debian's libblas.so.3 for ffmpeg, for one)."""
+    paths = {"/usr", "/etc/alternatives", sys.base_prefix, sys.prefix, str(REPO)}
     return [f"{p}:{p}:ro" for p in sorted(paths)]
 
 

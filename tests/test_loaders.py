@@ -29,6 +29,7 @@ def test_it_knows_every_loader_the_design_names() -> None:
         "diffusers",
         "stable_diffusion_cpp",
         "whispercpp",
+        "faster_whisper",
         "tts",
         "custom",
         "simulated",
@@ -170,9 +171,24 @@ def test_it_runs_whisper_cpps_server_where_there_is_one_and_its_own_otherwise(
     ]
 
 
-def test_it_builds_the_other_engines_command_lines() -> None:
-    sd = get_loader("stable_diffusion_cpp").argv(spec(model="/sd.gguf", usecase="image"), "h", "2")
+def test_it_builds_the_other_engines_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = get_loader("stable_diffusion_cpp")
+    image = spec(model="/sd.gguf", usecase="image", config={"sample_steps": 4})
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    own = loader.argv(image, "h", "2")  # no sd-server here: Modelship's, in its environment
+    assert own[:3] == [engine_envs.python("sdcpp"), "-m", "deployments.engines.sdcpp_server"]
+    assert loader.engine_family(image) == "sdcpp"
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/sd-server")
+    sd = loader.argv(image, "h", "2")
+    assert sd[0] == "/usr/local/bin/sd-server"
     assert sd[1:] == ["-m", "/sd.gguf", "--listen-ip", "h", "--listen-port", "2"]
+    assert loader.engine_family(image) is None
+    fast = get_loader("faster_whisper").argv(spec(model="/m", usecase="transcription"), "h", "4")
+    assert fast[:3] == [
+        engine_envs.python("faster-whisper"),
+        "-m",
+        "deployments.engines.faster_whisper_server",
+    ]
     sim = get_loader("simulated").argv(spec(config={"reply": "x"}), "h", "3")
     assert sim == [
         sys.executable,

@@ -23,10 +23,10 @@ class ShippedEngineLoader(Loader):
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         family = self.engine_family(spec)
-        if container:
-            python = settings.MSHIP_CONTAINER_PYTHON
+        if family:  # in a container too: the host's environment, mounted at its own path
+            python = engine_envs.python(family)
         else:
-            python = engine_envs.python(family) if family else sys.executable
+            python = settings.MSHIP_CONTAINER_PYTHON if container else sys.executable
         argv = [python, "-m", self.module, "--model", spec.model]
         argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]

@@ -41,6 +41,8 @@ class Launch:
     options: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     num_gpus: float | None = None
+    # Host folders the engine needs at the same path, read-only (its engine environment).
+    mounts: list[str] = field(default_factory=list)
 
 
 class Runtime(Protocol):

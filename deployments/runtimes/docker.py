@@ -122,7 +122,11 @@ class DockerRuntime:
         # through a port published on the loopback interface only.
         inside = settings.MSHIP_DOCKER_NETWORK in own_network_names(self.client)
         kwargs = create_kwargs(
-            launch.options, num_gpus=launch.num_gpus, model=launch.model, env=launch.env
+            launch.options,
+            num_gpus=launch.num_gpus,
+            model=launch.model,
+            env=launch.env,
+            mounts=launch.mounts,
         )
         container = self._call(
             self.client.containers.create,

@@ -79,13 +79,19 @@ def model_mount(model: str) -> list[str]:
 
 
 def create_kwargs(
-    options: dict[str, Any], *, num_gpus: float | None, model: str, env: dict[str, str]
+    options: dict[str, Any],
+    *,
+    num_gpus: float | None,
+    model: str,
+    env: dict[str, str],
+    mounts: list[str] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for containers.create from merged options."""
     gpus = options.get("gpus")
     if gpus is None and num_gpus:
         gpus = math.ceil(num_gpus)  # a fraction of a GPU still needs the device
-    volumes = [*model_mount(model), *options.get("volumes", [])]
+    shared = [f"{folder}:{folder}:ro" for folder in mounts or []]
+    volumes = [*model_mount(model), *shared, *options.get("volumes", [])]
     kwargs: dict[str, Any] = {
         "environment": {**env, **{k: str(v) for k, v in options.get("environment", {}).items()}},
         "volumes": volumes,
