@@ -35,7 +35,7 @@ PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
 PLUGIN_PREFIX = "plugin-"
 PLUGIN_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # What every plugin's environment has besides the plugin: the engine server's own needs.
-PLUGIN_BASE = ("aiohttp==3.14.5", "numpy==2.4.6")
+PLUGIN_BASE = ("aiohttp==3.14.5", "numpy==2.4.6", "pillow==13.0.0")
 LOG_TAIL_LINES = 15
 BUILT = frozenset({"__pycache__", "build", "dist"})  # what pip leaves in a plugin's folder
 

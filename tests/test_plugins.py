@@ -4,6 +4,7 @@ TTS server's voices, formats and streaming) and embeddings; and a plugin that ca
 
 from __future__ import annotations
 
+import base64
 import io
 import wave
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import openai
 import pytest
+from PIL import Image
 
 from deployments import deployer, engine_envs
 from deployments.loaders import EngineSpec, get_loader
@@ -80,6 +82,46 @@ def test_it_serves_a_plugins_embeddings(
         model="tone-embed", input="the cat sat", encoding_format="float"
     )
     assert np.allclose(plain.data[0].embedding, a, atol=1e-6)
+
+
+def test_it_serves_a_plugins_images_through_the_image_routes(
+    client: openai.OpenAI, serving: Callable[..., Deployment], site_with_time: Any
+) -> None:
+    serving("tone-paint", loader="custom", usecase="image", model="tone", config={"plugin": "tone"})
+    made = client.images.generate(
+        model="tone-paint", prompt="stripes", n=2, size="96x64", extra_body={"seed": 3}
+    )
+    first, second = (picture(item.b64_json) for item in made.data or [])
+    assert first.size == (96, 64) and first.mode == "RGB"
+    assert first.tobytes() != second.tobytes()  # each image of n is its own
+    again = client.images.generate(
+        model="tone-paint", prompt="stripes", size="96x64", extra_body={"seed": 3}
+    )
+    assert picture((again.data or [])[0].b64_json).tobytes() == first.tobytes()
+    source = io.BytesIO()
+    Image.new("RGB", (64, 64), (0, 0, 0)).save(source, format="PNG")
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (0, 0, 32, 64))  # the left half changes
+    masked = io.BytesIO()
+    mask.save(masked, format="PNG")
+    edited = client.images.edit(
+        model="tone-paint",
+        image=("black.png", source.getvalue()),
+        mask=("half.png", masked.getvalue()),
+        prompt="stripes",
+    )
+    result = picture((edited.data or [])[0].b64_json)
+    assert result.size == (64, 64) and result.getpixel((48, 10)) == (0, 0, 0)  # kept
+    with pytest.raises(openai.BadRequestError) as size:
+        client.images.generate(model="tone-paint", prompt="x", size="65x64")
+    assert "multiples of 8" in str(size.value)  # the shared checks, before the plugin
+
+
+def picture(b64: str | None) -> Image.Image:
+    assert b64 is not None
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    image.load()
+    return image
 
 
 def test_it_refuses_a_plugin_it_cannot_have(make_deployment: Any, site_with_time: Any) -> None:

@@ -200,6 +200,12 @@ class Painter(Protocol):
 
 
 def make_app(pipelines: Painter, served_names: list[str]) -> web.Application:
+    return engine_app(served_names, image_routes(pipelines), client_max_size=64 * 2**20)
+
+
+def image_routes(pipelines: Painter) -> list[web.RouteDef]:
+    """/v1/images/generations and /edits, and the image /metrics, on a painter (a plugin's
+    too: deployments/engines/plugin_server.py)."""
     lock = asyncio.Lock()  # one request at a time on the device; the rest wait in order
     counters = Counters()
 
@@ -273,15 +279,11 @@ def make_app(pipelines: Painter, served_names: list[str]) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=counters.text(), content_type="text/plain")
 
-    return engine_app(
-        served_names,
-        [
-            web.post("/v1/images/generations", generations),
-            web.post("/v1/images/edits", edits),
-            web.get("/metrics", metrics),
-        ],
-        client_max_size=64 * 2**20,
-    )
+    return [
+        web.post("/v1/images/generations", generations),
+        web.post("/v1/images/edits", edits),
+        web.get("/metrics", metrics),
+    ]
 
 
 if __name__ == "__main__":

@@ -48,6 +48,24 @@ class BasePlugin:
         """One vector per text."""
         raise NotImplementedError
 
+    # Images: the size of "auto", and what widths and heights must be multiples of.
+    image_size: int = 512
+    image_size_step: int = 8
+
+    def create_image(
+        self,
+        prompt: str,
+        width: int,
+        height: int,
+        n: int,
+        seed: int | None,
+        image: Any = None,
+        mask: Any = None,
+    ) -> list[Any]:
+        """n PIL images (pillow is in every plugin's environment) of width x height; for an
+        edit, `image` is the source (RGB) and `mask` the area to change (L), PIL images."""
+        raise NotImplementedError
+
 
 def implements(plugin: type[BasePlugin], method: str) -> bool:
     """Whether a plugin class overrides one of BasePlugin's methods."""

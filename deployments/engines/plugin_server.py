@@ -3,7 +3,8 @@
 environment, and serves what the plugin implements in OpenAI's shapes, through the same
 routes as the shipped engines: /v1/audio/speech (tts_server's voices, formats and
 streaming), /v1/audio/transcriptions and /translations (whisper_server's decoding and
-formats), /v1/embeddings.
+formats), /v1/embeddings, /v1/images/generations and /edits (diffusers_server's checks,
+queue and metrics).
 
 Run: ``python -m deployments.engines.plugin_server --model M --config '{"plugin": "tone"}'``
 """
@@ -21,6 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from deployments.engines.common import engine_app, error, json_body, run_engine
+from deployments.engines.diffusers_server import image_routes
 from deployments.engines.plugin_api import BasePlugin, implements
 from deployments.engines.transcript_formats import Segment
 from deployments.engines.tts_server import speech_routes
@@ -29,6 +31,8 @@ from deployments.engines.whisper_server import transcription_routes
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
+
+    from deployments.engines.diffusers_server import Counters, Job
 
 MAX_INPUTS = 2048  # OpenAI's limit for one embeddings request
 # A plugin says which languages it knows by answering; any ISO 639-1 code may be asked.
@@ -75,6 +79,22 @@ class PluginEars:
             audio, options.get("language"), options.get("prompt"), task == "translate"
         )
         return language, [Segment(start, end, text) for start, end, text in segments]
+
+
+class PluginPainter:
+    """A plugin's images as the image routes' painter."""
+
+    def __init__(self, plugin: BasePlugin) -> None:
+        self.plugin = plugin
+        self.default_size = int(plugin.image_size)
+        self.size_step = int(plugin.image_size_step)
+
+    def run(self, job: Job, counters: Counters, gone: threading.Event) -> list[Any]:
+        images = self.plugin.create_image(
+            job.prompt, job.width, job.height, job.n, job.seed, job.source, job.mask
+        )
+        counters.steps += 1  # a plugin's image is one step, as far as Modelship can tell
+        return [image.convert("RGB") for image in images]
 
 
 def embedding_routes(plugin: BasePlugin, served_names: list[str]) -> list[web.RouteDef]:
@@ -128,6 +148,8 @@ def build(model: str, config: dict[str, Any], served_names: list[str]) -> web.Ap
         routes += transcription_routes(PluginEars(plugin))
     if implements(kind, "create_embedding"):
         routes += embedding_routes(plugin, served_names)
+    if implements(kind, "create_image"):
+        routes += image_routes(PluginPainter(plugin))
     if not routes:
         raise SystemExit(f"plugin: {kind.__name__} implements none of BasePlugin's methods")
     return engine_app(served_names, routes, client_max_size=64 * 2**20)

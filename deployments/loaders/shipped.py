@@ -144,7 +144,7 @@ class CustomLoader(ShippedEngineLoader):
     config_key = "custom_config"
     module = "deployments.engines.plugin_server"
     config_options = frozenset({"plugin", "options", "voice", "voice_map", "voices_allowed"})
-    usecases = frozenset({"tts", "transcription", "translation", "embed"})
+    usecases = frozenset({"tts", "transcription", "translation", "embed", "image"})
 
     def validate(self, spec: EngineSpec) -> list[str]:
         problems = super().validate(spec)
@@ -169,4 +169,5 @@ class CustomLoader(ShippedEngineLoader):
             "transcription": ("audio/transcriptions", "audio/translations"),
             "translation": ("audio/transcriptions", "audio/translations"),
             "embed": ("embeddings",),
+            "image": ("images/generations", "images/edits"),
         }.get(spec.usecase, ())

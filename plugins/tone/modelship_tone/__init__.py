@@ -1,6 +1,8 @@
 """An example Modelship plugin (see plugins/README.md): text to speech as a tone per word (its
-pitch from the word's letters, its length from the word's), and embeddings of character
-trigrams. Dependencies of its own (numpy), installed into its own engine environment."""
+pitch from the word's letters, its length from the word's), embeddings of character
+trigrams, and images as stripes (their colours from the prompt and the seed; an edit paints
+them where the mask is white). Dependencies of its own (numpy, pillow), installed into its
+own engine environment."""
 
 from __future__ import annotations
 
@@ -33,6 +35,31 @@ class TonePlugin(BasePlugin):
             pitch = base * (1 + (sum(map(ord, word)) % 12) / 12)
             wave = 0.3 * np.sin(2 * np.pi * pitch * t)
             yield (wave * 32767).astype("<i2").tobytes()
+
+    def create_image(
+        self,
+        prompt: str,
+        width: int,
+        height: int,
+        n: int,
+        seed: int | None,
+        image: Any = None,
+        mask: Any = None,
+    ) -> list[Any]:
+        from PIL import Image  # noqa: PLC0415 - only images need it
+
+        made = []
+        for index in range(n):
+            key = f"{prompt}\0{seed}\0{index}".encode()
+            palette = np.frombuffer(hashlib.sha256(key).digest(), dtype=np.uint8)[:24]
+            colours = palette.reshape(8, 3)
+            stripes = colours[(np.arange(width) * 8 // width)]
+            picture = Image.fromarray(np.broadcast_to(stripes, (height, width, 3)).copy())
+            if image is not None:
+                area = mask if mask is not None else Image.new("L", (width, height), 255)
+                picture = Image.composite(picture, image, area)
+            made.append(picture)
+        return made
 
     def create_embedding(self, texts: list[str]) -> list[list[float]]:
         vectors = []
