@@ -17,17 +17,20 @@ Run: ``python -m deployments.engines.sd15_random OUT [--seed N]``
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from diffusers import AutoencoderKL, UNet2DConditionModel
 from safetensors.numpy import save_file
 from transformers import CLIPTextConfig, CLIPTextModel
+
+from deployments.engines.tiny_main import tiny_main
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 UNET = {
     "sample_size": 64,
@@ -95,13 +98,5 @@ def write(out: Path, seed: int = 0) -> None:
     os.replace(building, out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    write(args.out, args.seed)
-
-
 if __name__ == "__main__":
-    main()
+    tiny_main("sd15-random", write)

@@ -10,11 +10,15 @@ Run: ``python -m deployments.engines.tiny_diffusers OUT_DIR [--seed N]``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployments.engines.tiny_main import tiny_main
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
@@ -110,13 +114,5 @@ def build(out: Path, seed: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="tiny-diffusers")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    build(args.out.resolve(), args.seed)
-
-
 if __name__ == "__main__":
-    main()
+    tiny_main("tiny-diffusers", build)

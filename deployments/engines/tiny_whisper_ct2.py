@@ -12,18 +12,20 @@ Run: ``python -m deployments.engines.tiny_whisper_ct2 OUT [--seed N]``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ctranslate2.specs import WhisperSpec
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from deployments.engines.tiny_main import tiny_main
 from deployments.engines.whisper_ggml import vocabulary
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 WIDTH, HEADS, LAYERS, MELS = 64, 2, 1, 80
 AUDIO_CTX, TEXT_CTX, VOCAB = 1500, 448, 51866
@@ -137,13 +139,5 @@ def write_tiny(out: Path, seed: int = 0) -> None:
     os.replace(building, out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    write_tiny(args.out, args.seed)
-
-
 if __name__ == "__main__":
-    main()
+    tiny_main("tiny-whisper-ct2", write_tiny)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from typing import ClassVar
 
@@ -36,6 +38,38 @@ class ShippedEngineLoader(Loader):
 
     def image(self, spec: EngineSpec) -> str:
         return str(settings.MSHIP_ENGINE_IMAGE)
+
+
+class ProgramOrShippedLoader(ShippedEngineLoader):
+    """An engine whose own server program runs where one is given (`binary`, its variable,
+    on PATH, or in its image on the docker runtime), else Modelship's server for it, in the
+    engine environment `family`."""
+
+    family: ClassVar[str]
+
+    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
+        """The engine's own server, where there is one to run; None: Modelship's."""
+        if spec.config.get("binary"):
+            return str(spec.config["binary"])
+        if container:
+            return self.container_binary or self.binary_name  # the image's
+        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        binary = self.program(spec, container)
+        if binary is None:
+            return super().argv(spec, host, port, container)
+        return self.program_argv(binary, spec, host, port)
+
+    def program_argv(self, binary: str, spec: EngineSpec, host: str, port: str) -> list[str]:
+        """The engine's own server's command line."""
+        raise NotImplementedError
+
+    def engine_family(self, spec: EngineSpec) -> str | None:
+        return self.family if self.program(spec) is None else None
+
+    def image(self, spec: EngineSpec) -> str:
+        return self.default_image  # a container runs the image's own server
 
 
 class SimulatedLoader(ShippedEngineLoader):

@@ -5,14 +5,11 @@ engine environment, with the diffusers engine's routes, checks, queue and metric
 
 from __future__ import annotations
 
-import os
-import shutil
-
 from deployments.loaders.base import EngineSpec, file_size_gib
-from deployments.loaders.shipped import ShippedEngineLoader
+from deployments.loaders.shipped import ProgramOrShippedLoader
 
 
-class StableDiffusionCppLoader(ShippedEngineLoader):
+class StableDiffusionCppLoader(ProgramOrShippedLoader):
     name = "stable_diffusion_cpp"
     config_key = "stable_diffusion_cpp_config"
     config_options = frozenset(
@@ -30,19 +27,15 @@ class StableDiffusionCppLoader(ShippedEngineLoader):
     )
     usecases = frozenset({"image"})
     module = "deployments.engines.sdcpp_server"
+    family = "sdcpp"
     binary_name = "sd-server"
     binary_env = "MSHIP_SD_SERVER_BIN"
+    # stable-diffusion.cpp publishes no server image: a container runs the sd-server of the
+    # image the deployment names.
+    default_image = ""
     health_path = "/"  # sd-server's page; Modelship's engines answer it too
     running_gauge = "modelship_image_requests_running"
     waiting_gauge = "modelship_image_requests_waiting"
-
-    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
-        """stable-diffusion.cpp's own server, where there is one to run; None: Modelship's."""
-        if spec.config.get("binary"):
-            return str(spec.config["binary"])
-        if container:
-            return self.container_binary or self.binary_name  # the image's
-        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
 
     def validate(self, spec: EngineSpec) -> list[str]:
         found = super().validate(spec)
@@ -51,10 +44,7 @@ class StableDiffusionCppLoader(ShippedEngineLoader):
             found.append(f"{self.config_key}: sample_steps is 1 to 999")
         return found
 
-    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
-        binary = self.program(spec, container)
-        if binary is None:
-            return super().argv(spec, host, port, container)
+    def program_argv(self, binary: str, spec: EngineSpec, host: str, port: str) -> list[str]:
         cfg = spec.config
         argv = [binary]
         if "diffusion_model" in cfg:
@@ -67,14 +57,6 @@ class StableDiffusionCppLoader(ShippedEngineLoader):
         if "threads" in cfg:
             argv += ["-t", str(cfg["threads"])]
         return argv + list(cfg.get("extra_args", []))
-
-    def engine_family(self, spec: EngineSpec) -> str | None:
-        return "sdcpp" if self.program(spec) is None else None
-
-    def image(self, spec: EngineSpec) -> str:
-        # stable-diffusion.cpp publishes no server image: a container runs the sd-server of
-        # the image the deployment names.
-        return self.default_image
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("images/generations", "images/edits")

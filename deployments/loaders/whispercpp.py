@@ -6,30 +6,22 @@ which serves translations and every response format too."""
 from __future__ import annotations
 
 import os
-import shutil
 
 from deployments.engines.whisper_ggml import problems
 from deployments.loaders.base import EngineSpec, file_size_gib
-from deployments.loaders.shipped import ShippedEngineLoader
+from deployments.loaders.shipped import ProgramOrShippedLoader
 
 
-class WhisperCppLoader(ShippedEngineLoader):
+class WhisperCppLoader(ProgramOrShippedLoader):
     name = "whispercpp"
     config_key = "whispercpp_config"
     config_options = frozenset({"threads", "language", "binary", "extra_args"})
     usecases = frozenset({"transcription", "translation"})
     module = "deployments.engines.whisper_server"
+    family = "whisper"
     default_image = "ghcr.io/ggml-org/whisper.cpp:main"
     binary_name = "whisper-server"
     binary_env = "MSHIP_WHISPER_SERVER_BIN"
-
-    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
-        """whisper.cpp's own server, where there is one to run; None: Modelship's."""
-        if spec.config.get("binary"):
-            return str(spec.config["binary"])
-        if container:
-            return self.container_binary or self.binary_name  # the image's
-        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
 
     def validate(self, spec: EngineSpec) -> list[str]:
         found = super().validate(spec)
@@ -37,10 +29,7 @@ class WhisperCppLoader(ShippedEngineLoader):
             found += [f"model: {issue}" for issue in problems(spec.model)[:5]]
         return found
 
-    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
-        binary = self.program(spec, container)
-        if binary is None:
-            return super().argv(spec, host, port, container)
+    def program_argv(self, binary: str, spec: EngineSpec, host: str, port: str) -> list[str]:
         cfg = spec.config
         argv = [binary, "-m", spec.model, "--host", host, "--port", str(port)]
         # Serve at the OpenAI path so the gateway forwards it unchanged.
@@ -50,12 +39,6 @@ class WhisperCppLoader(ShippedEngineLoader):
         if "language" in cfg:
             argv += ["-l", str(cfg["language"])]
         return argv + list(cfg.get("extra_args", []))
-
-    def engine_family(self, spec: EngineSpec) -> str | None:
-        return "whisper" if self.program(spec) is None else None
-
-    def image(self, spec: EngineSpec) -> str:
-        return self.default_image  # a container runs the image's whisper-server
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         if self.program(spec) is not None:
