@@ -64,7 +64,7 @@ def launch_all(deployment: Deployment) -> list[Handle]:
         # A process engine runs in a folder of its own: a model path relative to Modelship's
         # working directory is made absolute.
         spec = dataclasses.replace(spec, model=local_path(spec.model))
-    family = loader.engine_family(spec)
+    family = loader.engine_family(spec, container)
     # A container runs its family's environment from the host, mounted where it lies.
     mounts = [str(engine_envs.location(family))] if container and family else []
     handles: list[Handle] = []
@@ -150,7 +150,8 @@ def prepare_engine_env(deployment: Deployment) -> None:
     """An engine's family environment, installed before its first start (blocking: minutes
     for a large family; the state reason says so meanwhile). A container runs it too,
     mounted from the host (deployer.launch_all)."""
-    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment))
+    container = deployment.runtime == "docker"
+    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment), container)
     if family is None or deployment.command:
         return
 

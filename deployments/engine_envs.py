@@ -37,6 +37,7 @@ PLUGIN_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 # What every plugin's environment has besides the plugin: the engine server's own needs.
 PLUGIN_BASE = ("aiohttp==3.14.5", "numpy==2.4.6", "pillow==13.0.0")
 LOG_TAIL_LINES = 15
+UNINSTALL = "# modelship-uninstall:"
 BUILT = frozenset({"__pycache__", "build", "dist"})  # what pip leaves in a plugin's folder
 
 
@@ -130,11 +131,24 @@ def ensure(family: str, progress: Callable[[str], None] = lambda _: None) -> str
                 pip = [python(family), "-m", "pip", "--disable-pip-version-check"]
                 run([*pip, "install", "--upgrade", "pip"], log, family)
                 run([*pip, "install", "-r", str(wanted)], log, family)
+                unwanted = removed_after_install(family)
+                if unwanted:
+                    run([*pip, "uninstall", "--yes", *unwanted], log, family)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
         stamp(family).touch()
     return python(family)
+
+
+def removed_after_install(family: str) -> list[str]:
+    """What the requirements file's `# modelship-uninstall: a b` lines remove after the
+    install: packages a dependency pulls in that break the engine (its comment says why)."""
+    names: list[str] = []
+    for line in requirements(family).splitlines():
+        if line.startswith(UNINSTALL):
+            names += line.removeprefix(UNINSTALL).split()
+    return names
 
 
 def with_copied_plugin(family: str, target: Path) -> str:

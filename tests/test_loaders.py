@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
-from deployments import engine_envs
+from deployments import engine_envs, nvml
 from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.loaders.shipped import SimulatedLoader
 from deployments.models import Deployment
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def spec(**fields: object) -> EngineSpec:
@@ -36,15 +39,16 @@ def test_it_knows_every_loader_the_design_names() -> None:
     }
 
 
-def test_it_builds_vllms_command_line() -> None:
+def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     s = spec(
         aliases=("chat",),
         num_gpus=0.5,
         config={"max_model_len": 16384, "enable_sleep_mode": True, "enforce_eager": False},
     )
     vllm = get_loader("vllm")
+    monkeypatch.setattr(shutil, "which", lambda name: "/opt/vllm/bin/vllm")  # the host's own
     assert vllm.argv(s, "0.0.0.0", "8000") == [
-        "vllm",
+        "/opt/vllm/bin/vllm",
         "serve",
         "org/model",
         "--host",
@@ -72,6 +76,28 @@ def test_it_builds_vllms_command_line() -> None:
     assert vllm.validate(spec(config={"port": 1})) == [
         "vllm_engine_kwargs: 'port' is set by Modelship"
     ]
+    assert vllm.argv(s, "h", "1", container=True)[:2] == ["vllm", "serve"]  # the image's
+
+
+def test_it_runs_vllm_from_its_engine_environment_where_the_host_has_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    vllm = get_loader("vllm")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    local = spec(model=str(tmp_path), memory_gib=6.0)  # a model folder on this host
+    assert vllm.engine_family(local) == "vllm-cpu"  # no GPU here
+    assert vllm.argv(local, "h", "1")[:5] == [
+        engine_envs.python("vllm-cpu"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tmp_path),
+    ]
+    assert vllm.env(local) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert vllm.engine_family(local, container=True) is None  # a container has its image's
+    gpu = nvml.GpuReading(index=0, name="H100", total_gib=80.0, used_gib=0.0)
+    monkeypatch.setattr(nvml, "readings", lambda: [gpu])
+    assert vllm.engine_family(local) == "vllm"  # the CUDA build on a GPU host
 
 
 def test_it_builds_llama_servers_command_line() -> None:

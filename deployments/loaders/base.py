@@ -108,9 +108,10 @@ class Loader:
         400 naming the part where it does not)."""
         return False
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
-        """The engine environment (deployments/engine_envs.py) its process runs on; None:
-        Modelship's own Python, or a program of its own."""
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
+        """The engine environment (deployments/engine_envs.py) its process runs on (in a
+        container too, mounted from the host); None: Modelship's own Python, or a program of
+        its own (in a container: the image's)."""
         return None
 
     def env(self, spec: EngineSpec) -> dict[str, str]:

@@ -32,7 +32,7 @@ class FasterWhisperLoader(ShippedEngineLoader):
             found += [f"model: {issue}" for issue in problems(spec.model)]
         return found
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         return "faster-whisper"
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ class ShippedEngineLoader(Loader):
     module: ClassVar[str]
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
-        family = self.engine_family(spec)
+        family = self.engine_family(spec, container)
         if family:  # in a container too: the host's environment, mounted at its own path
             python = engine_envs.python(family)
         else:
@@ -65,8 +65,8 @@ class ProgramOrShippedLoader(ShippedEngineLoader):
         """The engine's own server's command line."""
         raise NotImplementedError
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
-        return self.family if self.program(spec) is None else None
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
+        return self.family if self.program(spec, container) is None else None
 
     def image(self, spec: EngineSpec) -> str:
         return self.default_image  # a container runs the image's own server
@@ -133,7 +133,7 @@ class DiffusersLoader(ShippedEngineLoader):
             problems.append(f"{self.config_key}: num_inference_steps is 1 to 999")
         return problems
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         return "diffusers"
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
@@ -163,7 +163,7 @@ class TtsLoader(ShippedEngineLoader):
             problems.append(f"{self.config_key}: voice_map maps voice names to voice names")
         return problems
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         return self.families.get(backend_name(spec.model, spec.config))
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
@@ -194,7 +194,7 @@ class CustomLoader(ShippedEngineLoader):
             problems.append(f"{self.config_key}: 'options' is a mapping, given to the plugin")
         return problems
 
-    def engine_family(self, spec: EngineSpec) -> str | None:
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         return engine_envs.plugin_family(str(spec.config.get("plugin", "")))
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:

