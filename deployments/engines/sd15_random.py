@@ -17,8 +17,6 @@ Run: ``python -m deployments.engines.sd15_random OUT [--seed N]``
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +25,7 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from safetensors.numpy import save_file
 from transformers import CLIPTextConfig, CLIPTextModel
 
-from deployments.engines.tiny_main import tiny_main
+from deployments.engines.tiny_main import folder_beside, tiny_main
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -88,14 +86,11 @@ def write(out: Path, seed: int = 0) -> None:
                 for name, shape in shapes(CLIPTextModel(CLIP)).items()
             },
         }
-    building = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    for relative, named in parts.items():
-        target = building / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        save_file(weights(named, rng), str(target))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(building, out)
+    with folder_beside(out) as building:
+        for relative, named in parts.items():
+            target = building / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_file(weights(named, rng), str(target))
 
 
 if __name__ == "__main__":

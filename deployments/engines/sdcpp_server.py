@@ -17,7 +17,6 @@ Run: ``python -m deployments.engines.sdcpp_server --model var/models/sd15-random
 
 from __future__ import annotations
 
-import logging
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
     from deployments.engines.diffusers_server import Counters, Job
 
-log = logging.getLogger("sdcpp-engine")
 SEEDS = 2**31 - 1
 
 

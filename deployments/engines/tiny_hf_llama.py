@@ -10,15 +10,13 @@ Run: ``python -m deployments.engines.tiny_hf_llama OUT [--seed N]``
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from deployments.engines.tiny_main import tiny_main
+from deployments.engines.tiny_main import folder_beside, tiny_main
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -76,12 +74,9 @@ def write(out: Path, seed: int = 0) -> None:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
-    building = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    model.save_pretrained(str(building), safe_serialization=True)
-    words.save_pretrained(str(building))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(building, out)
+    with folder_beside(out) as building:
+        model.save_pretrained(str(building), safe_serialization=True)
+        words.save_pretrained(str(building))
 
 
 if __name__ == "__main__":

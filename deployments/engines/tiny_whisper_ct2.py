@@ -13,15 +13,13 @@ Run: ``python -m deployments.engines.tiny_whisper_ct2 OUT [--seed N]``
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ctranslate2.specs import WhisperSpec
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from deployments.engines.tiny_main import tiny_main
+from deployments.engines.tiny_main import folder_beside, tiny_main
 from deployments.engines.whisper_ggml import vocabulary
 
 if TYPE_CHECKING:
@@ -128,15 +126,16 @@ def write_tiny(out: Path, seed: int = 0) -> None:
     spec = build_spec(seed, words)
     spec.validate()
     spec.optimize(quantization="float16")  # as converters are usually run: half the size
-    building = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    spec.save(str(building))
-    write_tokenizer(words, building / "tokenizer.json")
-    features = {"feature_size": MELS, "sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
-    (building / "preprocessor_config.json").write_text(json.dumps(features))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(building, out)
+    with folder_beside(out) as building:
+        spec.save(str(building))
+        write_tokenizer(words, building / "tokenizer.json")
+        features = {
+            "feature_size": MELS,
+            "sampling_rate": 16000,
+            "hop_length": 160,
+            "n_fft": 400,
+        }
+        (building / "preprocessor_config.json").write_text(json.dumps(features))
 
 
 if __name__ == "__main__":
