@@ -7,7 +7,7 @@ from django.utils.html import format_html
 
 from deployments import hooks, host_access, operations
 from deployments.engine_logs import tails
-from deployments.loaders import LOADERS
+from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import host_summary, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
 from deployments.refusals import OperationRefused
@@ -75,7 +75,10 @@ class DeploymentAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
         ("Engine", {"fields": ("image", "command", "config", "num_replicas")}),
         ("Memory", {"fields": ("memory_gib", "num_gpus")}),
-        ("Lifecycle", {"fields": ("mode", "idle_timeout_s", "system", "idle_signal")}),
+        (
+            "Lifecycle",
+            {"fields": ("mode", "idle_timeout_s", "system", "idle_signal", "idle_action")},
+        ),
         ("State", {"fields": readonly_fields}),
         ("Engine log", {"fields": ("log_tail",), "classes": ("collapse",)}),
     )
@@ -114,6 +117,14 @@ class DeploymentAdmin(admin.ModelAdmin):
             return "—"
         return LOADERS[obj.loader].idle_signal
 
+    @admin.display(description="when idle")
+    def idle_action(self, obj: Deployment) -> str:
+        """On demand, what an idle engine is given: sleep where it sleeps, else a stop, and
+        why not sleep where sleep mode was asked for and the engine here has none."""
+        if obj.pk is None or not obj.is_on_demand or obj.loader not in LOADERS:
+            return "—"
+        return LOADERS[obj.loader].idle_action(EngineSpec.of(obj))
+
     @admin.display(description="memory (GiB)")
     def need(self, obj: Deployment) -> str:
         return f"{need_gib(obj):.2f}"
@@ -126,7 +137,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         # Without the permission, what runs on the host is shown, not edited (the loader's
         # `binary` inside config is checked when the form is saved).
         host = () if host_access.may_run_anything(request.user) else ("image", "command")
-        return (*self.readonly_fields, "log_tail", "idle_signal", *host)
+        return (*self.readonly_fields, "log_tail", "idle_signal", "idle_action", *host)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any

@@ -38,6 +38,7 @@ Precheck = Callable[[Deployment], bool]
 __all__ = [
     "InsufficientMemory",
     "replace",
+    "rest",
     "restart",
     "sleep",
     "stop",
@@ -316,15 +317,66 @@ def _post_each(deployment: Deployment, path: str) -> None:
             answer.raise_for_status()
 
 
-def sleep(deployment_id: int, *, actor: str = "system", reason: str = "") -> bool:
-    """Put a ready engine to sleep (vLLM sleep mode): weights and KV cache leave the GPU."""
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
-        raise CannotSleep(f"{deployment.name}: the {deployment.loader} engine cannot sleep")
-    if deployment.state != State.READY:
-        return False
-    _post_each(deployment, "/sleep?level=1")
+def sleep(
+    deployment_id: int,
+    *,
+    precheck: Precheck | None = None,
+    actor: str = "system",
+    reason: str = "",
+) -> bool:
+    """Put a ready engine to sleep (vLLM sleep mode, level 1): weights and KV cache leave the
+    GPU. An engine that takes the /sleep but stays awake (vLLM's CPU worker) is stopped
+    instead, with the reason: left "asleep", it would hang the requests woken for it. False
+    when it was not ready or the precheck refused (on the locked, freshly read row)."""
+    with transaction.atomic():
+        try:
+            deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        except Deployment.DoesNotExist:
+            return False
+        if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
+            raise CannotSleep(f"{deployment.name}: the {deployment.loader} engine cannot sleep")
+        if deployment.state != State.READY:
+            return False
+        if precheck is not None and not precheck(deployment):
+            return False
+    try:
+        _post_each(deployment, "/sleep?level=1")
+        why = "" if _all_asleep(deployment) else "it took /sleep and stayed awake"
+    except httpx.HTTPError as exc:
+        why = f"its /sleep failed: {exc}"
+    if why:
+        why = f"sleep not supported by this engine here ({why})"
+        event(deployment, "sleep_ignored", why, actor=actor)
+        return stop(deployment_id, actor=actor, reason=f"{why}: stopping instead")
     return transition(deployment, State.ASLEEP, expected=[State.READY], reason=reason, actor=actor)
+
+
+def _all_asleep(deployment: Deployment) -> bool:
+    with httpx.Client(timeout=10.0) as client:
+        for url in deployment.engine_urls:
+            try:
+                answer = client.get(url + "/is_sleeping")
+                if answer.json().get("is_sleeping") is not True:
+                    return False
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return False
+    return True
+
+
+def rest(
+    deployment_id: int,
+    *,
+    precheck: Precheck | None = None,
+    actor: str = "system",
+    reason: str = "",
+) -> bool:
+    """What on-demand does with an idle engine: sleep where it can, else stop."""
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None:
+        return False
+    if get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
+        return sleep(deployment_id, precheck=precheck, actor=actor, reason=reason)
+    return stop(deployment_id, precheck=precheck, actor=actor, reason=reason)
 
 
 def wake(deployment_id: int, *, actor: str = "system") -> Deployment:

@@ -105,7 +105,7 @@ def _sample(deployment_id: int) -> Load | None:
 
 
 def _stop(deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
-    stopped = deployer.stop(
+    stopped = deployer.rest(
         deployment_id, precheck=lambda row: precheck(view_of(row)), actor=ACTOR, reason=reason
     )
     if stopped:

@@ -1,6 +1,6 @@
-"""The idle reaper, as it runs in the django-q cluster: stops every on-demand deployment
-that is idle by the seed's rules, each stop approved under the row's lock only once the
-gateways' lease has lapsed."""
+"""The idle reaper, as it runs in the django-q cluster: puts every on-demand deployment that
+is idle by the seed's rules to sleep where its engine sleeps (vLLM sleep mode), else stops
+it, each one approved under the row's lock only once the gateways' lease has lapsed."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def approve(row: Deployment) -> bool:
 
 
 def reap_once() -> list[str]:
+    """The names of the deployments put away, "(asleep)" after those put to sleep."""
     stopped = []
     candidates = Deployment.objects.filter(
         mode=Mode.ON_DEMAND, system=False, state=State.READY, pending_mode__isnull=True
@@ -65,11 +66,13 @@ def reap_once() -> list[str]:
             minutes = round(deployment.effective_idle_timeout_s / 60)
             text = f"Put to sleep after {minutes} min idle"
             try:
-                if not deployer.stop(deployment.pk, precheck=approve, actor=ACTOR, reason=text):
+                if not deployer.rest(deployment.pk, precheck=approve, actor=ACTOR, reason=text):
                     continue
             except EngineUnreachable as exc:
                 log.warning("%s: not reaped: %s", deployment.name, exc)
                 continue
             audit.record("ondemand_sleep", deployment, actor=ACTOR, text=text)
-            stopped.append(deployment.name)
+            deployment.refresh_from_db(fields=["state"])
+            asleep = deployment.state == State.ASLEEP
+            stopped.append(f"{deployment.name} (asleep)" if asleep else deployment.name)
     return stopped

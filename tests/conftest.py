@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -168,3 +170,17 @@ def env_for_subprocess(**extra: str) -> dict[str, str]:
     env["MSHIP_ENGINE_ENVS_DIR"] = str(REPO / "var" / "engines")  # made once, shared
     env.update(extra)
     return env
+
+
+def reap(site: Any) -> str:
+    """The reaper, once, as its management command runs it: what it put away."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "reap_ondemand"],
+        cwd=REPO,
+        env=env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR)),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout.strip()

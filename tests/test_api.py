@@ -174,6 +174,7 @@ def test_it_switches_mode_audited_as_ondemand_mode(api: APIClient, engines: None
     )
     assert answer.status_code == 200
     assert answer.json()["effective_mode"] == "on_demand"
+    assert answer.json()["when_idle"] == "stop, started again by the next request"
     entry = AuditEntry.objects.get(action="ondemand_mode")
     assert entry.before == {"mode": "always_on"}
     assert entry.after == {"mode": "on_demand", "pending_mode": None}
@@ -181,6 +182,8 @@ def test_it_switches_mode_audited_as_ondemand_mode(api: APIClient, engines: None
     bad = api.patch(f"/api/deployments/{deployment.pk}/mode/", {"mode": "sometimes"}, format="json")
     assert bad.status_code == 400
     assert "mode" in bad.json()
+    pinned = Deployment.objects.create(**{**SIM, "name": "pinned"})
+    assert api.get(f"/api/deployments/{pinned.pk}/").json()["when_idle"] is None  # always on
 
 
 def test_it_starts_a_stopped_on_demand_deployment_switched_to_always_on(

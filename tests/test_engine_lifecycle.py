@@ -14,7 +14,7 @@ from django.db import connection
 from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.refusals import CannotSleep
-from tests.conftest import chat, in_thread, pid_alive, reply_of, sim, wait_until
+from tests.conftest import answers, chat, in_thread, pid_alive, reply_of, sim, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -125,7 +125,7 @@ def test_it_starts_an_engine_once_for_twenty_concurrent_starts(make_deployment: 
 
 
 def test_it_puts_an_engine_to_sleep_and_wakes_it(make_deployment: Any) -> None:
-    deployment = make_deployment()
+    deployment = make_deployment(config=sim(enable_sleep_mode=True))
     deployer.restart(deployment.pk)
     assert deployer.sleep(deployment.pk)
     deployment.refresh_from_db()
@@ -143,6 +143,39 @@ def test_it_refuses_to_sleep_an_engine_without_sleep_mode(make_deployment: Any) 
     deployment = make_deployment(loader="llama_server", model="/nonexistent.gguf", memory_gib=1)
     with pytest.raises(CannotSleep):
         deployer.sleep(deployment.pk)
+    with pytest.raises(CannotSleep):
+        deployer.sleep(make_deployment("awake").pk)  # a vLLM without enable_sleep_mode
+
+
+def test_it_stops_an_engine_that_takes_a_sleep_and_stays_awake(make_deployment: Any) -> None:
+    """vLLM's CPU worker answers /sleep and goes on holding its memory; a request "woken"
+    into it would hang. Such an engine is stopped instead, and the deployment says why."""
+    deployment = make_deployment(config=sim(enable_sleep_mode=True, ignore_sleep=True))
+    deployer.restart(deployment.pk)
+    url = deployment.engine_url
+    assert deployer.sleep(deployment.pk, reason="Put to sleep after 1 min idle")
+    deployment.refresh_from_db()
+    assert deployment.state == State.STOPPED
+    assert deployment.state_reason == (
+        "sleep not supported by this engine here (it took /sleep and stayed awake):"
+        " stopping instead"
+    )
+    assert not answers(url)
+    ignored = DeploymentEvent.objects.get(deployment=deployment, kind="sleep_ignored")
+    assert "stayed awake" in ignored.text
+
+
+def test_it_rests_an_idle_engine_by_sleep_where_it_sleeps_else_by_stop(
+    make_deployment: Any,
+) -> None:
+    sleeper = make_deployment("sleeper", config=sim(enable_sleep_mode=True))
+    plain = make_deployment("plain")
+    for deployment in (sleeper, plain):
+        deployer.restart(deployment.pk)
+        assert deployer.rest(deployment.pk, reason="idle")
+    assert Deployment.objects.get(pk=sleeper.pk).state == State.ASLEEP
+    assert Deployment.objects.get(pk=plain.pk).state == State.STOPPED
+    assert not deployer.rest(sleeper.pk)  # asleep already: nothing to do
 
 
 def test_it_fails_a_start_whose_binary_does_not_exist(make_deployment: Any) -> None:

@@ -10,8 +10,6 @@ import base64
 import io
 import json
 import socket
-import subprocess
-import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -24,7 +22,7 @@ from django.utils import timezone
 from PIL import Image
 
 from deployments.models import Deployment, State
-from tests.conftest import REPO, env_for_subprocess, wait_until
+from tests.conftest import reap, wait_until
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
@@ -196,13 +194,6 @@ def test_it_starts_an_image_model_on_demand_and_stops_it_when_idle(
     assert lazy.state == State.READY
     # Its lease runs out (as after a minute of no requests): the reaper stops it.
     Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
-    subprocess.run(
-        [sys.executable, "manage.py", "reap_ondemand"],
-        cwd=REPO,
-        env=env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR)),
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    assert reap(site) == "stopped: lazy-painter"
     lazy.refresh_from_db()
     assert lazy.state == State.STOPPED

@@ -40,6 +40,8 @@ def test_it_knows_every_loader_the_design_names() -> None:
 
 
 def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = nvml.GpuReading(index=0, name="H100", total_gib=80.0, used_gib=0.0)
+    monkeypatch.setattr(nvml, "readings", lambda: [gpu])  # vLLM sleeps on CUDA only
     s = spec(
         aliases=("chat",),
         num_gpus=0.5,
@@ -65,8 +67,10 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "0.5",
     ]
     assert vllm.can_sleep(s)
+    assert vllm.idle_action(s).startswith("sleep (level 1")
     assert vllm.env(s) == {"VLLM_SERVER_DEV_MODE": "1"}
     assert not vllm.can_sleep(spec())
+    assert vllm.idle_action(spec()) == "stop, started again by the next request"
     assert (vllm.running_gauge, vllm.waiting_gauge) == (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -95,6 +99,15 @@ def test_it_runs_vllm_from_its_engine_environment_where_the_host_has_none(
     ]
     assert vllm.env(local) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "3"}
     assert vllm.engine_family(local, container=True) is None  # a container has its image's
+    # Sleep mode asked for on a host without a GPU: vLLM would refuse to start with it, so
+    # the flag is left out, on-demand stops it instead, and its page says so.
+    sleepy = spec(model=str(tmp_path), config={"enable_sleep_mode": True})
+    assert "--enable-sleep-mode" not in vllm.argv(sleepy, "h", "1")
+    assert not vllm.can_sleep(sleepy) and "VLLM_SERVER_DEV_MODE" not in vllm.env(sleepy)
+    assert vllm.idle_action(sleepy) == (
+        "sleep not supported by this engine here (vLLM without a GPU refuses sleep mode):"
+        " stopping instead"
+    )
     gpu = nvml.GpuReading(index=0, name="H100", total_gib=80.0, used_gib=0.0)
     monkeypatch.setattr(nvml, "readings", lambda: [gpu])
     assert vllm.engine_family(local) == "vllm"  # the CUDA build on a GPU host

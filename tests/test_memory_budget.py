@@ -53,7 +53,7 @@ def test_it_estimates_a_gguf_from_its_size(make_deployment: Any, tmp_path: Any) 
 
 
 def test_it_lets_a_sleeping_engine_free_its_memory(make_deployment: Any) -> None:
-    first = make_deployment("first", memory_gib=5)
+    first = make_deployment("first", memory_gib=5, config={"enable_sleep_mode": True})
     second = make_deployment("second", memory_gib=5)
     deployer.restart(first.pk)
     deployer.sleep(first.pk)

@@ -3,19 +3,13 @@ of the loopback network (127.0.0.2), with the seed's checks in their order."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import Any
 
 import httpx
-import httpx2
-import openai
 import pytest
 
 from deployments import deployer
@@ -24,74 +18,9 @@ from deployments.runtimes.process import free_port
 from ondemand.registry import controllers
 from openai_api.forwarder import forwarder
 from tests.conftest import in_thread, wait_until
-from tests.gateway_support import reread_guard, seen_by_gateway
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from pathlib import Path
+from tests.gateway_support import OTHER, OnDemandSite, reread_guard, seen_by_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
-
-PEER = "127.0.0.2"  # an allowed peer: the test's explicit list names it
-OTHER = "127.0.0.3"  # on the loopback network too, but not in the list
-
-
-@dataclass
-class OnDemandSite:
-    url: str
-    key: str
-    key_file: Path
-
-    def client(self, deployment: Deployment, source: str = PEER, **headers: str) -> httpx.Client:
-        return httpx.Client(
-            base_url=f"{self.url}/ondemand/{deployment.pk}/v1",
-            headers={"authorization": f"Bearer {self.key}", **headers},
-            transport=httpx.HTTPTransport(local_address=source),
-            timeout=60,
-        )
-
-    def sdk(self, deployment: Deployment, key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.url}/ondemand/{deployment.pk}/v1",
-            api_key=key or self.key,
-            max_retries=0,
-            # The SDK's own HTTP client, from the allowed peer address.
-            http_client=openai.DefaultHttpxClient(
-                transport=httpx2.HTTPTransport(local_address=PEER)
-            ),
-        )
-
-    def raw(self, method: str, path: str, source: str = PEER, **headers: str) -> tuple[int, str]:
-        """A request whose path goes out byte for byte (no client-side normalisation)."""
-        parts = urlsplit(self.url)
-        conn = http.client.HTTPConnection(
-            parts.hostname or "", parts.port, timeout=30, source_address=(source, 0)
-        )
-        conn.request(
-            method, path, body=b"{}", headers={"authorization": f"Bearer {self.key}", **headers}
-        )
-        response = conn.getresponse()
-        body = response.read()
-        conn.close()
-        return response.status, (json.loads(body)["error"]["code"] if body else "")
-
-
-@pytest.fixture
-def ondemand_site(
-    gateway_url: str, site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[OnDemandSite]:
-    # The test machine may itself be a container, but not one the test's Docker daemon (if
-    # any) runs: the gateway has no Docker networks of its own here.
-    monkeypatch.setenv("MSHIP_IN_CONTAINER", "0")
-    key_file = tmp_path / "ondemand_key"
-    key = "odk-" + secrets.token_hex(16)
-    key_file.write_text(key + "\n")
-    site.MSHIP_ONDEMAND_KEY_FILE = key_file
-    site.MSHIP_ONDEMAND_ALLOWED_CIDRS = f"{PEER}/32"
-    site.MSHIP_ROUTE_REFRESH_S = 0.05
-    reread_guard()
-    yield OnDemandSite(gateway_url, key, key_file)
-    reread_guard()
 
 
 def deploy(make_deployment: Any, name: str, **fields: Any) -> Deployment:

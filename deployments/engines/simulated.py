@@ -339,7 +339,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def sleep(request: web.Request) -> web.Response:
-    request.app[STATE].sleeping = True
+    state = request.app[STATE]
+    state.sleeping = not state.config.ignore_sleep
     return web.Response(text="")
 
 

@@ -48,6 +48,10 @@ class EngineSpec:
         return [self.name, *self.aliases]
 
 
+SLEEPS = "sleep (level 1: weights and KV cache leave the GPU), woken by the next request"
+STOPS = "stop, started again by the next request"
+
+
 class Loader:
     name: ClassVar[str]
     # The key of this loader's block in models.yaml (e.g. llama_server_config).
@@ -129,7 +133,14 @@ class Loader:
         return "slots and engine gauges" if self.running_gauge else "slots"
 
     def can_sleep(self, spec: EngineSpec) -> bool:
+        """Whether its engine, as this spec runs it on this host, sleeps (vLLM sleep mode):
+        on-demand then puts it to sleep when idle instead of stopping it."""
         return self.can_sleep_mode
+
+    def idle_action(self, spec: EngineSpec) -> str:
+        """What on-demand does with it when it is idle or in another's way, as the
+        deployment's page says it."""
+        return SLEEPS if self.can_sleep(spec) else STOPS
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         """Memory the engine will hold, where it can be known without starting it."""

@@ -93,12 +93,13 @@ class SimulatedLoader(ShippedEngineLoader):
             "allocate_mib",
             "first_token_delay_s",
             "vision",
+            "enable_sleep_mode",
+            "ignore_sleep",
         }
     )
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
-    can_sleep_mode = True
     tokenizer = "vllm"  # it stands in for vLLM
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
@@ -111,6 +112,9 @@ class SimulatedLoader(ShippedEngineLoader):
 
     def sees_images(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("vision"))
+
+    def can_sleep(self, spec: EngineSpec) -> bool:
+        return bool(spec.config.get("enable_sleep_mode"))  # as vLLM's flag
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         claim = spec.config.get("memory_claim_gib")

@@ -13,6 +13,12 @@ from deployments import engine_envs, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
+# worker in development mode takes a /sleep without sleeping (a request then hangs).
+NO_SLEEP_HERE = (
+    "sleep not supported by this engine here (vLLM without a GPU refuses sleep mode):"
+    " stopping instead"
+)
 
 
 class VllmLoader(Loader):
@@ -57,6 +63,8 @@ class VllmLoader(Loader):
         argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
         options = dict(spec.config)
+        if not self.can_sleep(spec):
+            options.pop("enable_sleep_mode", None)  # refused at start without a GPU
         if spec.num_gpus and "gpu_memory_utilization" not in options:
             # A fraction of one GPU: vLLM takes it as the share of the device it may use.
             options["gpu_memory_utilization"] = min(spec.num_gpus, 1.0)
@@ -83,7 +91,12 @@ class VllmLoader(Loader):
         return env
 
     def can_sleep(self, spec: EngineSpec) -> bool:
-        return bool(spec.config.get("enable_sleep_mode"))
+        return bool(spec.config.get("enable_sleep_mode")) and bool(nvml.readings())
+
+    def idle_action(self, spec: EngineSpec) -> str:
+        if spec.config.get("enable_sleep_mode") and not self.can_sleep(spec):
+            return NO_SLEEP_HERE
+        return super().idle_action(spec)
 
     def sees_images(self, spec: EngineSpec) -> bool:
         return True  # vLLM answers for its model: a text-only one refuses image parts itself

@@ -8,7 +8,10 @@ from ondemand.reaper import reap_once
 
 
 class Command(BaseCommand):
-    help = "Stop every idle on-demand deployment once (the django-q schedule does it for you)."
+    help = (
+        "Put every idle on-demand deployment to sleep (where its engine sleeps) or stop it,"
+        " once (the django-q schedule does it for you)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         stopped = reap_once()
