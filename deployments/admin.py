@@ -73,7 +73,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     )
     fieldsets = (
         (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
-        ("Engine", {"fields": ("image", "command", "config", "num_replicas")}),
+        ("Engine", {"fields": ("image", "command", "config", "num_replicas", "responses")}),
         ("Memory", {"fields": ("memory_gib", "num_gpus")}),
         (
             "Lifecycle",

@@ -38,6 +38,13 @@ class Mode(models.TextChoices):
     ALWAYS_ON = "always_on"
 
 
+class ResponsesBy(models.TextChoices):
+    """Who answers a deployment's /v1/responses."""
+
+    GATEWAY = "gateway", "Modelship, over the engine's chat completions"
+    ENGINE = "engine", "the engine's own /v1/responses (Modelship keeps the stored state)"
+
+
 class State(models.TextChoices):
     PLANNED = "planned"
     STARTING = "starting"
@@ -107,6 +114,14 @@ class Deployment(models.Model):
     )
     system = models.BooleanField(
         default=False, help_text="Always on and never on demand (a decision model)."
+    )
+    responses = models.CharField(
+        max_length=16,
+        choices=ResponsesBy.choices,
+        default=ResponsesBy.GATEWAY,
+        help_text="Who answers /v1/responses: Modelship's translation onto chat completions,"
+        " or the engine's own (vLLM) with stored responses, previous_response_id and"
+        " conversations still kept by Modelship.",
     )
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)

@@ -31,6 +31,7 @@ PLAIN_KEYS = {
     "image",
     "command",
     "system",
+    "responses",
 }
 # models.yaml keys stored under another field name.
 RENAMED = {"docker": "docker_options"}

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 # What an operator sets on a deployment (the rest is its state).
-SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system")
+SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system", "responses")
 
 
 class Outcome(StrEnum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deployments.loaders import LOADERS, EngineSpec
-from deployments.models import Mode
+from deployments.models import Mode, ResponsesBy
 from deployments.runtimes.docker_options import problems as docker_problems
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
     )
     for message in docker_problems(values.get("docker_options")):
         add("docker_options", message)
+    if values.get("responses") == ResponsesBy.ENGINE and not loader.native_responses:
+        add("responses", f"the {loader.name} engine has no /v1/responses of its own")
     for message in loader.validate(spec):
         field = "usecase" if message.startswith("usecase") else "config"
         field = "num_gpus" if message.startswith("num_gpus") else field

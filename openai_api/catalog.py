@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from deployments.loaders import LOADERS, EngineSpec
-from deployments.models import Deployment
+from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
 
@@ -45,6 +45,7 @@ class Route:
     system: bool = False
     networks: tuple[str, ...] = ()  # the engines' Docker networks (subnets)
     sees_images: bool = False  # its chat takes image parts
+    responses_by_engine: bool = False  # /v1/responses passed to the engine's own
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ def route_of(d: Deployment) -> Route:
         system=d.system,
         networks=tuple(str(subnet) for h in handles for subnet in h.get("subnets", ())),
         sees_images=loader.sees_images(spec) if loader else False,
+        responses_by_engine=d.responses == ResponsesBy.ENGINE,
     )
 
 

@@ -102,6 +102,11 @@ def test_it_reports_cross_field_problems(api: APIClient) -> None:
     ]
     assert errors["memory_gib"] == ["give num_gpus or memory_gib, not both"]
     assert errors["config"] == ["simulated_config: unknown key 'bogus'"]
+    llama = {**SIM, "loader": "llama_server", "model": "/m.gguf", "responses": "engine"}
+    refused = api.post("/api/deployments/", llama, format="json")
+    assert refused.json()["responses"] == [
+        "the llama_server engine has no /v1/responses of its own"
+    ]
 
 
 def test_it_refuses_an_alias_another_deployment_serves(api: APIClient) -> None:

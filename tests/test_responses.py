@@ -154,6 +154,60 @@ def test_it_chains_three_turns_and_branches_from_an_earlier_one(
     assert texts(items.data) == ["third", "second", "second", "first", "first"]
 
 
+def test_it_passes_responses_to_an_engines_own_and_keeps_the_state_itself(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    """`responses: engine`: the engine's /v1/responses answers (vLLM's own implementation;
+    the simulated engine serves it as vLLM does), given the whole context and nothing to
+    store; Modelship keeps the ids, the chain and the stored responses."""
+    native = serving("native", responses="engine", config={"echo": True})
+
+    def sent() -> dict[str, Any]:
+        native.refresh_from_db()
+        body: dict[str, Any] = httpx.get(native.engine_url + "/sim/last_responses_request").json()
+        return body
+
+    one = client.responses.create(model="native", input="first", instructions="Be brief.")
+    assert one.id.startswith("resp_") and one.output_text == "first"
+    assert one.instructions == "Be brief." and one.usage is not None
+    assert (sent()["store"], sent()["stream"], sent()["instructions"]) == (False, True, "Be brief.")
+    assert httpx.get(native.engine_url + "/sim/last_chat_request").json() is None  # no chat
+    two = client.responses.create(model="native", input="second", previous_response_id=one.id)
+    assert two.output_text == "second" and two.previous_response_id == one.id
+    context = sent()["input"]
+    assert "previous_response_id" not in sent()
+    assert [(item.get("role"), item["content"][0]["text"]) for item in context] == [
+        ("user", "first"),
+        ("assistant", "first"),
+        ("user", "second"),
+    ]
+    assert client.responses.retrieve(two.id).output_text == "second"
+    assert texts(client.responses.input_items.list(two.id).data) == ["second", "first", "first"]
+
+    # Streamed: the engine's events, renumbered, between Modelship's opening and end.
+    with client.responses.stream(model="native", input="three words here") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and kinds.count("response.created") == 1
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text == "three words here"
+    assert client.responses.retrieve(final.id).output_text == "three words here"
+    queued = client.responses.create(model="native", input="in the background", background=True)
+    assert wait_for_status(client, queued.id, "completed").output_text == "in the background"
+
+    # MCP tools are Modelship's own loop: refused, naming the field.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="native",
+            input="x",
+            tools=[{"type": "mcp", "server_label": "s", "server_url": "http://127.0.0.1:1/"}],
+        )
+    assert refused.value.param == "tools" and "responses: engine" in refused.value.message
+
+
 def test_it_pages_input_items_both_ways(
     client: openai.OpenAI, serving: Callable[..., Deployment], gateway_url: str
 ) -> None:

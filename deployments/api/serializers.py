@@ -50,6 +50,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "effective_mode",
             "idle_timeout_s",
             "system",
+            "responses",
             "need_gib",
             "config_current",
             "ondemand",

@@ -67,6 +67,7 @@ class SimState:
     sleeping: bool = False
     cancellations: list[dict[str, Any]] = field(default_factory=list)
     last_chat_request: dict[str, Any] | None = None
+    last_responses_request: dict[str, Any] | None = None
     last_chat_headers: dict[str, str] = field(default_factory=dict)
 
 

@@ -163,6 +163,7 @@ async def responses(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         return error(400, "'max_output_tokens' must be a positive integer.", "invalid_request")
     answer = Answer(state, body, prompt)
+    state.last_responses_request = body
     async with Inflight(state, request):
         if body.get("stream"):
             return await sse_stream(request, answer.events(state))

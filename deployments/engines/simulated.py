@@ -363,6 +363,10 @@ async def last_chat_request(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE].last_chat_request)
 
 
+async def last_responses_request(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].last_responses_request)
+
+
 async def stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({"served": state.served, "running": state.running, "pid": os.getpid()})
@@ -404,6 +408,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),
         web.get("/sim/last_chat_request", last_chat_request),
+        web.get("/sim/last_responses_request", last_responses_request),
         web.get("/sim/last_chat_headers", last_chat_headers),
         web.post("/tokenize", tokenize),
     ]

@@ -1,9 +1,9 @@
 """A tiny Llama in Hugging Face's format, for vLLM: two layers, 64 wide, seeded random
 weights (safetensors), and a byte-level BPE tokenizer of 300 tokens trained here on a few
-sentences, with a chat template: about 0.5 MB, no download. Its replies are nonsense, the
-same for a seed; vLLM's structured output still makes them valid JSON where asked. Runs in
-the vLLM engine environment (`manage.py make_tiny_model --kind hf-llama` calls it there),
-written to a folder beside OUT, then renamed.
+sentences (and <think>, </think> whole), with a chat template: about 0.5 MB, no download.
+Its replies are nonsense, the same for a seed; vLLM's structured output still makes them
+valid JSON where asked. Runs in the vLLM engine environment (`manage.py make_tiny_model
+--kind hf-llama` calls it there), written to a folder beside OUT, then renamed.
 
 Run: ``python -m deployments.engines.tiny_hf_llama OUT [--seed N]``
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from deployments.engines.tiny_main import folder_beside, tiny_main
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 VOCAB = 300
 SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Whole tokens for vLLM's reasoning parsers (deepseek_r1 looks them up), kept in the text.
+THINK = ["<think>", "</think>"]
 CORPUS = [
     "Modelship serves models behind one OpenAI API.",
     "The quick brown fox jumps over the lazy dog.",
@@ -48,6 +50,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     bpe.train_from_iterator(CORPUS * 20, trainer=trainer)
+    bpe.add_tokens([AddedToken(token, special=False) for token in THINK])
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         unk_token="<unk>",
@@ -67,7 +70,7 @@ def write(out: Path, seed: int = 0) -> None:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
-        vocab_size=VOCAB,
+        vocab_size=len(words),
         max_position_embeddings=512,
         bos_token_id=words.bos_token_id,
         eos_token_id=words.eos_token_id,

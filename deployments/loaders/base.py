@@ -64,6 +64,8 @@ class Loader:
     running_gauge: ClassVar[str | None] = None
     waiting_gauge: ClassVar[str | None] = None
     can_sleep_mode: ClassVar[bool] = False
+    # It serves /v1/responses itself (a deployment may pass the endpoint to it).
+    native_responses: ClassVar[bool] = False
     # How the engine counts a chat's tokens: "vllm" (POST /tokenize with the messages) or
     # "llama" (POST /apply-template, then /tokenize); None: it cannot.
     tokenizer: ClassVar[str | None] = None

@@ -100,6 +100,7 @@ class SimulatedLoader(ShippedEngineLoader):
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
+    native_responses = True
     tokenizer = "vllm"  # it stands in for vLLM
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:

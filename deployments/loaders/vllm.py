@@ -31,6 +31,7 @@ class VllmLoader(Loader):
     binary_name = "vllm"
     binary_env = "MSHIP_VLLM_BIN"
     can_sleep_mode = True
+    native_responses = True
     tokenizer = "vllm"
 
     # vLLM has hundreds of engine arguments; any is passed through as a flag.

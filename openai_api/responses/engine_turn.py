@@ -15,6 +15,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_error_of, forwarder, unreachable
 from openai_api.keepalive import enter_kept_alive, waiting_answer
+from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.translator import Event, StreamTranslator
 
 if TYPE_CHECKING:
@@ -65,8 +66,10 @@ async def call_engine(
     request_id: str,
     name: str,
 ) -> None:
-    """Stream the engine's chat completion through the translator."""
-    url = base_url + "/v1/chat/completions"
+    """Stream the engine's chat completion through the translator, or, for a deployment
+    with `responses: engine`, the engine's own Responses events (EngineEvents)."""
+    by_engine = isinstance(translator, EngineEvents)
+    url = base_url + ("/v1/responses" if by_engine else "/v1/chat/completions")
     headers = {"content-type": "application/json", "x-request-id": request_id}
     async with forwarder.using(base_url) as session:
         try:
@@ -77,25 +80,43 @@ async def call_engine(
             if answer.status != 200:
                 raise await engine_error(answer)
             try:
-                async for chunk in chat_chunks(answer):
-                    if "error" in chunk:
-                        error = chunk["error"] or {}
-                        code = str(error.get("code") or "engine_error")
-                        message = str(error.get("message") or "the engine failed")
-                        await emit(translator.fail(code, message))
+                async for data in sse_objects(answer):
+                    if (failure := failure_of(data)) is not None:
+                        await emit(translator.fail(*failure))
                         raise EngineFailed
-                    await emit(translator.feed(chunk))
+                    if isinstance(translator, EngineEvents):
+                        await emit(translator.relay(data))
+                    else:
+                        await emit(translator.feed(data))
             except aiohttp.ClientError as exc:
                 await emit(translator.fail("upstream_error", unreachable(exc, name)))
                 raise EngineFailed from exc
+    if isinstance(translator, EngineEvents) and translator.final is None:
+        ended = f"The engine of {name} ended its stream before its response was done."
+        await emit(translator.fail("upstream_error", ended))
+        raise EngineFailed
+
+
+def failure_of(data: dict[str, Any]) -> tuple[str, str] | None:
+    """An error the engine sent inside its stream, as (code, message): a chat chunk's
+    `error`, or a Responses `error` event."""
+    if data.get("type") == "error":
+        error = data
+    elif "error" in data and "type" not in data:
+        error = data["error"] if isinstance(data["error"], dict) else {}
+    else:
+        return None
+    message = str(error.get("message") or "the engine failed")
+    return str(error.get("code") or "engine_error"), message
 
 
 class EngineFailed(Exception):
     """The engine failed mid-answer; the failure already went out as events."""
 
 
-async def chat_chunks(answer: aiohttp.ClientResponse) -> Any:
-    """The JSON objects of an SSE chat completion stream, to its [DONE]."""
+async def sse_objects(answer: aiohttp.ClientResponse) -> Any:
+    """The JSON objects of an SSE stream (a chat completion's, to its [DONE], or the
+    Responses events), each from its `data:` line."""
     async for raw in answer.content:
         line = raw.strip()
         if not line.startswith(b"data:"):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol
+from openai_api.responses.engine_events import engine_request
 from openai_api.responses.engine_turn import Emit, generate
 
 if TYPE_CHECKING:
@@ -24,5 +25,8 @@ async def respond(
     """The response's output: one engine turn, or the MCP loop's many."""
     if request.uses_mcp:
         return await mcp_loop.run(route, request, history, translator, emit, request_id)
-    body = protocol.chat_request(request, history)
+    if route.responses_by_engine:
+        body = engine_request(request, history)
+    else:
+        body = protocol.chat_request(request, history)
     return await generate(route, body, translator, emit, request_id)

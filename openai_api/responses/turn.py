@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from openai_api.dispatch import dispatcher
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol, store
+from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.fields import bad, new_id
 from openai_api.responses.input_items import image_parts
 from openai_api.responses.translator import StreamTranslator
@@ -59,6 +60,14 @@ async def prepare(
             f"The model {route.name!r} does not take images; earlier turns hold some.", earlier
         )
     response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
+    if route.responses_by_engine:
+        if request.uses_mcp:
+            raise bad(
+                f"MCP tools run in Modelship's own Responses; {route.name!r} passes"
+                " /v1/responses to its engine (responses: engine).",
+                "tools",
+            )
+        return Turn(route, identity, request, history, EngineEvents(response))
     if request.uses_mcp:
         await mcp_loop.check(request, history)
     return Turn(route, identity, request, history, StreamTranslator(response))
