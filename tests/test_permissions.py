@@ -143,6 +143,7 @@ def test_it_keeps_an_admin_editor_from_setting_the_engines_binary(
         "config": '{"binary": "/bin/sh"}',
         "num_replicas": "1",
         "memory_gib": "1",
+        "responses": "gateway",
     }
     answer = client.post(url, form)
     assert answer.status_code == 200 and "run_arbitrary_engine" in answer.content.decode()

@@ -5,9 +5,12 @@ line its loader builds. One chat engine for all of chat (a start takes about a m
 started on demand by the first request through /v1 with keepalives while it loads, then
 chat, streaming with usage, completions, structured output and a forced tool call passed
 through (vLLM's guided decoding shapes the tiny model's noise), the Responses translation
-over vLLM's real stream, its load gauges as the reaper reads them, and the reaper stopping
-it when idle; then embeddings from a second engine on vLLM's pooling runner. A heavy suite:
-it runs once per `make test`."""
+over vLLM's real stream and vLLM's own Responses (`responses: engine`), a hang-up that
+aborts the generation, its load gauges as the reaper reads them, sleep mode as this host
+has it (none without a GPU: stopped instead, and the page says so), a cold start through
+/ondemand and make-room putting it away for another model; then embeddings from a second
+engine on vLLM's pooling runner. A heavy suite: it runs once per `make test`. On a GPU
+host (scripts/gpu_check_vllm.sh) the same suite runs vLLM's CUDA build, which sleeps."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
-from deployments import engine_envs
+from deployments import engine_envs, nvml
 from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
@@ -66,6 +69,10 @@ WEATHER: Any = {
 }
 
 FORCED: Any = {"type": "function", "function": {"name": "get_weather"}}
+# The same suite on a GPU host (scripts/gpu_check_vllm.sh): vLLM's CUDA build, which sleeps.
+ON_GPU = bool(nvml.readings())
+FAMILY = "vllm" if ON_GPU else "vllm-cpu"
+RESTED = State.ASLEEP if ON_GPU else State.STOPPED
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +137,16 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     assert lazy.state == State.READY
     log = Path(lazy.runtime_handle["replicas"][0]["log"]).read_text().splitlines()
     argv = next(line for line in log if line.startswith("=== ")).split()
-    assert argv[3:6] == [engine_envs.python("vllm-cpu"), "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[3:6] == [engine_envs.python(FAMILY), "-m", "vllm.entrypoints.openai.api_server"]
     assert {"--max-model-len", "--enforce-eager", "--tool-call-parser"} <= set(argv)
-    # Sleep mode, truthfully: vLLM without a GPU refuses it at start, so it is left out and
-    # the deployment's page says what on-demand does instead.
-    assert "--enable-sleep-mode" not in argv
+    # Sleep mode, truthfully: vLLM without a GPU refuses it at start, so it is left out there
+    # and the deployment's page says what on-demand does instead.
+    assert ("--enable-sleep-mode" in argv) == ON_GPU
     page = staff.get(f"/admin/deployments/deployment/{lazy.pk}/change/").content.decode()
-    assert "sleep not supported by this engine here" in page and "stopping instead" in page
+    if ON_GPU:
+        assert "sleep (level 1: weights and KV cache leave the GPU)" in page
+    else:
+        assert "sleep not supported by this engine here" in page and "stopping instead" in page
 
     sdk = openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, timeout=60)
     plain = sdk.chat.completions.create(
@@ -221,13 +231,13 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     load = read_load(httpx.Client(), lazy.engine_url, get_loader("vllm"))
     assert load is not None and load.idle
 
-    # Idle past its lease: the reaper stops it (it cannot sleep here).
+    # Idle past its lease: the reaper puts it to sleep on a GPU, else stops it.
     Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
-    assert reap(site) == "stopped: tiny-vllm"
+    assert reap(site) == ("stopped: tiny-vllm (asleep)" if ON_GPU else "stopped: tiny-vllm")
     lazy.refresh_from_db()
-    assert (lazy.state, lazy.state_reason) == (State.STOPPED, "Put to sleep after 1 min idle")
+    assert (lazy.state, lazy.state_reason) == (RESTED, "Put to sleep after 1 min idle")
 
-    # A cold start through /ondemand (LiteLLM's way in), answered once vLLM is up.
+    # A cold start (or a wake) through /ondemand (LiteLLM's way in), answered once vLLM is up.
     cold = ondemand_site.sdk(lazy).chat.completions.create(
         model="tiny-vllm", messages=[{"role": "user", "content": "hi"}], max_tokens=3
     )
@@ -249,7 +259,7 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
         .message.content
     )
     lazy.refresh_from_db()
-    assert (lazy.state, lazy.state_reason) == (State.STOPPED, "Put to sleep to make room for other")
+    assert (lazy.state, lazy.state_reason) == (RESTED, "Put to sleep to make room for other")
     assert Deployment.objects.get(pk=other.pk).state == State.READY
 
 

@@ -69,6 +69,15 @@ class VllmLoader(Loader):
         if spec.num_gpus and "gpu_memory_utilization" not in options:
             # A fraction of one GPU: vLLM takes it as the share of the device it may use.
             options["gpu_memory_utilization"] = min(spec.num_gpus, 1.0)
+        elif (
+            spec.memory_gib
+            and "gpu_memory_utilization" not in options
+            and (gpus := nvml.readings())
+        ):
+            # Memory in GiB on a GPU host: that share of the device, not vLLM's default 90 %
+            # (which would take the memory the budget counts as free for others).
+            share = spec.memory_gib / gpus[0].total_gib
+            options["gpu_memory_utilization"] = round(min(share, 1.0), 3)
         if spec.usecase == "embed" and "runner" not in options:
             options["runner"] = "pooling"
         return argv + cli_flags(options)
