@@ -51,10 +51,13 @@ VLLM = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
 
 
 def first_byte(client: httpx.Client, url: str, body: dict[str, object], began: float) -> float:
+    """Until the answer's first event: keepalive comments (sent while a start takes longer
+    than MSHIP_SSE_KEEPALIVE_S) do not count."""
     with client.stream("POST", url, json=body) as answer:
         assert answer.status_code == 200, answer.read()
-        for _ in answer.iter_bytes():
-            return time.perf_counter() - began
+        for line in answer.iter_lines():
+            if line.startswith("data:"):
+                return time.perf_counter() - began
     raise RuntimeError("empty answer")
 
 

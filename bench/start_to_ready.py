@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO))
 def setup_django(workdir: Path) -> None:
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
     os.environ["MSHIP_VAR_DIR"] = str(workdir)
+    # The engine environments stay the repository's (installed once, minutes each).
+    os.environ.setdefault("MSHIP_ENGINE_ENVS_DIR", str(REPO / "var" / "engines"))
     os.environ["DJANGO_SETTINGS_MODULE"] = "modelship_site.settings"
     import django  # noqa: PLC0415 - once the environment above is set
     from django.core.management import call_command  # noqa: PLC0415 - once the environment above is set

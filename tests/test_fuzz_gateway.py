@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +27,10 @@ from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC
 from openai_api.forwarder import forwarder
 from tests.conftest import wait_until
-from tests.gateway_support import reread_guard, seen_by_gateway
+from tests.gateway_support import PEER, OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -44,7 +42,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     database=None,
 )
-PEER = "127.0.0.2"
 ALLOWED_5XX = {502, 503, 504}
 TIMEOUT_S = 30.0
 SEEN: dict[str, int] = {"requests": 0}
@@ -249,19 +246,10 @@ def fuzz_site(
     api_key: Callable[..., str],
     make_deployment: Any,
     site: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    ondemand_site: OnDemandSite,
 ) -> Iterator[Site]:
-    site.MSHIP_ROUTE_REFRESH_S = 0.05
     site.MSHIP_MCP_ALLOWED_HOSTS = ["mcp.invalid"]  # no lookups of random names
     site.MSHIP_SSE_KEEPALIVE_S = 5
-    monkeypatch.setenv("MSHIP_IN_CONTAINER", "0")
-    key_file = tmp_path / "ondemand_key"
-    ondemand_key = "odk-" + secrets.token_hex(16)
-    key_file.write_text(ondemand_key + "\n")
-    site.MSHIP_ONDEMAND_KEY_FILE = key_file
-    site.MSHIP_ONDEMAND_ALLOWED_CIDRS = f"{PEER}/32"
-    reread_guard()
     deployments = [
         make_deployment("sim", config={"tokens_per_second": 0}),
         make_deployment("emb", usecase="embed"),
@@ -279,13 +267,12 @@ def fuzz_site(
         ) as v1,
         httpx.Client(
             base_url=gateway_url,
-            headers={"authorization": f"Bearer {ondemand_key}"},
+            headers={"authorization": f"Bearer {ondemand_site.key}"},
             transport=httpx.HTTPTransport(local_address=PEER),
             timeout=TIMEOUT_S,
         ) as ondemand,
     ):
         yield Site(v1, ondemand, deployments[2].pk)
-    reread_guard()
     assert_nothing_in_flight()
     print(f"fuzz: {SEEN['requests']} requests answered")
 

