@@ -31,12 +31,12 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
-from deployments import engine_envs, nvml
+from deployments import deployer, engine_envs, nvml
 from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from ondemand.registry import controllers
-from tests.conftest import reap, wait_until
+from tests.conftest import in_thread, reap, wait_until
 from tests.gateway_support import OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
@@ -266,6 +266,35 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     lazy.refresh_from_db()
     assert (lazy.state, lazy.state_reason) == (RESTED, "Put to sleep to make room for other")
     assert Deployment.objects.get(pk=other.pk).state == State.READY
+
+    # Queued for memory while "other" (busy by its lease) holds it: a plain streamed chat
+    # gets the queued notice as its first chunk, a structured one never does; both are
+    # answered by vLLM once "other" is stopped and vLLM has started (keepalives meanwhile).
+    answers: dict[str, list[str]] = {}
+
+    def ask(name: str, body: dict[str, Any]) -> None:
+        with httpx.stream(
+            "POST", gateway_url + "/v1/chat/completions", json=body, headers=headers, timeout=300
+        ) as answer:
+            answers[name] = [line for line in answer.iter_lines() if line]
+
+    shape = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
+    asking = [
+        in_thread(ask, "plain", {**chat, "max_tokens": 4}),
+        in_thread(ask, "shaped", {**chat, "max_tokens": 80, "response_format": shape}),
+    ]
+    wait_until(lambda: sum(c.entry(lazy.pk).queued for c in controllers()) == 2, 60)
+    assert deployer.stop(other.pk, reason="freed by the test")
+    for thread in asking:
+        thread.join(300)
+    told, unmarked = (
+        [json.loads(line[6:]) for line in answers[name] if line.startswith("data: {")]
+        for name in ("plain", "shaped")
+    )
+    assert told[0]["id"] == "ondemand-queued" and told[-1]["id"] != "ondemand-queued"
+    assert all(event["id"] != "ondemand-queued" for event in unmarked)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in unmarked if e["choices"])
+    assert json.loads(text)["color"] in ("red", "green", "blue")
 
 
 def test_it_embeds_with_vllms_pooling_runner(
