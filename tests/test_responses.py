@@ -463,10 +463,17 @@ def test_it_forgets_responses_after_their_ttl(
 # --- failures mid-stream, and on demand -------------------------------------------------------
 
 
+@pytest.mark.parametrize("responses", ["gateway", "engine"])
 def test_it_fails_the_response_when_the_engine_dies_mid_stream(
-    serving: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    responses: str,
 ) -> None:
-    sim = serving("sim", config={"reply": "slow " * 40, "tokens_per_second": 10})
+    """Translated from the engine's chat stream, or its own Responses events passed on."""
+    sim = serving(
+        "sim", responses=responses, config={"reply": "slow " * 40, "tokens_per_second": 10}
+    )
     pid = sim.runtime_handle["replicas"][0]["pid"]
     body = {"model": "sim", "input": "x", "stream": True}
     headers = {"authorization": f"Bearer {api_key()}"}
