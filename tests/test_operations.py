@@ -46,6 +46,7 @@ ADMIN_FIELDS = (
     "mode",
     "idle_timeout_s",
     "system",
+    "responses",
 )
 JSON_FIELDS = ("aliases", "command", "config")
 
