@@ -99,3 +99,28 @@ def env_networks(name: str, default: list[str]) -> list[str]:
 def env_path(name: str, default: Path | str) -> Path:
     value = raw(name)
     return Path(value if value is not None else default)
+
+
+def env_gpu_inventory(name: str) -> list[tuple[int, float]]:
+    """A declared GPU inventory, GiB per device: `80,80` (devices 0 and 1) or `0:80,2:40`
+    (by index). Empty: none declared (NVML's stands). Anything malformed stops the start."""
+    value = raw(name)
+    if value is None:
+        return []
+    devices: list[tuple[int, float]] = []
+    for position, item in enumerate(value.split(",")):
+        index_text, _, size_text = item.strip().rpartition(":")
+        try:
+            index = int(index_text) if index_text else position
+            size = float(size_text)
+        except ValueError:
+            index, size = -1, math.nan
+        if index < 0 or not math.isfinite(size) or size <= 0:
+            raise ImproperlyConfigured(
+                f"{name} must list each GPU's memory in GiB, as 80,80 or 0:80,1:80;"
+                f" {item.strip()!r} is not one"
+            )
+        if index in dict(devices):
+            raise ImproperlyConfigured(f"{name} names GPU {index} twice")
+        devices.append((index, size))
+    return sorted(devices)

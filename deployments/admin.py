@@ -55,6 +55,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "mode_label",
         "phase",
         "need",
+        "gpu_list",
         "engine",
         "state_changed_at",
     )
@@ -64,6 +65,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "state",
         "state_reason_block",
         "engine_urls",
+        "gpu_list",
         "runtime_handle",
         "running_fingerprint",
         "pending_mode",
@@ -128,6 +130,16 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="memory (GiB)")
     def need(self, obj: Deployment) -> str:
         return f"{need_gib(obj):.2f}"
+
+    @admin.display(description="GPUs")
+    def gpu_list(self, obj: Deployment) -> str:
+        """Each replica's GPUs, as placed at its start."""
+        if not obj.gpus:
+            return "—"
+        replicas = [", ".join(str(i) for i in devices) or "none" for devices in obj.gpus]
+        if len(replicas) == 1:
+            return replicas[0]
+        return "; ".join(f"replica {n}: {r}" for n, r in enumerate(replicas))
 
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:

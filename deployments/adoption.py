@@ -59,6 +59,11 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
     alive = [h for h in handles if runtime.is_alive(h)]
     if deployment.state in (State.READY, State.ASLEEP) and handles and len(alive) == len(handles):
         outcome["adopted"].append(deployment.name)
+        # The GPUs each replica was given, as the engines themselves say (their environment
+        # or labels): the budget counts them there, whatever the row said.
+        placed = [runtime.gpus_of(h) for h in handles]
+        if all(p is not None for p in placed) and placed != deployment.gpus:
+            Deployment.objects.filter(pk=deployment.pk).update(gpus=placed)
         # The on-demand idle timer restarts when Modelship first sees an engine after a
         # restart: a lease lapsed while it was down must not let the reaper stop it at once.
         idle = timedelta(seconds=deployment.effective_idle_timeout_s)

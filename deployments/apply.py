@@ -41,6 +41,21 @@ class Jobs(list[Job]):
         if not any(j.task is task and j.deployment_id == deployment_id for j in self):
             self.append(Job(task, deployment_id, args))
 
+    def in_start_order(self) -> None:
+        """Removals first (they free memory), then starts one at a time by tensor-parallel
+        size, largest first (the seed's order: whole GPUs are easiest to find on an empty
+        host), the file's order among equals. Placement is decided in this order."""
+        ids = {job.deployment_id for job in self}
+        gpus = dict(Deployment.objects.filter(pk__in=ids).values_list("pk", "num_gpus"))
+
+        def order(job: Job) -> tuple[int, float]:
+            if job.task is tasks.remove:
+                return (0, 0.0)
+            size = gpus.get(job.deployment_id) or 0.0
+            return (1, -size if size > 1 else 0.0)
+
+        self.sort(key=order)
+
 
 @dataclass
 class Outcome:
@@ -114,4 +129,5 @@ def apply(
                 if name not in named:
                     outcome.removed.append(name)
                     jobs(tasks.remove, deployment.pk, actor)
+        jobs.in_start_order()
     return outcome

@@ -7,11 +7,13 @@ check and the start-up gate; every state change is a conditional update with its
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +26,7 @@ from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.loaders import EngineSpec, get_loader
-from deployments.memory import InsufficientMemory, check_fit
+from deployments.memory import InsufficientMemory, check_fit, check_fit_where, gpu_inventory
 from deployments.models import STARTABLE_STATES, Deployment, State
 from deployments.refusals import CannotSleep
 from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
@@ -54,10 +56,13 @@ def handles_of(deployment: Deployment) -> list[Handle]:
     return list((deployment.runtime_handle or {}).get("replicas", []))
 
 
-def launch_all(deployment: Deployment) -> list[Handle]:
-    """Launch every replica; on a failure, stop the ones already launched."""
+def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) -> list[Handle]:
+    """Launch every replica on its GPUs (``placed``, else the row's); on a failure, stop the
+    ones already launched."""
     loader = get_loader(deployment.loader)
     spec = EngineSpec.of(deployment)
+    gpus = {g.index: g.total_gib for g in gpu_inventory()}
+    placed = deployment.gpus if placed is None else placed
     runtime = get_runtime(deployment.runtime)
     fp = deployment_fingerprint(deployment)
     container = deployment.runtime == "docker"
@@ -71,6 +76,10 @@ def launch_all(deployment: Deployment) -> list[Handle]:
     handles: list[Handle] = []
     try:
         for replica in range(deployment.num_replicas):
+            # On a GPU host each replica sees its own devices only (none: no GPU at all).
+            devices = (placed[replica] if replica < len(placed) else []) if gpus else None
+            if devices:
+                spec = dataclasses.replace(spec, device_gib=gpus[devices[0]])
             # The runtime fills in the address it chose; an operator's command may use both.
             argv = deployment.command or loader.argv(spec, "{host}", "{port}", container)
             handles.append(
@@ -82,12 +91,14 @@ def launch_all(deployment: Deployment) -> list[Handle]:
                         argv=list(argv),
                         health_path=loader.health_path,
                         fingerprint=fp,
-                        env=loader.env(spec),
+                        env={**cache_env(), **loader.env(spec)},
                         image=deployment.image or loader.image(spec),
                         options={**loader.docker_defaults(spec), **deployment.docker_options},
                         model=spec.model,
                         num_gpus=spec.num_gpus,
+                        gpus=devices,
                         mounts=[] if deployment.command else mounts,
+                        cache=str(settings.MSHIP_HF_HOME),
                     )
                 )
             )
@@ -95,6 +106,18 @@ def launch_all(deployment: Deployment) -> list[Handle]:
         stop_handles(deployment, handles)
         raise
     return handles
+
+
+def cache_env() -> dict[str, str]:
+    """The shared model cache, and the Hub token where Modelship was given one."""
+    cache = Path(settings.MSHIP_HF_HOME)
+    # Made here: a container's mount of a missing folder would make it root's.
+    with contextlib.suppress(OSError):
+        cache.mkdir(parents=True, exist_ok=True)
+    env = {"HF_HOME": str(cache)}
+    if os.environ.get("HF_TOKEN"):
+        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
+    return env
 
 
 def local_path(model: str) -> str:
@@ -247,18 +270,22 @@ def restart(
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state not in STARTABLE_STATES:
             return deployment
-        fit_or_refuse(deployment, actor)
+        placed = fit_or_refuse(deployment, actor)
         prior = deployment.state
-        if not transition(deployment, State.STARTING, expected=[prior], actor=actor):
+        if not transition(deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed):
             return deployment
         return _bring_up(deployment, prior, actor, timeout)
 
 
-def fit_or_refuse(deployment: Deployment, actor: str) -> None:
-    """The fit check of a start or wake. A refused one leaves the deployment as it was, but
-    for a waiting mode switch, which it clears; the refusal is an event."""
+def fit_or_refuse(deployment: Deployment, actor: str, *, waking: bool = False) -> list[list[int]]:
+    """The fit check of a start (placing it: each replica's GPUs) or of a wake (where it
+    ran). A refused one leaves the deployment as it was, but for a waiting mode switch,
+    which it clears; the refusal is an event."""
     try:
-        check_fit(deployment)
+        if waking:
+            check_fit_where(deployment, deployment.gpus or [])
+            return list(deployment.gpus or [])
+        return check_fit(deployment)
     except InsufficientMemory as exc:
         Deployment.objects.filter(pk=deployment.pk).update(pending_mode=None)
         event(deployment, "start_refused", str(exc), actor=actor)
@@ -385,7 +412,7 @@ def wake(deployment_id: int, *, actor: str = "system") -> Deployment:
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state != State.ASLEEP:
             return deployment
-        fit_or_refuse(deployment, actor)
+        fit_or_refuse(deployment, actor, waking=True)
         try:
             _post_each(deployment, "/wake_up")
         except httpx.HTTPError as exc:
@@ -427,13 +454,13 @@ def _blue_green(deployment: Deployment, actor: str) -> Deployment:
         deployment.refresh_from_db()
         if deployment.state != State.READY:
             return restart(deployment.pk, actor=actor)
-        check_fit(deployment, alongside_itself=True)
+        placed = check_fit(deployment, alongside_itself=True)
         old_handles, old_fp = handles_of(deployment), deployment.running_fingerprint
         event(deployment, "replacing", "starting the new configuration beside the old", actor)
         new_handles: list[Handle] = []
         try:
             prepare_engine_env(deployment)  # the new configuration may need another family
-            new_handles = launch_all(deployment)
+            new_handles = launch_all(deployment, placed)
             wait_healthy(deployment, new_handles, settings.MSHIP_START_TIMEOUT_S)
         except (RuntimeError_, StartFailed, engine_envs.EnvFailed) as exc:
             stop_handles(deployment, new_handles)
@@ -447,6 +474,7 @@ def _blue_green(deployment: Deployment, actor: str) -> Deployment:
             runtime_handle={"replicas": new_handles},
             engine_urls=[h["url"] for h in new_handles],
             running_fingerprint=deployment_fingerprint(deployment),
+            gpus=placed,
         )
         if not switched:
             stop_handles(deployment, new_handles)

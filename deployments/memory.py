@@ -1,136 +1,304 @@
-"""The memory budget: what the host can hold, what deployments hold, and the fit check."""
+"""The memory budget: what the host can hold, what deployments hold, and the fit check.
+
+A GPU host's budget is per device (gpu_inventory): a start is placed on devices
+(placement.py) and fits only where it is placed. A host without GPUs, or one given
+MSHIP_MEMORY_CAPACITY_GIB, is a single pool: one device of that size, which nothing is
+assigned to.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
 
-from deployments import nvml
+from deployments import nvml, placement
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import HOLDING_STATES, Deployment, Mode
+from deployments.placement import Demand, Device, NoRoom, Shortfall
 from deployments.refusals import OperationRefused
 
 log = logging.getLogger(__name__)
+
+POOL = 0  # the one device of a host without GPUs
 
 
 class InsufficientMemory(OperationRefused):
     code = "insufficient_memory"
 
-    def __init__(self, name: str, need_gib: float, free_gib: float, capacity_gib: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        need_gib: float,
+        free_gib: float,
+        capacity_gib: float,
+        devices: list[Shortfall] | None = None,
+        shortfall_gib: float | None = None,
+        where: str = "",
+    ) -> None:
         self.name = name
         self.need_gib = round(need_gib, 3)
         self.free_gib = round(free_gib, 3)
         self.capacity_gib = round(capacity_gib, 3)
-        self.shortfall_gib = round(need_gib - free_gib, 3)
-        super().__init__(
-            f"{name} needs {self.need_gib} GiB but {self.free_gib} GiB of "
-            f"{self.capacity_gib} GiB is free (short by {self.shortfall_gib} GiB)"
-        )
+        self.devices = devices or []
+        short = need_gib - free_gib if shortfall_gib is None else shortfall_gib
+        self.shortfall_gib = round(short, 3)
+        if where:
+            message = f"{name} needs {self.need_gib} GiB: {where}"
+        else:
+            message = (
+                f"{name} needs {self.need_gib} GiB but {self.free_gib} GiB of "
+                f"{self.capacity_gib} GiB is free (short by {self.shortfall_gib} GiB)"
+            )
+        super().__init__(message)
 
     def extra(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "shortfall_gib": self.shortfall_gib,
             "need_gib": self.need_gib,
             "free_gib": self.free_gib,
             "capacity_gib": self.capacity_gib,
         }
+        if self.devices:
+            found["gpus"] = [
+                {
+                    "index": row.index,
+                    "need_gib": round(row.need_gib, 3),
+                    "free_gib": round(row.free_gib, 3),
+                    "short_gib": round(row.short_gib, 3),
+                }
+                for row in self.devices
+            ]
+        return found
+
+
+def gpu_inventory() -> list[nvml.GpuReading]:
+    """The GPUs the budget is kept per device for: declared, else NVML's; none for a pool."""
+    declared = settings.MSHIP_GPU_INVENTORY
+    if declared:
+        return [
+            nvml.GpuReading(index=index, name="declared", total_gib=gib, used_gib=None)
+            for index, gib in declared
+        ]
+    if settings.MSHIP_MEMORY_CAPACITY_GIB:
+        return []
+    return nvml.readings()
 
 
 def capacity_gib() -> float:
     """Usable accelerator memory of this host."""
-    configured = settings.MSHIP_MEMORY_CAPACITY_GIB
-    if configured:
-        return float(configured)
-    gpus = nvml.readings()
+    gpus = gpu_inventory()
     if gpus:
         return sum(gpu.total_gib for gpu in gpus)
-    return float(settings.MSHIP_DEFAULT_CAPACITY_GIB)
+    return float(settings.MSHIP_MEMORY_CAPACITY_GIB or settings.MSHIP_DEFAULT_CAPACITY_GIB)
 
 
 def used_gib() -> float | None:
-    """Accelerator memory in use now, as the driver reports it; None without GPUs."""
-    gpus = nvml.readings()
-    return sum(gpu.used_gib for gpu in gpus) if gpus else None
+    """Accelerator memory in use now, as the driver reports it; None where none reports."""
+    readings = [gpu.used_gib for gpu in gpu_inventory() if gpu.used_gib is not None]
+    return sum(readings) if readings else None
 
 
 def gpu_memory_gib() -> float:
     """The size of one GPU, which a deployment's num_gpus is a fraction of."""
-    if settings.MSHIP_GPU_MEMORY_GIB:
-        return float(settings.MSHIP_GPU_MEMORY_GIB)
-    gpus = nvml.readings()
-    return gpus[0].total_gib if gpus else capacity_gib()
+    gpus = gpu_inventory()
+    if gpus:
+        return gpus[0].total_gib
+    return float(settings.MSHIP_GPU_MEMORY_GIB or capacity_gib())
+
+
+def estimate_gib(deployment: Any) -> float:
+    return get_loader(deployment.loader).estimate_memory_gib(EngineSpec.of(deployment)) or 0.0
+
+
+def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
+    """What a deployment asks of the devices; None: nothing (num_gpus 0, or no memory known,
+    which on a GPU host runs it on no GPU)."""
+    replicas = max(1, int(deployment.num_replicas or 1))
+    num_gpus = deployment.num_gpus
+    if not on_gpus:
+        if deployment.memory_gib is not None:
+            gib = float(deployment.memory_gib)
+        elif num_gpus is not None:
+            gib = float(num_gpus) * gpu_memory_gib()
+        else:
+            gib = estimate_gib(deployment)
+        return Demand(replicas=replicas, gib=gib)
+    if num_gpus is not None:
+        if num_gpus <= 0:
+            return None
+        if num_gpus > 1:
+            return Demand(replicas=replicas, devices=math.ceil(num_gpus), share=1.0)
+        return Demand(replicas=replicas, share=float(num_gpus))
+    gib = (
+        float(deployment.memory_gib)
+        if deployment.memory_gib is not None
+        else estimate_gib(deployment)
+    )
+    return Demand(replicas=replicas, gib=gib) if gib > 0 else None
 
 
 def need_gib(deployment: Any) -> float:
-    """Memory one deployment holds while it runs: per replica, times its replicas."""
-    if deployment.memory_gib is not None:
-        per_replica = float(deployment.memory_gib)
-    elif deployment.num_gpus is not None:
-        per_replica = float(deployment.num_gpus) * gpu_memory_gib()
-    else:
-        estimate = get_loader(deployment.loader).estimate_memory_gib(EngineSpec.of(deployment))
-        per_replica = estimate or 0.0
-    return per_replica * max(1, int(deployment.num_replicas or 1))
+    """Memory one deployment holds while it runs, over all its replicas and devices."""
+    gpus = gpu_inventory()
+    demand = demand_of(deployment, bool(gpus))
+    if demand is None:
+        return 0.0
+    size = Device(POOL, gpus[0].total_gib if gpus else capacity_gib(), 0.0)
+    return demand.on(size) * demand.devices * demand.replicas
 
 
-def holdings() -> list[tuple[Deployment, float]]:
-    return [(d, need_gib(d)) for d in Deployment.objects.filter(state__in=HOLDING_STATES)]
+def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, float]]:
+    """What a running deployment holds on each GPU it was placed on: (device, GiB) per
+    replica and device."""
+    demand = demand_of(row, True)
+    sizes = {g.index: Device(g.index, g.total_gib, 0.0) for g in gpus}
+    if demand is None:
+        return []
+    return [
+        (index, demand.on(sizes[index]))
+        for replica in row.gpus or []
+        for index in replica
+        if index in sizes
+    ]
 
 
-def held_gib(exclude_id: int | None = None) -> float:
-    return sum(gib for d, gib in holdings() if d.pk != exclude_id)
+def holdings_by_device(
+    exclude_id: int | None = None,
+) -> tuple[list[nvml.GpuReading], dict[int, list[tuple[Deployment, float]]]]:
+    """The inventory, and on each of its devices (the pool's: POOL) what each deployment
+    holds there, by the records."""
+    gpus = gpu_inventory()
+    held: dict[int, list[tuple[Deployment, float]]] = {}
+    running = Deployment.objects.filter(state__in=HOLDING_STATES)
+    for row in running.exclude(pk=exclude_id) if exclude_id is not None else running:
+        if not gpus:
+            held.setdefault(POOL, []).append((row, need_gib(row)))
+            continue
+        for index, gib in held_by(row, gpus):
+            held.setdefault(index, []).append((row, gib))
+    return gpus, held
 
 
-def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> float:
-    """Raise InsufficientMemory unless the deployment fits in what is free; return its need.
+def devices(exclude_id: int | None = None) -> list[Device]:
+    """Each device with what is free on it: its size less the larger of what the records
+    say engines hold and what the driver says is used (an engine still loading holds less
+    than it will; a stopped one's memory may not be released yet)."""
+    gpus, held = holdings_by_device(exclude_id)
+    if not gpus:
+        capacity = capacity_gib()
+        on_pool = sum(gib for _, gib in held.get(POOL, []))
+        return [Device(POOL, capacity, capacity - on_pool)]
+    return [
+        Device(
+            g.index,
+            g.total_gib,
+            g.total_gib - max(sum(gib for _, gib in held.get(g.index, [])), g.used_gib or 0.0),
+        )
+        for g in gpus
+    ]
+
+
+def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> list[list[int]]:
+    """Place the deployment and return each replica's GPUs (none on a pool host, or for an
+    engine that takes no GPU); InsufficientMemory when it does not fit now.
 
     ``alongside_itself`` counts the deployment's running engine as held, for a blue-green
     replacement that runs the new engine beside the old one.
     """
+    on_gpus = bool(gpu_inventory())
+    demand = demand_of(deployment, on_gpus)
+    if demand is None:
+        return []
+    now = devices(exclude_id=None if alongside_itself else deployment.pk)
+    try:
+        placed = placement.place(demand, now)
+    except NoRoom as exc:
+        raise refusal(deployment, demand, now, exc) from exc
+    return placed if on_gpus else []
+
+
+def check_fit_where(deployment: Deployment, placed: list[list[int]]) -> None:
+    """The fit check of a start that must go where it ran (a sleeping engine's wake)."""
+    on_gpus = bool(gpu_inventory())
+    demand = demand_of(deployment, on_gpus)
+    if demand is None:
+        return
+    now = devices(exclude_id=deployment.pk)
+    try:
+        placement.fits_where(demand, now, placed if on_gpus else [[POOL]] * demand.replicas)
+    except NoRoom as exc:
+        raise refusal(deployment, demand, now, exc) from exc
+
+
+def refusal(
+    deployment: Deployment, demand: Demand, now: list[Device], exc: NoRoom
+) -> InsufficientMemory:
     need = need_gib(deployment)
-    capacity = capacity_gib()
-    held = held_gib(exclude_id=None if alongside_itself else deployment.pk)
-    # The records say what engines will hold; the driver says what is held now. The larger
-    # wins: an engine still loading holds less than it will, and a stopped one's memory
-    # may not be released yet.
-    free = capacity - max(held, used_gib() or 0.0)
-    if need > free + 1e-9:
-        raise InsufficientMemory(deployment.name, need, free, capacity)
-    return need
+    capacity = sum(d.total_gib for d in now)
+    free = sum(max(0.0, d.free_gib) for d in now)
+    if not gpu_inventory():
+        return InsufficientMemory(deployment.name, need, free, capacity)
+    # What must be freed at least: the smallest shortfalls of as many devices as it needs.
+    shorts = sorted(row.short_gib for row in exc.devices)
+    least = sum(shorts[: demand.devices])
+    return InsufficientMemory(
+        deployment.name, need, free, capacity, exc.devices, shortfall_gib=least, where=str(exc)
+    )
 
 
 def host_summary() -> dict[str, Any]:
     capacity = capacity_gib()
     used = used_gib()
-    rows = holdings()
-    held = float(sum(gib for _, gib in rows))
-    pinned = float(sum(gib for d, gib in rows if d.effective_mode == Mode.ALWAYS_ON))
+    gpus, held_on = holdings_by_device()
+    rows = {row.pk: row for on_device in held_on.values() for row, _ in on_device}
+    holding = {pk: 0.0 for pk in rows}
+    for on_device in held_on.values():
+        for row, gib in on_device:
+            holding[row.pk] += gib
+    # A running engine placed on no GPU holds nothing here, but is listed all the same.
+    for row in Deployment.objects.filter(state__in=HOLDING_STATES).exclude(pk__in=list(rows)):
+        rows[row.pk], holding[row.pk] = row, 0.0
+    held = float(sum(holding.values()))
+    pinned = float(
+        sum(gib for pk, gib in holding.items() if rows[pk].effective_mode == Mode.ALWAYS_ON)
+    )
+    free_now = {d.index: d.free_gib for d in devices()}
     return {
         "capacity_gib": round(capacity, 3),
         "held_gib": round(held, 3),
-        "free_gib": round(capacity - max(held, used or 0.0), 3),
+        "free_gib": round(sum(free_now.values()), 3),
         # What on-demand deployments can ever use: capacity less always-on and system holdings.
         "on_demand_capacity_gib": round(capacity - pinned, 3),
         "used_gib": None if used is None else round(used, 3),
+        "placement": "per GPU (pack)" if gpus else "one pool",
         "gpus": [
             {
                 "index": g.index,
+                "uuid": g.uuid,
                 "name": g.name,
                 "total_gib": round(g.total_gib, 3),
-                "used_gib": round(g.used_gib, 3),
+                "held_gib": round(sum(gib for _, gib in held_on.get(g.index, [])), 3),
+                "used_gib": None if g.used_gib is None else round(g.used_gib, 3),
+                "free_gib": round(free_now[g.index], 3),
+                "deployments": [
+                    {"name": row.name, "holding_gib": round(gib, 3)}
+                    for row, gib in held_on.get(g.index, [])
+                ],
             }
-            for g in nvml.readings()
+            for g in gpus
         ],
         "deployments": [
             {
-                "id": d.pk,
-                "name": d.name,
-                "state": d.state,
-                "mode": d.effective_mode,
-                "holding_gib": round(gib, 3),
+                "id": row.pk,
+                "name": row.name,
+                "state": row.state,
+                "mode": row.effective_mode,
+                "holding_gib": round(holding[row.pk], 3),
+                "gpus": row.gpus or [],
             }
-            for d, gib in rows
+            for row in sorted(rows.values(), key=lambda r: r.name)
         ],
     }

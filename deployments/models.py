@@ -127,6 +127,9 @@ class Deployment(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     state_reason = models.TextField(blank=True, default="")
     engine_urls = models.JSONField(default=list, blank=True)
+    # Each replica's GPUs (device indices), as placed at its start; empty on a host without
+    # GPUs and for an engine that takes none. Kept while it sleeps: it wakes where it ran.
+    gpus = models.JSONField(default=list, blank=True)
     runtime_handle = models.JSONField(default=dict, blank=True)
     running_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The on-demand lease: a gateway that holds or just released slots keeps this in the

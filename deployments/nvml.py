@@ -20,7 +20,9 @@ class GpuReading:
     index: int
     name: str
     total_gib: float
-    used_gib: float
+    # What the driver reports in use; None for a device only declared (MSHIP_GPU_INVENTORY).
+    used_gib: float | None
+    uuid: str = ""
 
 
 @functools.cache
@@ -44,16 +46,20 @@ def readings() -> list[GpuReading]:
         for index in range(nvml.nvmlDeviceGetCount()):
             device = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(device)
-            name = nvml.nvmlDeviceGetName(device)
             found.append(
                 GpuReading(
                     index=index,
-                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    name=text(nvml.nvmlDeviceGetName(device)),
                     total_gib=memory.total / 2**30,
                     used_gib=memory.used / 2**30,
+                    uuid=text(nvml.nvmlDeviceGetUUID(device)),
                 )
             )
         return found
     except Exception as exc:
         log.warning("NVML is present but could not be read: %s", exc)
         return []
+
+
+def text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -21,7 +21,7 @@ from django.utils import timezone
 from deployments import audit, hooks, host_access, tasks
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
-from deployments.memory import check_fit
+from deployments.memory import check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, Mode, State
 from deployments.refusals import CannotSleep, InvalidConfiguration, InvalidState
 from deployments.task_queue import Work, enqueue
@@ -235,7 +235,7 @@ def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
         raise InvalidState(
             f"{deployment.name} is {deployment.state}; only an asleep one wakes", deployment.state
         )
-    check_fit(deployment)
+    check_fit_where(deployment, deployment.gpus or [])  # it wakes where it ran
     with transaction.atomic():
         audit.record("wake", deployment, user=user)
         work(tasks.wake, deployment.pk, audit.actor_of(user, None))

@@ -50,6 +50,8 @@ def transition(
             "updated": timezone.now(),
             **fields,
         }
+        if to in (State.PLANNED, State.STOPPED, State.FAILED):
+            updates.setdefault("gpus", [])  # no engine: its GPUs are free for others
         if to == State.READY:
             # The on-demand idle timer restarts when a deployment becomes ready.
             idle = (

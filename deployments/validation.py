@@ -5,10 +5,13 @@ Single-field rules live on the model's fields; these are the ones a field cannot
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from deployments import memory
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Mode, ResponsesBy
+from deployments.placement import Device, never_fits
 from deployments.runtimes.docker_options import problems as docker_problems
 
 if TYPE_CHECKING:
@@ -62,7 +65,32 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
         field = "usecase" if message.startswith("usecase") else "config"
         field = "num_gpus" if message.startswith("num_gpus") else field
         add(field, message)
+    if not problems and (never := placement_problem(values, spec)):
+        add("num_gpus" if values.get("num_gpus") is not None else "memory_gib", never)
     return problems
+
+
+def placement_problem(values: dict[str, Any], spec: EngineSpec) -> str | None:
+    """Why the deployment can never be placed on this host's GPUs, even all free (3 GPUs of
+    a 2-GPU host); None where it can, or on a host without GPUs."""
+    gpus = memory.gpu_inventory()
+    if not gpus:
+        return None
+    shape = SimpleNamespace(
+        loader=values.get("loader"),
+        num_replicas=values.get("num_replicas") or 1,
+        num_gpus=spec.num_gpus,
+        memory_gib=spec.memory_gib,
+        name=spec.name,
+        model=spec.model,
+        usecase=spec.usecase,
+        aliases=list(spec.aliases),
+        config=spec.config,
+    )
+    demand = memory.demand_of(shape, on_gpus=True)
+    if demand is None:
+        return None
+    return never_fits(demand, [Device(g.index, g.total_gib, g.total_gib) for g in gpus])
 
 
 def name_clashes(

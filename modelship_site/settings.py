@@ -19,6 +19,7 @@ from common.env import (
     env_bool,
     env_choice,
     env_float,
+    env_gpu_inventory,
     env_int,
     env_list,
     env_networks,
@@ -215,11 +216,14 @@ LOGGING = {
 }
 
 # --- Modelship ------------------------------------------------------------------------------
-# Memory budget: without GPUs (or with MSHIP_MEMORY_CAPACITY_GIB set) the configured capacity
-# stands; with GPUs NVML's total wins unless the setting is given explicitly.
+# Memory budget. A GPU host's is per device: the ones MSHIP_GPU_INVENTORY declares ("80,80,80,80"
+# or "0:80,1:80", GiB each: tests, dry runs, planning), else NVML's; every start is placed on
+# devices before it is fitted. MSHIP_MEMORY_CAPACITY_GIB instead makes the host one pool of
+# that size (as is a host without GPUs, default 16 GiB), in which num_gpus counts
+# MSHIP_GPU_MEMORY_GIB each and no device is assigned.
+MSHIP_GPU_INVENTORY = env_gpu_inventory("MSHIP_GPU_INVENTORY")
 MSHIP_MEMORY_CAPACITY_GIB = env_float("MSHIP_MEMORY_CAPACITY_GIB", 0.0) or None
 MSHIP_DEFAULT_CAPACITY_GIB = 16.0
-# Size of one GPU, for deployments that state num_gpus (a fraction of one GPU).
 MSHIP_GPU_MEMORY_GIB = env_float("MSHIP_GPU_MEMORY_GIB", 0.0) or None
 MSHIP_DEFAULT_RUNTIME = env_str("MSHIP_DEFAULT_RUNTIME", "process")
 MSHIP_STOP_GRACE_S = env_float("MSHIP_STOP_GRACE_S", 10)
@@ -238,6 +242,9 @@ MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
 # The image and Python of the engines Modelship ships (simulated, tts, diffusers) when they
 # run as containers: an image with Modelship installed.
 MSHIP_ENGINE_IMAGE = env_str("MSHIP_ENGINE_IMAGE", "modelship:latest")
+# vLLM's image on the docker runtime: a pinned tag (the version of the vllm engine environment),
+# never `latest`, so that an on-demand start next month runs what was tested.
+MSHIP_VLLM_IMAGE = env_str("MSHIP_VLLM_IMAGE", "vllm/vllm-openai:v0.32.0")
 MSHIP_CONTAINER_PYTHON = env_str("MSHIP_CONTAINER_PYTHON", "python3")
 # How a running engine whose configuration changed is replaced (blue_green or stop_start).
 MSHIP_REPLACE_STRATEGY = env_choice(
@@ -317,6 +324,11 @@ MSHIP_ONDEMAND_ALLOWED_CIDRS = env_str("MSHIP_ONDEMAND_ALLOWED_CIDRS", "auto")
 MSHIP_DECIDER_NETWORK = env_str("MSHIP_DECIDER_NETWORK", "")
 # Environment variables passed to engine processes beyond the built-in allow-list.
 MSHIP_ENGINE_ENV_PASSTHROUGH = env_list("MSHIP_ENGINE_ENV_PASSTHROUGH", [])
+# The model cache every engine shares (HF_HOME: Hugging Face downloads), so an on-demand wake
+# downloads nothing it has fetched before; containers mount it at the same path.
+MSHIP_HF_HOME = env_path(
+    "MSHIP_HF_HOME", os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+)
 MSHIP_ENGINE_LOG_DIR = env_path("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs"))
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))

@@ -17,16 +17,18 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from deployments import audit, deployer
+from deployments import audit, deployer, memory
 from deployments.engine_metrics import Load, replicas_load
 from deployments.loaders import get_loader
-from deployments.memory import host_summary, need_gib
-from deployments.models import Deployment
+from deployments.memory import need_gib
+from deployments.models import HOLDING_STATES, Deployment
 from ondemand import lease
 from ondemand.state import Budget, View
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from deployments.nvml import GpuReading
 
 ACTOR = "ondemand"
 T = TypeVar("T")
@@ -59,7 +61,9 @@ async def in_engine_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(engine_pool(), run)
 
 
-def view_of(row: Deployment) -> View:
+def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
+    """The controller's view of a row; `gpus`, the inventory, when the caller has read it."""
+    gpus = memory.gpu_inventory() if gpus is None else gpus
     return View(
         id=row.pk,
         name=row.name,
@@ -71,7 +75,14 @@ def view_of(row: Deployment) -> View:
         urls=tuple(row.engine_urls or ()),
         gauged=get_loader(row.loader).running_gauge is not None,
         lease_until=row.lease_until.timestamp() if row.lease_until else None,
+        demand=memory.demand_of(row, on_gpus=True) if gpus else None,
+        held=tuple(memory.held_by(row, gpus)) if gpus and row.state in HOLDING_STATES else (),
     )
+
+
+def _views() -> list[View]:
+    gpus = memory.gpu_inventory()
+    return [view_of(row, gpus) for row in Deployment.objects.all()]
 
 
 def _read(deployment_id: int) -> View | None:
@@ -80,8 +91,12 @@ def _read(deployment_id: int) -> View | None:
 
 
 def _budget() -> Budget:
-    host = host_summary()
-    return Budget(capacity_gib=host["on_demand_capacity_gib"], free_gib=host["free_gib"])
+    host = memory.host_summary()
+    return Budget(
+        capacity_gib=host["on_demand_capacity_gib"],
+        free_gib=host["free_gib"],
+        devices=tuple(memory.devices()) if host["gpus"] else (),
+    )
 
 
 def _restart(deployment_id: int) -> None:
@@ -126,7 +141,7 @@ class DjangoDeployer:
         return await in_thread(_read, deployment_id)
 
     async def views(self) -> list[View]:
-        return await in_thread(lambda: [view_of(r) for r in Deployment.objects.all()])
+        return await in_thread(_views)
 
     async def restart(self, deployment_id: int) -> None:
         await in_engine_thread(_restart, deployment_id)

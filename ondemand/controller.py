@@ -20,6 +20,7 @@ from ondemand.policy import EPSILON_GIB, StartOutcome
 from ondemand.state import (
     LEASE_EXTRA_S,
     LEASE_RENEW_S,
+    Budget,
     Deployer,
     Entry,
     Slot,
@@ -336,8 +337,8 @@ class Controller:
                         return StartOutcome.STOPPED
                     else:
                         return StartOutcome.QUEUED
-                except InsufficientMemory as exc:
-                    made_room = await self._make_room(current, exc, stopped_a_victim)
+                except InsufficientMemory:
+                    made_room = await self._make_room(current, stopped_a_victim)
                     if not made_room:
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
@@ -377,7 +378,7 @@ class Controller:
 
     # --- make room -------------------------------------------------------------------------
 
-    async def _make_room(self, view: View, exc: InsufficientMemory, after_victim: bool) -> bool:
+    async def _make_room(self, view: View, after_victim: bool) -> bool:
         """Stop idle on-demand deployments, least recently used first, until the shortfall
         is covered; False (queue) when they cannot cover it. does_not_fit when the model
         needs more than on-demand deployments can ever use."""
@@ -386,7 +387,7 @@ class Controller:
         too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
         if too_big and not settling and not after_victim:
             raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
-        victims = await self._victims(view.id, exc.shortfall_gib)
+        victims = await self._victims(view, budget)
         if victims is None:
             return False
         stopped = 0
@@ -402,19 +403,19 @@ class Controller:
             return False
         # Freed memory may take a moment to show (a driver releasing it).
         deadline = self.clock.now() + SETTLE_S
-        while (await self.deployer.budget()).free_gib + EPSILON_GIB < view.need_gib:
+        while not (await self.deployer.budget()).room_after(view):
             if self.clock.now() >= deadline:
                 break
             await self.clock.wait(asyncio.Event(), 1.0)
         return True
 
-    async def _victims(self, for_id: int, shortfall: float) -> list[View] | None:
+    async def _victims(self, view: View, budget: Budget) -> list[View] | None:
         idle = [
             (self.entry(other.id).idle_since, other)
             for other in await self.deployer.views()
-            if other.id != for_id and await self._idle(other)
+            if other.id != view.id and await self._idle(other)
         ]
-        return policy.victims(idle, shortfall)
+        return policy.victims(idle, lambda stopped: budget.room_after(view, stopped))
 
     async def _idle(self, view: View) -> bool:
         """Idle by the seed's rules, and a fresh load sample of the engine agrees where it

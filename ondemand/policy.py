@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from deployments import placement
 from deployments.models import State
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
+
+    from deployments.placement import Demand, Device
 
 BACKOFF_FIRST_S = 60.0
 BACKOFF_MAX_S = 900.0
@@ -83,23 +86,47 @@ class Candidate(Protocol):
     @property
     def need_gib(self) -> float: ...
 
+    @property
+    def held(self) -> tuple[tuple[int, float], ...]: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
 
-def victims(idle: Sequence[tuple[float, C]], shortfall_gib: float) -> list[C] | None:
+def victims(idle: Sequence[tuple[float, C]], covers: Callable[[list[C]], bool]) -> list[C] | None:
     """The idle deployments to stop, least recently used first (each given with the time it
-    became idle), until they cover the shortfall; None when all of them cannot."""
+    became idle), until stopping them `covers` the start; None when all of them cannot.
+    Then any of them the start does not need is spared, newest first: on a GPU host, an
+    engine on a device the start cannot use frees nothing for it."""
     chosen: list[C] = []
-    covered = 0.0
     for _, candidate in sorted(idle, key=lambda pair: pair[0]):
-        if covered + EPSILON_GIB >= shortfall_gib:
+        if covers(chosen):
             break
         if candidate.state == State.ASLEEP:
             continue  # an asleep engine already holds nothing against the budget
         chosen.append(candidate)
-        covered += candidate.need_gib
-    return chosen if covered + EPSILON_GIB >= shortfall_gib else None
+    if not covers(chosen):
+        return None
+    for candidate in reversed(list(chosen)):
+        spared = [c for c in chosen if c is not candidate]
+        if covers(spared):
+            chosen = spared
+    return chosen
+
+
+def room_after(
+    demand: Demand | None,
+    need_gib: float,
+    free_gib: float,
+    devices: Sequence[Device],
+    stopped: Sequence[Candidate],
+) -> bool:
+    """Whether the start fits once `stopped` release what they hold: on a GPU host, placed
+    on the devices as they would be (`demand` there); in one pool, by the sum."""
+    if not devices or demand is None:
+        return free_gib + sum(c.need_gib for c in stopped) + EPSILON_GIB >= need_gib
+    released = [held for c in stopped for held in c.held]
+    return placement.fits(demand, placement.freed(devices, released))
 
 
 def next_idle_expiry(timers: Iterable[tuple[float, float]], now: float) -> float | None:

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deployments.models import State
-from ondemand.policy import Phase, StartOutcome
+from ondemand.policy import Phase, StartOutcome, room_after
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from deployments.engine_metrics import Load
+    from deployments.placement import Demand, Device
 
 SLEEPING = (State.PLANNED, State.STOPPED, State.ASLEEP, State.STOPPING)  # no engine serves
 
@@ -35,12 +36,22 @@ class View:
     gauged: bool = True
     # The row's lease (wall time, seconds): held by this gateway or another process's.
     lease_until: float | None = None
+    # On a GPU host: what a start of it asks of the devices (None: no GPU), and what its
+    # engines hold on each device now.
+    demand: Demand | None = None
+    held: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Budget:
     capacity_gib: float  # what on-demand deployments can ever use
     free_gib: float
+    # Each GPU with what is free on it now; empty on a host without GPUs (one pool).
+    devices: tuple[Device, ...] = ()
+
+    def room_after(self, view: View, stopped: Sequence[View] = ()) -> bool:
+        """Whether the view's start fits once `stopped` release their memory."""
+        return room_after(view.demand, view.need_gib, self.free_gib, self.devices, stopped)
 
 
 class Deployer(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,7 @@ def test_it_runs_a_process_engine_without_modelships_secrets_in_a_folder_of_its_
 
     monkeypatch.setenv("MSHIP_SECRET_KEY", "not-for-engines")
     monkeypatch.setenv("REDIS_URL", "redis://secret@127.0.0.1:6379/0")
-    monkeypatch.setenv("HF_HOME", "/srv/hf")  # what model libraries read passes through
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what model libraries read passes through
     deployment = make_deployment("sim")
     deployer.restart(deployment.pk)
     deployment.refresh_from_db()
@@ -238,7 +239,10 @@ def test_it_runs_a_process_engine_without_modelships_secrets_in_a_folder_of_its_
     env = dict(item.decode().partition("=")[::2] for item in raw if item)
     assert "MSHIP_SECRET_KEY" not in env and "REDIS_URL" not in env
     assert "DATABASE_URL" not in env
-    assert env["HF_HOME"] == "/srv/hf" and env["PATH"]
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_HOME"] == str(settings.MSHIP_HF_HOME)  # the model cache engines share
+    # Modelship's virtualenv leads PATH: an engine installed there (vllm) is found.
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     cwd = Path(f"/proc/{pid}/cwd").resolve()
     assert cwd != Path(settings.BASE_DIR)
     assert cwd.is_relative_to(Path(settings.MSHIP_RUN_DIR))

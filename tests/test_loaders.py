@@ -48,7 +48,9 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
         config={"max_model_len": 16384, "enable_sleep_mode": True, "enforce_eager": False},
     )
     vllm = get_loader("vllm")
-    monkeypatch.setattr(shutil, "which", lambda name: "/opt/vllm/bin/vllm")  # the host's own
+    monkeypatch.setattr(
+        shutil, "which", lambda name, path=None: "/opt/vllm/bin/vllm"
+    )  # the host's own
     assert vllm.argv(s, "0.0.0.0", "8000") == [
         "/opt/vllm/bin/vllm",
         "serve",
@@ -77,17 +79,39 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert "--runner" in vllm.argv(spec(usecase="embed"), "h", "1")
     assert vllm.endpoints(spec(usecase="embed")) == ("embeddings", "rerank", "score")
-    assert vllm.validate(spec(config={"port": 1})) == [
+    assert vllm.validate(spec(num_gpus=1, config={"port": 1})) == [
         "vllm_engine_kwargs: 'port' is set by Modelship"
     ]
     assert vllm.argv(s, "h", "1", container=True)[:2] == ["vllm", "serve"]  # the image's
+    assert vllm.image(s) == "vllm/vllm-openai:v0.32.0"  # pinned, never latest
+    # A whole number of GPUs is tensor parallel over them, each taken whole.
+    tp = vllm.argv(spec(num_gpus=4), "h", "1")
+    assert tp[tp.index("--tensor-parallel-size") + 1] == "4"
+    assert "--gpu-memory-utilization" not in tp
+    # memory_gib is a share of the device it was placed on (a 40 GiB one here).
+    placed = vllm.argv(spec(memory_gib=8.0, device_gib=40.0), "h", "1")
+    assert placed[placed.index("--gpu-memory-utilization") + 1] == "0.2"
+    # The operator's own value stands.
+    own = spec(num_gpus=0.5, config={"gpu_memory_utilization": 0.3})
+    assert vllm.argv(own, "h", "1").count("--gpu-memory-utilization") == 1
+    assert vllm.argv(spec(num_gpus=0.5, config={"binary": "/srv/vllm"}), "h", "1")[:2] == [
+        "/srv/vllm",
+        "serve",
+    ]
+    assert vllm.validate(spec(num_gpus=None, memory_gib=None)) == [
+        "num_gpus: vllm needs num_gpus (a share of one GPU, e.g. 0.5, or a whole number of GPUs"
+        " for tensor parallel) or memory_gib (GiB on one GPU)"
+    ]
+    assert vllm.validate(spec(num_gpus=1.5)) == [
+        "num_gpus: above 1 it is a whole number of GPUs (tensor parallel)"
+    ]
 
 
 def test_it_runs_vllm_from_its_engine_environment_where_the_host_has_none(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     vllm = get_loader("vllm")
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
     local = spec(model=str(tmp_path), memory_gib=6.0)  # a model folder on this host
     assert vllm.engine_family(local) == "vllm-cpu"  # no GPU here
     assert vllm.argv(local, "h", "1")[:5] == [
@@ -158,7 +182,7 @@ def test_it_runs_llama_cpp_from_the_wheel_where_no_binary_is_installed(
 ) -> None:
     llama = get_loader("llama_server")
     monkeypatch.delenv("MSHIP_LLAMA_SERVER_BIN", raising=False)
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
     launcher = ["-m", "deployments.engines.llama_launcher", "-m", "/m/tiny.gguf"]
     assert llama.argv(spec(model="/m/tiny.gguf"), "h", "1")[:5] == [sys.executable, *launcher]
     # In a container the published image's binary, unless the launcher is asked for.
@@ -170,7 +194,7 @@ def test_it_runs_llama_cpp_from_the_wheel_where_no_binary_is_installed(
     assert llama.argv(asked, "h", "1", container=True)[:5] == ["/usr/bin/python3", *launcher]
     assert llama.image(asked) == settings.MSHIP_ENGINE_IMAGE
     assert llama.image(spec(model="/m/tiny.gguf")) == "ghcr.io/ggml-org/llama.cpp:server"
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/llama-server")
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/local/bin/llama-server")
     assert llama.argv(spec(model="/m/tiny.gguf"), "h", "1")[0] == "/usr/local/bin/llama-server"
     assert llama.validate(spec(num_gpus=0.5)) == [
         "num_gpus must be a whole number for llama_server"
@@ -183,7 +207,7 @@ def test_it_runs_whisper_cpps_server_where_there_is_one_and_its_own_otherwise(
 ) -> None:
     loader = get_loader("whispercpp")
     tiny = spec(model="/w.bin", usecase="transcription")
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
     monkeypatch.delenv("MSHIP_WHISPER_SERVER_BIN", raising=False)
     own = loader.argv(tiny, "h", "1")
     assert own[0] == engine_envs.python("whisper") and own[1:3] == [
@@ -195,7 +219,7 @@ def test_it_runs_whisper_cpps_server_where_there_is_one_and_its_own_otherwise(
     # A container runs the image's whisper-server.
     assert loader.argv(tiny, "h", "1", container=True)[0] == "whisper-server"
     assert loader.image(tiny) == "ghcr.io/ggml-org/whisper.cpp:main"
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/whisper-server")
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/local/bin/whisper-server")
     whisper = loader.argv(tiny, "h", "1")
     assert loader.engine_family(tiny) is None
     assert loader.endpoints(tiny) == ("audio/transcriptions",)
@@ -216,11 +240,11 @@ def test_it_runs_whisper_cpps_server_where_there_is_one_and_its_own_otherwise(
 def test_it_builds_the_other_engines_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     loader = get_loader("stable_diffusion_cpp")
     image = spec(model="/sd.gguf", usecase="image", config={"sample_steps": 4})
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
     own = loader.argv(image, "h", "2")  # no sd-server here: Modelship's, in its environment
     assert own[:3] == [engine_envs.python("sdcpp"), "-m", "deployments.engines.sdcpp_server"]
     assert loader.engine_family(image) == "sdcpp"
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/sd-server")
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/usr/local/bin/sd-server")
     sd = loader.argv(image, "h", "2")
     assert sd[0] == "/usr/local/bin/sd-server"
     assert sd[1:] == ["-m", "/sd.gguf", "--listen-ip", "h", "--listen-port", "2"]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from deployments.placement import Demand, Device
 from ondemand import policy
 from ondemand.policy import Activity
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -13,6 +18,7 @@ class Model:
     name: str
     state: str
     need_gib: float
+    held: tuple[tuple[int, float], ...] = ()
 
 
 IDLE = Activity(
@@ -50,10 +56,39 @@ def test_it_stops_the_least_recently_used_until_the_shortfall_is_covered() -> No
         Model("newest", "ready", 4),
     )
     idle = [(30.0, old), (10.0, older), (5.0, asleep), (50.0, newest)]
-    assert policy.victims(idle, 3) == [older, old]  # the asleep one frees nothing
-    assert policy.victims(idle, 2) == [older]
-    assert policy.victims(idle, 8) == [older, old, newest]
-    assert policy.victims(idle, 8.5) is None  # all of them cannot cover it: stop none
+
+    def short(gib: float) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(None, gib, 0.0, (), stopped)
+
+    assert policy.victims(idle, short(3)) == [older, old]  # the asleep one frees nothing
+    assert policy.victims(idle, short(2)) == [older]
+    assert policy.victims(idle, short(8)) == [older, old, newest]
+    assert policy.victims(idle, short(8.5)) is None  # all of them cannot cover it: stop none
+    # 5 GiB takes the newest too, and then the old one's 2 GiB are not needed: it is spared.
+    assert policy.victims(idle, short(5)) == [older, newest]
+
+
+def test_it_makes_room_only_on_the_gpus_the_start_can_use() -> None:
+    """Two 80 GiB GPUs: an idle engine on each; the start needs 50 GiB on one GPU."""
+    on_zero = Model("on-zero", "ready", 60, held=((0, 60.0),))
+    on_one = Model("on-one", "ready", 40, held=((1, 40.0),))
+    devices = (Device(0, 80.0, 20.0), Device(1, 80.0, 40.0))
+    idle = [(10.0, on_zero), (20.0, on_one)]
+
+    def room(demand: Demand) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(demand, 50.0, 60.0, devices, stopped)
+
+    # The least recently used is on GPU 0, and stopping it alone makes room there.
+    assert policy.victims(idle, room(Demand(gib=50.0))) == [on_zero]
+    # 70 GiB: only GPU 0, emptied, holds it; GPU 1's engine is spared.
+    assert policy.victims(idle, room(Demand(gib=70.0))) == [on_zero]
+    # Tensor parallel over both GPUs, whole: both must go.
+    both = policy.victims(idle, room(Demand(devices=2, share=1.0)))
+    assert both == [on_zero, on_one]
+    # Three GPUs' worth on a two-GPU host: no stop makes room.
+    assert policy.victims(idle, room(Demand(devices=3, share=1.0))) is None
+    # 40 GiB already fits on GPU 1: nobody is stopped.
+    assert policy.victims(idle, room(Demand(gib=40.0))) == []
 
 
 def test_it_doubles_the_backoff_up_to_fifteen_minutes() -> None:

@@ -32,13 +32,29 @@ class ConflictAnswer(serializers.Serializer):
     need_gib = serializers.FloatField(required=False)
     free_gib = serializers.FloatField(required=False)
     capacity_gib = serializers.FloatField(required=False)
+    gpus = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="On a GPU host: each device's index, need_gib, free_gib and short_gib.",
+    )
+
+
+class GpuHolding(serializers.Serializer):
+    name = serializers.CharField()
+    holding_gib = serializers.FloatField()
 
 
 class GpuReading(serializers.Serializer):
     index = serializers.IntegerField()
+    uuid = serializers.CharField(allow_blank=True)
     name = serializers.CharField()
     total_gib = serializers.FloatField()
-    used_gib = serializers.FloatField()
+    held_gib = serializers.FloatField(help_text="What Modelship's deployments hold on it.")
+    used_gib = serializers.FloatField(
+        allow_null=True, help_text="In use as the driver reports; null for a declared GPU."
+    )
+    free_gib = serializers.FloatField()
+    deployments = GpuHolding(many=True)
 
 
 class Holding(serializers.Serializer):
@@ -47,6 +63,7 @@ class Holding(serializers.Serializer):
     state = serializers.CharField()
     mode = serializers.CharField()
     holding_gib = serializers.FloatField()
+    gpus = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()))
 
 
 class HostAnswer(serializers.Serializer):
@@ -55,6 +72,7 @@ class HostAnswer(serializers.Serializer):
     free_gib = serializers.FloatField()
     on_demand_capacity_gib = serializers.FloatField()
     used_gib = serializers.FloatField(allow_null=True)
+    placement = serializers.CharField(help_text="per GPU (pack), or one pool")
     gpus = GpuReading(many=True)
     deployments = Holding(many=True)
     ondemand = serializers.DictField(help_text="LiteLLM registration status", allow_null=True)

@@ -15,6 +15,7 @@ STATE_FIELDS = (
     "state_reason",
     "state_changed_at",
     "engine_urls",
+    "gpus",
     "pending_mode",
     "created",
     "updated",

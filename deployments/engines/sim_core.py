@@ -47,6 +47,9 @@ class SimConfig:
     # awake, as vLLM's CPU worker does.
     enable_sleep_mode: bool = False
     ignore_sleep: bool = False
+    # It fetches its weights into the model cache (HF_HOME) at start, as vLLM does from the
+    # Hub, unless they are there already; /sim/env says which it was.
+    download: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:
@@ -69,6 +72,7 @@ class SimState:
     last_chat_request: dict[str, Any] | None = None
     last_responses_request: dict[str, Any] | None = None
     last_chat_headers: dict[str, str] = field(default_factory=dict)
+    weights: str = ""  # "downloaded" or "cached", with the download option
 
 
 STATE = web.AppKey("state", SimState)

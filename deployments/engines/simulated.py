@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -392,6 +393,26 @@ async def last_chat_headers(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE].last_chat_headers)
 
 
+async def environment(request: web.Request) -> web.Response:
+    """What the engine was given: its GPUs, the model cache, and where its weights came from."""
+    names = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HF_HOME")
+    found: dict[str, Any] = {name: os.environ.get(name) for name in names}
+    found["has_hf_token"] = bool(os.environ.get("HF_TOKEN"))
+    found["weights"] = request.app[STATE].weights
+    return web.json_response(found)
+
+
+def fetch_weights(model: str) -> str:
+    """The download option: the model's files in the cache, fetched (made) unless present."""
+    folder = Path(os.environ.get("HF_HOME") or ".") / "hub" / f"models--{model.replace('/', '--')}"
+    weights = folder / "model.safetensors"
+    if weights.exists():
+        return "cached"
+    folder.mkdir(parents=True, exist_ok=True)
+    weights.write_bytes(os.urandom(4096))
+    return "downloaded"
+
+
 def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
     routes = [
         web.post("/v1/chat/completions", chat_completions),
@@ -407,6 +428,7 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/is_sleeping", is_sleeping),
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),
+        web.get("/sim/env", environment),
         web.get("/sim/last_chat_request", last_chat_request),
         web.get("/sim/last_responses_request", last_responses_request),
         web.get("/sim/last_chat_headers", last_chat_headers),
@@ -431,8 +453,12 @@ def main(argv: list[str] | None = None) -> None:
         print("simulated engine: RuntimeError: injected start failure", file=sys.stderr)
         raise SystemExit(1)
     names = args.served_model_name or [args.model]
+    app = make_app(config, names)
+    if config.download:
+        app[STATE].weights = fetch_weights(args.model)
+        print(f"simulated engine: weights {app[STATE].weights}", flush=True)
     print(f"simulated engine: serving {names} on {args.host}:{args.port}", flush=True)
-    serve(make_app(config, names), args.host, args.port, handle_signals=not config.ignore_sigterm)
+    serve(app, args.host, args.port, handle_signals=not config.ignore_sigterm)
 
 
 if __name__ == "__main__":

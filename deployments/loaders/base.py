@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from deployments import programs
 
 # OpenAI-compatible paths (under /v1) by use case.
 GENERATE_ENDPOINTS = ("chat/completions", "completions", "responses")
@@ -30,6 +31,8 @@ class EngineSpec:
     config: dict[str, Any] = field(default_factory=dict)
     num_gpus: float | None = None
     memory_gib: float | None = None
+    # The size of the GPU it is placed on (GiB), known at launch on a GPU host.
+    device_gib: float | None = None
 
     @classmethod
     def of(cls, deployment: Any) -> EngineSpec:
@@ -93,14 +96,17 @@ class Loader:
         """The command line; ``container`` when it runs in the loader's image."""
         raise NotImplementedError
 
-    def binary(self, spec: EngineSpec, container: bool = False) -> str:
-        configured = spec.config.get("binary")
-        if configured:
-            return str(configured)
+    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
+        """The engine's own program: `binary:`, the image's in a container, else the one
+        its setting names or the engines' PATH holds; None when there is none."""
+        if spec.config.get("binary"):
+            return str(spec.config["binary"])
         if container:
             return self.container_binary or self.binary_name
-        found = os.environ.get(self.binary_env) or shutil.which(self.binary_name)
-        return found or self.binary_name
+        return programs.find(self.binary_name, self.binary_env)
+
+    def binary(self, spec: EngineSpec, container: bool = False) -> str:
+        return self.program(spec, container) or self.binary_name
 
     def image(self, spec: EngineSpec) -> str:
         return self.default_image

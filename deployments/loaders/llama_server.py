@@ -7,13 +7,12 @@ container too)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from typing import ClassVar
 
 from django.conf import settings
 
+from deployments import programs
 from deployments.loaders.base import EngineSpec, Loader, file_size_gib
 
 LAUNCHER = "xllamacpp"
@@ -74,7 +73,7 @@ class LlamaServerLoader(Loader):
 
     def command(self, spec: EngineSpec, container: bool) -> list[str]:
         configured = spec.config.get("binary")
-        installed = os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+        installed = programs.find(self.binary_name, self.binary_env)
         if configured == LAUNCHER or (not configured and not container and not installed):
             python = settings.MSHIP_CONTAINER_PYTHON if container else sys.executable
             return [python, "-m", "deployments.engines.llama_launcher"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from typing import ClassVar
 
@@ -47,14 +45,6 @@ class ProgramOrShippedLoader(ShippedEngineLoader):
 
     family: ClassVar[str]
 
-    def program(self, spec: EngineSpec, container: bool = False) -> str | None:
-        """The engine's own server, where there is one to run; None: Modelship's."""
-        if spec.config.get("binary"):
-            return str(spec.config["binary"])
-        if container:
-            return self.container_binary or self.binary_name  # the image's
-        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
-
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         binary = self.program(spec, container)
         if binary is None:
@@ -95,6 +85,7 @@ class SimulatedLoader(ShippedEngineLoader):
             "vision",
             "enable_sleep_mode",
             "ignore_sleep",
+            "download",
         }
     )
     usecases = frozenset({"generate", "embed", "transcription", "translation"})

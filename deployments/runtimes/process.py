@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from common.redact import redact_argv
-from deployments.runtimes.base import Handle, Launch, RuntimeError_
+from deployments.programs import search_path
+from deployments.runtimes.base import Handle, Launch, RuntimeError_, gpu_list, parse_gpu_list
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -56,19 +57,44 @@ PASSED_PREFIXES = (
 )
 
 
-def engine_env(extra: dict[str, str]) -> dict[str, str]:
+def engine_env(extra: dict[str, str], gpus: list[int] | None = None) -> dict[str, str]:
     """The environment of an engine process: the allow-listed part of ours, then the
     engine's own variables. The project folder is on PYTHONPATH so the engines Modelship
-    ships import from a working directory of their own."""
+    ships import from a working directory of their own; the folder of the Python Modelship
+    runs on leads PATH, so an engine installed in its virtualenv (`vllm`) is found. On a GPU
+    host the engine sees only the GPUs placed for it, numbered as NVML numbers them."""
     passed = set(PASSED_NAMES) | set(settings.MSHIP_ENGINE_ENV_PASSTHROUGH)
     env = {
         name: value
         for name, value in os.environ.items()
         if name in passed or name.startswith(PASSED_PREFIXES)
     }
+    env["PATH"] = search_path(env.get("PATH", os.defpath))
     env["PYTHONPATH"] = str(settings.BASE_DIR)
     env["PYTHONUNBUFFERED"] = "1"
+    if gpus is not None:
+        visible = gpu_list(gpus)
+        env.update(
+            CUDA_VISIBLE_DEVICES=visible,
+            NVIDIA_VISIBLE_DEVICES=visible or "void",
+            # CUDA's own order is fastest first; NVML's (and nvidia-smi's) is the PCI bus's.
+            CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        )
     return {**env, **extra}
+
+
+def gpus_in_environment(pid: int) -> list[int] | None:
+    """CUDA_VISIBLE_DEVICES of a running process, as device indices; None when unset or
+    unreadable."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for entry in raw.split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        if name == b"CUDA_VISIBLE_DEVICES":
+            return parse_gpu_list(value.decode(errors="replace"))
+    return None
 
 
 def work_dir(name: str, replica: int) -> Path:
@@ -120,7 +146,7 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env=engine_env(launch.env),
+                    env=engine_env(launch.env, launch.gpus),
                     cwd=work_dir(launch.name, launch.replica),
                     start_new_session=True,
                 )
@@ -139,6 +165,7 @@ class ProcessRuntime:
             "log": str(log),
             "log_offset": offset,
             "fingerprint": launch.fingerprint,
+            "gpus": launch.gpus,
         }
 
     @staticmethod
@@ -213,6 +240,11 @@ class ProcessRuntime:
 
     def remove(self, handle: Handle) -> None:
         self.stop(handle, 0)
+
+    def gpus_of(self, handle: Handle) -> list[int] | None:
+        if not self.is_alive(handle):
+            return None
+        return gpus_in_environment(int(handle.get("pid", 0) or 0))
 
     def log_tail(self, handle: Handle, lines: int) -> str:
         path = Path(handle.get("log", ""))

@@ -23,6 +23,7 @@ from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
 from deployments.task_queue import enqueue
+from modelship_site.deployment_hints import hints
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
@@ -62,6 +63,8 @@ class Command(BaseCommand):
             url = f"http://{options['host']}:{options['port']}"
             self.stdout.write(f"Modelship on {url}  (admin: {url}/admin/, API: {url}/api/)")
             self.say_credentials(url, login)
+            for hint in hints():
+                self.stdout.write(f"To set for this host: {hint}")
             if options["models"]:
                 try:
                     call_command("deploy", file=options["models"], stdout=self.stdout)
