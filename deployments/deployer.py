@@ -266,6 +266,24 @@ def restart(
     Raises InsufficientMemory (leaving the deployment as it was) when it does not fit.
     """
     timeout = timeout_s if timeout_s is not None else settings.MSHIP_START_TIMEOUT_S
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.state not in STARTABLE_STATES:
+        return deployment
+    fit_or_refuse(deployment, actor)  # nothing is pulled for a start that cannot fit now
+    try:
+        fetch_image(deployment)
+    except EngineUnreachable:
+        raise
+    except RuntimeError_ as exc:
+        transition(
+            deployment,
+            State.FAILED,
+            expected=STARTABLE_STATES,
+            reason=str(exc),
+            actor=actor,
+            drop_switch=True,
+        )
+        return deployment
     with start_gate():
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state not in STARTABLE_STATES:
@@ -275,6 +293,21 @@ def restart(
         if not transition(deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed):
             return deployment
         return _bring_up(deployment, prior, actor, timeout)
+
+
+def fetch_image(deployment: Deployment) -> None:
+    """A container's image, pulled before the start-up gate is taken, so that a pull of
+    gigabytes holds up no other start; its progress is the deployment's state reason."""
+    if deployment.runtime != "docker":
+        return
+    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
+
+    def progress(line: str) -> None:
+        Deployment.objects.filter(pk=deployment.pk, state__in=STARTABLE_STATES).update(
+            state_reason=line
+        )
+
+    get_runtime(deployment.runtime).prepare(image, progress)
 
 
 def fit_or_refuse(deployment: Deployment, actor: str, *, waking: bool = False) -> list[list[int]]:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 # Fixtures every test file may use: the in-process gateway and a key, the Docker Engine.
-pytest_plugins = ["tests.gateway_support", "tests.docker_support"]
+pytest_plugins = ["tests.gateway_support", "tests.docker_support", "tests.registry_support"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,6 +5,8 @@ model cache."""
 
 from __future__ import annotations
 
+import re
+import time
 from io import StringIO
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +21,13 @@ from deployments import deployer
 from deployments.adoption import adopt_all
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment, State
+from tests.conftest import in_thread
 from tests.docker_support import docker_block
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from tests.registry_support import Registry
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -245,3 +250,42 @@ def test_it_checks_placement_with_two_halves_of_one_gpu(gpu_host: Any) -> None:
     assert "gpu-check-b: placed on GPU 0, the engine sees CUDA_VISIBLE_DEVICES='0'" in shown
     assert "gpu-check-a 5.0  gpu-check-b 5.0" in shown  # both on GPU 0's row of the table
     assert not Deployment.objects.exists()  # removed after
+
+
+@pytest.mark.usefixtures("docker_site")
+def test_it_pulls_an_image_outside_the_start_gate_with_its_progress(
+    make_deployment: Any, slow_registry: Registry
+) -> None:
+    pulled = make_deployment(
+        "pulled", runtime="docker", image=slow_registry.image, docker_options=docker_block()
+    )
+    starting = in_thread(deployer.restart, pulled.pk)
+    assert slow_registry.sending.wait(30)
+    # While the image comes, another deployment starts: the pull does not hold the gate.
+    other = placed(make_deployment, "other", memory_gib=1)
+    assert other.state == State.READY and not slow_registry.sent.is_set()
+    reasons: list[str] = []
+    while starting.is_alive():
+        reason = Deployment.objects.get(pk=pulled.pk).state_reason
+        if reason.startswith("pulling image") and reason not in reasons:
+            reasons.append(reason)
+        time.sleep(0.1)
+    pulled.refresh_from_db()
+    assert pulled.state == State.READY, pulled.state_reason
+    assert len(reasons) >= 2, reasons  # a 4 s pull, told at most once a second
+    assert all(f"pulling image {slow_registry.image}: " in r for r in reasons)
+    assert re.search(r"\d+ of 2 layers, [\d.]+ of [\d.]+ MB", reasons[-1]), reasons
+
+
+@pytest.mark.usefixtures("docker_site")
+def test_it_says_an_image_no_registry_has_is_not_found(
+    make_deployment: Any, slow_registry: Registry
+) -> None:
+    missing = slow_registry.image.replace("mstest/slow", "mstest/absent")
+    boxed = make_deployment(
+        "absent", runtime="docker", image=missing, docker_options=docker_block()
+    )
+    deployer.restart(boxed.pk)
+    boxed.refresh_from_db()
+    assert boxed.state == State.FAILED
+    assert boxed.state_reason.startswith(f"image {missing!r} not found in any configured registry")

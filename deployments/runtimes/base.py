@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 Handle = dict[str, Any]
 
@@ -63,6 +63,11 @@ class Launch:
 
 class Runtime(Protocol):
     name: str
+
+    def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
+        """What a launch needs that may take long (a container's image, pulled), done
+        before the start-up gate is taken; `progress` is told how it goes."""
+        ...
 
     def launch(self, launch: Launch) -> Handle:
         """Start an engine; the handle carries at least ``url`` (its base URL)."""

@@ -27,12 +27,17 @@ from deployments.runtimes.base import (
 )
 from deployments.runtimes.docker_network import own_network_names, url_on_network
 from deployments.runtimes.docker_options import create_kwargs
+from deployments.runtimes.pull_progress import PullProgress
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 CONTAINER_PORT = 8000
+# How a registry says it has no such image (Docker's words vary by registry and version).
+NOT_FOUND = re.compile(
+    r"not found|manifest unknown|does not exist|repository .* not found|404", re.IGNORECASE
+)
 LABEL = "modelship"
 
 
@@ -101,17 +106,36 @@ class DockerRuntime:
                 self.client.networks.create, name, driver="bridge", labels={label("site"): "*"}
             )
 
-    def ensure_image(self, image: str) -> None:
+    def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
+        """The image, pulled unless the daemon has it, its progress told to `progress`."""
+        if image:
+            self.ensure_image(image, progress)
+
+    def ensure_image(self, image: str, progress: Callable[[str], None] | None = None) -> None:
         try:
             self._call(self.client.images.get, image)
             return
         except docker.errors.NotFound:
             pass
+        repository, tag = docker.utils.parse_repository_tag(image)
+        tracker = PullProgress(image, progress or (lambda line: None))
         try:
-            self._call(self.client.images.pull, image)  # the SDK splits off the tag
+            events = self._call(
+                self.client.api.pull, repository, tag=tag or "latest", stream=True, decode=True
+            )
+            for event in events:
+                if "error" in event:
+                    raise RuntimeError_(str(event["error"]))
+                tracker.update(event)
         except (docker.errors.NotFound, RuntimeError_) as exc:
             message = getattr(exc, "explanation", None) or str(exc)
+            if NOT_FOUND.search(message):
+                raise RuntimeError_(
+                    f"image {image!r} not found in any configured registry ({message})"
+                ) from exc
             raise RuntimeError_(f"cannot pull image {image!r}: {message}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise unreachable(exc) from exc
 
     def launch(self, launch: Launch) -> Handle:
         if not launch.image:

@@ -25,7 +25,7 @@ from deployments.programs import search_path
 from deployments.runtimes.base import Handle, Launch, RuntimeError_, gpu_list, parse_gpu_list
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 # Exit codes of children this process started, filled by their reaper threads.
 _exit_codes: dict[int, int] = {}
@@ -240,6 +240,9 @@ class ProcessRuntime:
 
     def remove(self, handle: Handle) -> None:
         self.stop(handle, 0)
+
+    def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
+        return  # a process needs no image
 
     def gpus_of(self, handle: Handle) -> list[int] | None:
         if not self.is_alive(handle):

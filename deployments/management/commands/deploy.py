@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 from deployments import tasks
 from deployments.apply import Job, apply, clashes_with_others
@@ -15,7 +18,11 @@ from deployments.models_yaml import ModelsFileError, load
 from deployments.refusals import OperationRefused
 from deployments.task_queue import enqueue
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 ACTOR = "cli:deploy"
+PROGRESS_EVERY_S = 0.5
 
 
 class Command(BaseCommand):
@@ -79,6 +86,32 @@ class Command(BaseCommand):
             for job in outcome.jobs:
                 enqueue(job.task, job.deployment_id, *job.args)
 
+    @contextlib.contextmanager
+    def telling_progress(self, deployment_id: int) -> Iterator[None]:
+        """While a job runs, what its deployment's state reason says as it changes: an
+        image pull's layers and bytes, an engine environment's install."""
+        done = threading.Event()
+
+        def watch() -> None:
+            told = ""
+            try:
+                while not done.wait(PROGRESS_EVERY_S):
+                    row = Deployment.objects.filter(pk=deployment_id).first()
+                    line = row.state_reason.split("\n", 1)[0] if row else ""
+                    if line and line != told and row is not None:
+                        self.stdout.write(f"{row.name}: {line}")
+                        told = line
+            finally:
+                connection.close()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
     @staticmethod
     def user(name: str | None) -> Any:
         if name is None:
@@ -91,7 +124,8 @@ class Command(BaseCommand):
     def run_jobs(self, jobs: list[Job]) -> list[str]:
         failed = []
         for job in jobs:
-            result = job.run()
+            with self.telling_progress(job.deployment_id):
+                result = job.run()
             if job.task is tasks.remove:
                 continue
             deployment = Deployment.objects.get(pk=job.deployment_id)

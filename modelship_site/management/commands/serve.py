@@ -39,6 +39,11 @@ class Command(BaseCommand):
         parser.add_argument("--models", help="a models.yaml to deploy once the cluster runs")
         # uvicorn with Modelship's limits (modelship_site/server.py says why not daphne).
         parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
+        parser.add_argument(
+            "--no-cluster",
+            action="store_true",
+            help="run no django-q cluster here (one runs beside it: compose.yaml's cluster)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         stop_event = threading.Event()
@@ -121,12 +126,14 @@ class Command(BaseCommand):
         else:
             server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]
             server += ["modelship_site.asgi:application"]
-        cluster = [python, "manage.py", "qcluster"]
+        commands = {"server": server}
+        if not options.get("no_cluster"):
+            commands["cluster"] = [python, "manage.py", "qcluster"]
         # Own process groups: the terminal's Ctrl-C reaches this command only, which then
         # stops the children in order instead of all at once.
         return {
-            "server": subprocess.Popen(server, start_new_session=True, env=os.environ.copy()),
-            "cluster": subprocess.Popen(cluster, start_new_session=True, env=os.environ.copy()),
+            name: subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
+            for name, argv in commands.items()
         }
 
     def resume_after_shutdown(self) -> None:

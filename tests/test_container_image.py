@@ -1,0 +1,84 @@
+"""Modelship's own image (the Dockerfile) and its compose file (compose.yaml)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.image_support import ensure_base_image
+
+
+@pytest.mark.heavy
+def test_it_builds_modelships_image_from_a_local_base_and_answers_health(
+    docker_client: Any,
+) -> None:
+    base = ensure_base_image(docker_client)
+    tag = f"modelship-test-app:{hashlib.sha256(base.encode()).hexdigest()[:8]}"
+    subprocess.run(
+        ["docker", "build", "-q", "--build-arg", f"BASE={base}", "-t", tag, str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    name = f"mstest-web-{uuid.uuid4().hex[:8]}"
+    container = docker_client.containers.run(
+        tag, name=name, detach=True, ports={"8000/tcp": ("127.0.0.1", None)}
+    )
+    try:
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["8000/tcp"][0]["HostPort"]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        answer = None
+        while time.monotonic() < deadline:
+            container.reload()
+            assert container.status == "running", container.logs().decode()[-3000:]
+            try:
+                answer = httpx.get(url + "/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert answer is not None, container.logs().decode()[-3000:]
+        assert (answer.status_code, answer.json()) == (200, {"status": "ok"})
+        # Migrated on start, with nothing always on to wait for: ready.
+        assert httpx.get(url + "/readyz", timeout=5).status_code == 200
+        logs = container.logs().decode()
+        assert "Sign in as 'admin'" in logs
+    finally:
+        container.remove(force=True)
+
+
+def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
+    """compose.yaml, read as Docker Compose reads it (no compose plugin on this machine)."""
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"web", "cluster", "postgres", "redis"}
+    web, cluster = services["web"], services["cluster"]
+    assert web["command"][-1] == "web" and cluster["command"][-1] == "cluster"
+    for service in (web, cluster):
+        env = service["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:" in env["DATABASE_URL"]
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        # The engines' network is Modelship's own: `auto` admits its peers, and LiteLLM is
+        # told the service's name.
+        assert env["MSHIP_DOCKER_NETWORK"] == "modelship"
+        assert env["MSHIP_ONDEMAND_ALLOWED_CIDRS"] == "auto"
+        assert env["MSHIP_INTERNAL_URL"] == "http://modelship:8000"
+        assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
+        # State, engine environments and the model cache at the same path as on the host.
+        data = "${MSHIP_DATA:-/var/lib/modelship}"
+        assert f"{data}:{data}" in service["volumes"]
+        assert env["MSHIP_HF_HOME"] == f"{data}/hf"
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    assert "modelship" in web["networks"]["modelship"]["aliases"]
+    assert compose["networks"]["modelship"]["name"] == "modelship"
+    assert web["ports"] == ["127.0.0.1:8000:8000"]  # TLS goes in front
