@@ -12,22 +12,26 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 import httpx
+import openai
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from deployments import deployer
 from deployments.adoption import adopt_all
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment, State
-from tests.conftest import in_thread
+from ondemand.registry import controllers
+from tests.conftest import in_thread, wait_until
 from tests.docker_support import docker_block
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.registry_support import Registry
+from tests.test_ondemand_v1 import ask, on_demand
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -289,3 +293,34 @@ def test_it_says_an_image_no_registry_has_is_not_found(
     boxed.refresh_from_db()
     assert boxed.state == State.FAILED
     assert boxed.state_reason.startswith(f"image {missing!r} not found in any configured registry")
+
+
+def test_it_makes_room_on_the_gpu_the_start_needs_and_spares_the_others(
+    gpu_host: Any, gateway_url: str, api_key: Any, make_deployment: Any
+) -> None:
+    """GPU 0 has 10 GiB, GPU 1 5: the least recently used model sits on GPU 1, where an 8 GiB
+    model can never go; only the one on GPU 0 is stopped for it."""
+    gpu_host.MSHIP_GPU_INVENTORY = [(0, 10.0), (1, 5.0)]
+    older = on_demand(make_deployment, gpu_host, "older", memory_gib=4)
+    newer = on_demand(make_deployment, gpu_host, "newer", memory_gib=6)
+    on_demand(make_deployment, gpu_host, "big", memory_gib=8)
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+    for model in ("older", "newer"):
+        assert ask(client, model)
+    assert [Deployment.objects.get(pk=d.pk).gpus for d in (older, newer)] == [[[1]], [[0]]]
+    # Both long idle, the older the longer (in the controllers' memory and on the leases).
+    wait_until(
+        lambda: all(c.entry(d.pk).inflight == 0 for c in controllers() for d in (older, newer))
+    )
+    for ctl in controllers():
+        ctl.entry(older.pk).idle_since -= 7200
+        ctl.entry(newer.pk).idle_since -= 3600
+    Deployment.objects.filter(pk__in=[older.pk, newer.pk]).update(lease_until=timezone.now())
+    assert ask(client, "big")
+    states = {d.name: (d.state, d.gpus) for d in Deployment.objects.all()}
+    assert states == {
+        "older": (State.READY, [[1]]),  # spared: stopping it frees nothing GPU 0 could use
+        "newer": (State.STOPPED, []),
+        "big": (State.READY, [[0]]),
+    }
+    assert Deployment.objects.get(pk=newer.pk).state_reason == "Put to sleep to make room for big"
