@@ -11,9 +11,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from deployments import tasks
-from deployments.deployer import handles_of, stop, stop_handles
+from deployments.deployer import handles_of, stop
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
+from deployments.launch import stop_handles
 from deployments.models import Deployment, State
 from deployments.runtimes import EngineUnreachable, get_runtime
 from deployments.task_queue import enqueue

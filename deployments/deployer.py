@@ -7,13 +7,9 @@ check and the start-up gate; every state change is a conditional update with its
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,11 +21,12 @@ from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
+from deployments.launch import fetch_image, launch_all, prepare_engine_env, stop_handles
 from deployments.loaders import EngineSpec, get_loader
-from deployments.memory import InsufficientMemory, check_fit, check_fit_where, gpu_inventory
+from deployments.memory import InsufficientMemory, check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, State
 from deployments.refusals import CannotSleep
-from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
+from deployments.runtimes import EngineUnreachable, Handle, RuntimeError_, get_runtime
 from deployments.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -54,80 +51,6 @@ class StartFailed(Exception):
 
 def handles_of(deployment: Deployment) -> list[Handle]:
     return list((deployment.runtime_handle or {}).get("replicas", []))
-
-
-def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) -> list[Handle]:
-    """Launch every replica on its GPUs (``placed``, else the row's); on a failure, stop the
-    ones already launched."""
-    loader = get_loader(deployment.loader)
-    spec = EngineSpec.of(deployment)
-    gpus = {g.index: g.total_gib for g in gpu_inventory()}
-    placed = deployment.gpus if placed is None else placed
-    runtime = get_runtime(deployment.runtime)
-    fp = deployment_fingerprint(deployment)
-    container = deployment.runtime == "docker"
-    if not container:
-        # A process engine runs in a folder of its own: a model path relative to Modelship's
-        # working directory is made absolute.
-        spec = dataclasses.replace(spec, model=local_path(spec.model))
-    family = loader.engine_family(spec, container)
-    # A container runs its family's environment from the host, mounted where it lies.
-    mounts = [str(engine_envs.location(family))] if container and family else []
-    handles: list[Handle] = []
-    try:
-        for replica in range(deployment.num_replicas):
-            # On a GPU host each replica sees its own devices only (none: no GPU at all).
-            devices = (placed[replica] if replica < len(placed) else []) if gpus else None
-            if devices:
-                spec = dataclasses.replace(spec, device_gib=gpus[devices[0]])
-            # The runtime fills in the address it chose; an operator's command may use both.
-            argv = deployment.command or loader.argv(spec, "{host}", "{port}", container)
-            handles.append(
-                runtime.launch(
-                    Launch(
-                        deployment_id=deployment.pk,
-                        name=deployment.name,
-                        replica=replica,
-                        argv=list(argv),
-                        health_path=loader.health_path,
-                        fingerprint=fp,
-                        env={**cache_env(), **loader.env(spec)},
-                        image=deployment.image or loader.image(spec),
-                        options={**loader.docker_defaults(spec), **deployment.docker_options},
-                        model=spec.model,
-                        num_gpus=spec.num_gpus,
-                        gpus=devices,
-                        mounts=[] if deployment.command else mounts,
-                        cache=str(settings.MSHIP_HF_HOME),
-                    )
-                )
-            )
-    except RuntimeError_:
-        stop_handles(deployment, handles)
-        raise
-    return handles
-
-
-def cache_env() -> dict[str, str]:
-    """The shared model cache, and the Hub token where Modelship was given one."""
-    cache = Path(settings.MSHIP_HF_HOME)
-    # Made here: a container's mount of a missing folder would make it root's.
-    with contextlib.suppress(OSError):
-        cache.mkdir(parents=True, exist_ok=True)
-    env = {"HF_HOME": str(cache)}
-    if os.environ.get("HF_TOKEN"):
-        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
-    return env
-
-
-def local_path(model: str) -> str:
-    return os.path.abspath(model) if not os.path.isabs(model) and os.path.exists(model) else model
-
-
-def stop_handles(deployment: Deployment, handles: list[Handle]) -> None:
-    runtime = get_runtime(deployment.runtime)
-    for handle in handles:
-        runtime.stop(handle, settings.MSHIP_STOP_GRACE_S)
 
 
 def failure_reason(deployment: Deployment, handles: list[Handle], headline: str) -> str:
@@ -168,21 +91,6 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-
-
-def prepare_engine_env(deployment: Deployment) -> None:
-    """An engine's family environment, installed before its first start (blocking: minutes
-    for a large family; the state reason says so meanwhile). A container runs it too,
-    mounted from the host (deployer.launch_all)."""
-    container = deployment.runtime == "docker"
-    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment), container)
-    if family is None or deployment.command:
-        return
-
-    def progress(line: str) -> None:
-        Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(state_reason=line)
-
-    engine_envs.ensure(family, progress)
 
 
 def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) -> Deployment:
@@ -272,7 +180,13 @@ def restart(
     fit_or_refuse(deployment, actor)  # nothing is pulled for a start that cannot fit now
     try:
         fetch_image(deployment)
-    except EngineUnreachable:
+    except EngineUnreachable as exc:
+        # Nothing started: it stays as it was, with the reason, and a mode switch waiting
+        # for this start is dropped (its requests stop waiting for it).
+        prior = deployment.state
+        transition(
+            deployment, prior, expected=[prior], reason=str(exc), actor=actor, drop_switch=True
+        )
         raise
     except RuntimeError_ as exc:
         transition(
@@ -293,21 +207,6 @@ def restart(
         if not transition(deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed):
             return deployment
         return _bring_up(deployment, prior, actor, timeout)
-
-
-def fetch_image(deployment: Deployment) -> None:
-    """A container's image, pulled before the start-up gate is taken, so that a pull of
-    gigabytes holds up no other start; its progress is the deployment's state reason."""
-    if deployment.runtime != "docker":
-        return
-    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
-
-    def progress(line: str) -> None:
-        Deployment.objects.filter(pk=deployment.pk, state__in=STARTABLE_STATES).update(
-            state_reason=line
-        )
-
-    get_runtime(deployment.runtime).prepare(image, progress)
 
 
 def fit_or_refuse(deployment: Deployment, actor: str, *, waking: bool = False) -> list[list[int]]:

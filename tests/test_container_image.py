@@ -12,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from deployments.site_hints import hints
 from tests.conftest import REPO
 from tests.image_support import ensure_base_image
 
@@ -82,3 +83,23 @@ def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
     assert "modelship" in web["networks"]["modelship"]["aliases"]
     assert compose["networks"]["modelship"]["name"] == "modelship"
     assert web["ports"] == ["127.0.0.1:8000:8000"]  # TLS goes in front
+
+
+def test_it_says_what_a_bare_host_must_set(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    monkeypatch.setenv("MSHIP_IN_CONTAINER", "0")
+    settings.MSHIP_LITELLM_URL = "http://litellm:4000"
+    settings.MSHIP_INTERNAL_URL = "http://127.0.0.1:8000"
+    settings.MSHIP_ONDEMAND_ALLOWED_CIDRS = "auto"
+    said = hints()
+    assert [hint.split(":")[0] for hint in said] == [
+        "MSHIP_ONDEMAND_ALLOWED_CIDRS",
+        "MSHIP_INTERNAL_URL",
+    ]
+    assert "outside a container that is nobody" in said[0]
+    settings.MSHIP_ONDEMAND_ALLOWED_CIDRS = "172.17.0.0/16"
+    settings.MSHIP_INTERNAL_URL = "http://172.17.0.1:8000"
+    assert hints() == []
+    # In a container (compose), `auto` and the service's URL need nothing.
+    settings.MSHIP_ONDEMAND_ALLOWED_CIDRS = "auto"
+    monkeypatch.setenv("MSHIP_IN_CONTAINER", "1")
+    assert hints() == []

@@ -95,8 +95,17 @@ def test_it_checks_a_list_of_networks(monkeypatch: pytest.MonkeyPatch) -> None:
         env_networks("MSHIP_NETS", [])
 
 
-def test_it_stops_the_site_on_a_bad_setting_with_the_variables_name() -> None:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "modelship_site.settings", "MSHIP_AUTH": "flase"}
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MSHIP_AUTH", "flase", "MSHIP_AUTH must be true or false"),
+        ("MSHIP_GPU_INVENTORY", "80,80GB", "MSHIP_GPU_INVENTORY must list each GPU's memory"),
+    ],
+)
+def test_it_stops_the_site_on_a_bad_setting_with_the_variables_name(
+    name: str, value: str, message: str
+) -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "modelship_site.settings", name: value}
     done = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
         env=env,
@@ -106,7 +115,7 @@ def test_it_stops_the_site_on_a_bad_setting_with_the_variables_name() -> None:
         check=False,
     )
     assert done.returncode != 0
-    assert "MSHIP_AUTH must be true or false" in done.stderr
+    assert message in done.stderr
 
 
 def test_it_reads_networks_one_way_for_every_list() -> None:

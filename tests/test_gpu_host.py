@@ -5,6 +5,7 @@ model cache."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from io import StringIO
@@ -14,6 +15,7 @@ import docker
 import httpx
 import openai
 import pytest
+import yaml
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
@@ -258,18 +260,29 @@ def test_it_checks_placement_with_two_halves_of_one_gpu(gpu_host: Any) -> None:
 
 @pytest.mark.usefixtures("docker_site")
 def test_it_pulls_an_image_outside_the_start_gate_with_its_progress(
-    make_deployment: Any, slow_registry: Registry
+    make_deployment: Any, slow_registry: Registry, tmp_path: Path
 ) -> None:
-    pulled = make_deployment(
-        "pulled", runtime="docker", image=slow_registry.image, docker_options=docker_block()
-    )
-    starting = in_thread(deployer.restart, pulled.pk)
+    entry = {
+        "name": "pulled",
+        "model": "simulated",
+        "loader": "simulated",
+        "runtime": "docker",
+        "image": slow_registry.image,
+        "memory_gib": 1,
+        "docker": docker_block(),
+    }
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": [entry]}))
+    told = StringIO()
+    deploy = functools.partial(call_command, stdout=told)
+    deploying = in_thread(deploy, "deploy", "-f", str(models), "--wait")
     assert slow_registry.sending.wait(30)
     # While the image comes, another deployment starts: the pull does not hold the gate.
     other = placed(make_deployment, "other", memory_gib=1)
     assert other.state == State.READY and not slow_registry.sent.is_set()
     reasons: list[str] = []
-    while starting.is_alive():
+    pulled = Deployment.objects.get(name="pulled")
+    while deploying.is_alive():
         reason = Deployment.objects.get(pk=pulled.pk).state_reason
         if reason.startswith("pulling image") and reason not in reasons:
             reasons.append(reason)
@@ -279,6 +292,9 @@ def test_it_pulls_an_image_outside_the_start_gate_with_its_progress(
     assert len(reasons) >= 2, reasons  # a 4 s pull, told at most once a second
     assert all(f"pulling image {slow_registry.image}: " in r for r in reasons)
     assert re.search(r"\d+ of 2 layers, [\d.]+ of [\d.]+ MB", reasons[-1]), reasons
+    # deploy --wait told the operator as it went.
+    assert f"pulled: pulling image {slow_registry.image}: " in told.getvalue()
+    assert "pulled: ready ready" in told.getvalue()
 
 
 @pytest.mark.usefixtures("docker_site")
@@ -324,3 +340,14 @@ def test_it_makes_room_on_the_gpu_the_start_needs_and_spares_the_others(
         "big": (State.READY, [[0]]),
     }
     assert Deployment.objects.get(pk=newer.pk).state_reason == "Put to sleep to make room for big"
+
+
+def test_it_shows_each_gpu_and_each_deployments_gpus_in_the_admin(
+    gpu_host: Any, make_deployment: Any, client: Any
+) -> None:
+    placed(make_deployment, "wide", num_gpus=2)
+    client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
+    page = client.get("/admin/deployments/deployment/").content.decode()
+    assert 'id="host-gpus"' in page and "2 GPUs, placed per GPU" in page
+    assert page.count("wide 10.0") == 2  # on both GPUs' rows
+    assert '<td class="field-gpu_list">0, 1</td>' in page

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from deployments import deployer, nvml
 from deployments.memory import gpu_inventory, host_summary
 from deployments.models import Deployment, State
-from modelship_site.deployment_hints import hints
+from deployments.site_hints import hints
 
 DEMO_NAMES = ("gpu-check-a", "gpu-check-b")
 SMI_QUERY = "index,uuid,memory.total"

@@ -22,8 +22,8 @@ from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
+from deployments.site_hints import hints
 from deployments.task_queue import enqueue
-from modelship_site.deployment_hints import hints
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 

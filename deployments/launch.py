@@ -1,0 +1,127 @@
+"""What a launch needs before and as an engine starts: its container image (pulled before the
+start-up gate), its engine environment (installed), and each replica's command line,
+environment, GPUs and mounts, handed to the runtime.
+
+Blocking (image pulls, installs, process and container launches): deployer.py calls it from
+django-q workers, management commands and the on-demand engine threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+from deployments import engine_envs
+from deployments.fingerprint import deployment_fingerprint
+from deployments.loaders import EngineSpec, get_loader
+from deployments.memory import gpu_inventory
+from deployments.models import STARTABLE_STATES, Deployment, State
+from deployments.runtimes import Handle, Launch, RuntimeError_, get_runtime
+
+
+def fetch_image(deployment: Deployment) -> None:
+    """A container's image, pulled before the start-up gate is taken, so that a pull of
+    gigabytes holds up no other start; its progress is the deployment's state reason."""
+    if deployment.runtime != "docker":
+        return
+    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
+
+    def progress(line: str) -> None:
+        Deployment.objects.filter(pk=deployment.pk, state__in=STARTABLE_STATES).update(
+            state_reason=line
+        )
+
+    get_runtime(deployment.runtime).prepare(image, progress)
+
+
+def prepare_engine_env(deployment: Deployment) -> None:
+    """An engine's family environment, installed before its first start (blocking: minutes
+    for a large family; the state reason says so meanwhile). A container runs it too,
+    mounted from the host (launch_all)."""
+    container = deployment.runtime == "docker"
+    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment), container)
+    if family is None or deployment.command:
+        return
+
+    def progress(line: str) -> None:
+        Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(state_reason=line)
+
+    engine_envs.ensure(family, progress)
+
+
+def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) -> list[Handle]:
+    """Launch every replica on its GPUs (``placed``, else the row's); on a failure, stop the
+    ones already launched."""
+    loader = get_loader(deployment.loader)
+    spec = EngineSpec.of(deployment)
+    gpus = {g.index: g.total_gib for g in gpu_inventory()}
+    placed = deployment.gpus if placed is None else placed
+    runtime = get_runtime(deployment.runtime)
+    fp = deployment_fingerprint(deployment)
+    container = deployment.runtime == "docker"
+    if not container:
+        # A process engine runs in a folder of its own: a model path relative to Modelship's
+        # working directory is made absolute.
+        spec = dataclasses.replace(spec, model=local_path(spec.model))
+    family = loader.engine_family(spec, container)
+    # A container runs its family's environment from the host, mounted where it lies.
+    mounts = [str(engine_envs.location(family))] if container and family else []
+    handles: list[Handle] = []
+    try:
+        for replica in range(deployment.num_replicas):
+            # On a GPU host each replica sees its own devices only (none: no GPU at all).
+            devices = (placed[replica] if replica < len(placed) else []) if gpus else None
+            if devices:
+                spec = dataclasses.replace(spec, device_gib=gpus[devices[0]])
+            # The runtime fills in the address it chose; an operator's command may use both.
+            argv = deployment.command or loader.argv(spec, "{host}", "{port}", container)
+            handles.append(
+                runtime.launch(
+                    Launch(
+                        deployment_id=deployment.pk,
+                        name=deployment.name,
+                        replica=replica,
+                        argv=list(argv),
+                        health_path=loader.health_path,
+                        fingerprint=fp,
+                        env={**cache_env(), **loader.env(spec)},
+                        image=deployment.image or loader.image(spec),
+                        options={**loader.docker_defaults(spec), **deployment.docker_options},
+                        model=spec.model,
+                        num_gpus=spec.num_gpus,
+                        gpus=devices,
+                        mounts=[] if deployment.command else mounts,
+                        cache=str(settings.MSHIP_HF_HOME),
+                    )
+                )
+            )
+    except RuntimeError_:
+        stop_handles(deployment, handles)
+        raise
+    return handles
+
+
+def cache_env() -> dict[str, str]:
+    """The shared model cache, and the Hub token where Modelship was given one."""
+    cache = Path(settings.MSHIP_HF_HOME)
+    # Made here: a container's mount of a missing folder would make it root's.
+    with contextlib.suppress(OSError):
+        cache.mkdir(parents=True, exist_ok=True)
+    env = {"HF_HOME": str(cache)}
+    if os.environ.get("HF_TOKEN"):
+        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
+    return env
+
+
+def local_path(model: str) -> str:
+    return os.path.abspath(model) if not os.path.isabs(model) and os.path.exists(model) else model
+
+
+def stop_handles(deployment: Deployment, handles: list[Handle]) -> None:
+    runtime = get_runtime(deployment.runtime)
+    for handle in handles:
+        runtime.stop(handle, settings.MSHIP_STOP_GRACE_S)
