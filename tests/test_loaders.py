@@ -293,3 +293,24 @@ def test_it_takes_a_new_loader_without_a_migration(
     monkeypatch.setitem(LOADERS, "plugin", SimulatedLoader())
     assert field.clean("plugin", None) == "plugin"  # the registry is the field's choices
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)  # exits 1 if needed
+
+
+def test_it_finds_vllm_in_modelships_virtualenv_or_where_its_setting_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    installed = venv_bin / "vllm"
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o755)
+    # Modelship runs on that virtualenv's Python, which is not on PATH (not activated).
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("MSHIP_VLLM_BIN", raising=False)
+    vllm = get_loader("vllm")
+    local = spec(num_gpus=0.5)
+    assert vllm.program(local) == str(installed)
+    assert vllm.argv(local, "h", "1")[:2] == [str(installed), "serve"]
+    assert vllm.engine_family(local) is None  # no engine environment of its own
+    monkeypatch.setenv("MSHIP_VLLM_BIN", "/opt/vllm/bin/vllm")
+    assert vllm.program(local) == "/opt/vllm/bin/vllm"
