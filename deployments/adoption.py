@@ -62,9 +62,12 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
         outcome["adopted"].append(deployment.name)
         # The GPUs each replica was given, as the engines themselves say (their environment
         # or labels): the budget counts them there, whatever the row said.
-        placed = [runtime.gpus_of(h) for h in handles]
-        if all(p is not None for p in placed) and placed != deployment.gpus:
-            Deployment.objects.filter(pk=deployment.pk).update(gpus=placed)
+        read = [runtime.gpus_of(h) for h in handles]
+        placed = [p for p in read if p is not None]
+        if len(placed) == len(read):
+            placed = placed if any(placed) else []  # on no GPU, as a start records it
+            if placed != deployment.gpus:
+                Deployment.objects.filter(pk=deployment.pk).update(gpus=placed)
         # The on-demand idle timer restarts when Modelship first sees an engine after a
         # restart: a lease lapsed while it was down must not let the reaper stop it at once.
         idle = timedelta(seconds=deployment.effective_idle_timeout_s)

@@ -351,3 +351,23 @@ def test_it_shows_each_gpu_and_each_deployments_gpus_in_the_admin(
     assert 'id="host-gpus"' in page and "2 GPUs, placed per GPU" in page
     assert page.count("wide 10.0") == 2  # on both GPUs' rows
     assert '<td class="field-gpu_list">0, 1</td>' in page
+
+
+@pytest.mark.usefixtures("docker_site")
+def test_it_reads_a_containers_gpus_back_from_its_label(
+    gpu_host: Any, make_deployment: Any, docker_client: Any
+) -> None:
+    """A container placed on no GPU (one asking for a GPU cannot start on this daemon)."""
+    boxed = make_deployment(
+        "boxed", runtime="docker", memory_gib=None, num_gpus=0, docker_options=docker_block()
+    )
+    deployer.restart(boxed.pk)
+    boxed.refresh_from_db()
+    assert (boxed.state, boxed.gpus) == (State.READY, [])
+    box = docker_client.containers.get(boxed.runtime_handle["replicas"][0]["container_id"])
+    assert box.labels["modelship.gpus"] == ""
+    assert not box.attrs["HostConfig"]["DeviceRequests"]
+    Deployment.objects.filter(pk=boxed.pk).update(gpus=[[1]])  # a stale row
+    assert adopt_all()["adopted"] == ["boxed"]
+    boxed.refresh_from_db()
+    assert boxed.gpus == []  # as the container's label says
