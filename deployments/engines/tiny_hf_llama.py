@@ -71,7 +71,8 @@ def write(out: Path, seed: int = 0) -> None:
         num_attention_heads=2,
         num_key_value_heads=2,
         vocab_size=len(words),
-        max_position_embeddings=512,
+        # Room for a generation long enough that a hang-up reaches vLLM before it ends.
+        max_position_embeddings=2048,
         bos_token_id=words.bos_token_id,
         eos_token_id=words.eos_token_id,
         tie_word_embeddings=False,
