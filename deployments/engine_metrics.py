@@ -1,12 +1,18 @@
-"""Reading an engine's load gauges from its Prometheus endpoint."""
+"""An engine's Prometheus endpoint: its load gauges (make-room's idle check), and its
+whole text for operators (/api/deployments/{id}/metrics, Prometheus service discovery)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
+
+from deployments.loaders import get_loader
+from deployments.models import Deployment, State
+from deployments.refusals import EngineDidNotAnswer, InvalidState, NotServed
 
 if TYPE_CHECKING:
     from deployments.loaders import Loader
@@ -67,3 +73,46 @@ def read_load(client: httpx.Client, url: str, loader: Loader) -> Load | None:
         running=gauges[loader.running_gauge],
         waiting=gauges.get(loader.waiting_gauge or "", 0.0),
     )
+
+
+ENGINE_METRICS_TIMEOUT_S = 5.0
+
+
+def engine_metrics_text(deployment: Deployment, replica: int) -> str:
+    """A running replica's own Prometheus metrics, as its engine serves them."""
+    loader = get_loader(deployment.loader)
+    if not loader.running_gauge:
+        raise NotServed(f"{deployment.name}'s engine ({deployment.loader}) serves no metrics.")
+    urls = list(deployment.engine_urls or [])
+    if deployment.state not in (State.READY, State.ASLEEP) or not urls:
+        raise InvalidState(
+            f"{deployment.name} is {deployment.state}: no engine runs.", deployment.state
+        )
+    if replica >= len(urls):
+        raise NotServed(f"{deployment.name} has {len(urls)} replica(s); there is no {replica}.")
+    try:
+        answer = httpx.get(urls[replica] + "/metrics", timeout=ENGINE_METRICS_TIMEOUT_S)
+        answer.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise EngineDidNotAnswer(
+            f"{deployment.name}'s engine (replica {replica}) did not answer /metrics: {exc}"
+        ) from exc
+    return answer.text
+
+
+def scrape_targets() -> list[dict[str, object]]:
+    """Prometheus HTTP service discovery: one target per running replica that has metrics."""
+    targets: list[dict[str, object]] = []
+    running = Deployment.objects.filter(state__in=(State.READY, State.ASLEEP)).order_by("name")
+    for deployment in running:
+        if not get_loader(deployment.loader).running_gauge:
+            continue
+        for replica, url in enumerate(deployment.engine_urls or []):
+            address = urlsplit(url).netloc
+            labels = {
+                "deployment": deployment.name,
+                "replica": str(replica),
+                "loader": deployment.loader,
+            }
+            targets.append({"targets": [address], "labels": labels})
+    return targets

@@ -47,3 +47,17 @@ class InvalidState(OperationRefused):
 
 class CannotSleep(OperationRefused):
     code = "cannot_sleep"
+
+
+class NotServed(OperationRefused):
+    """The deployment's engine does not serve what was asked (its metrics)."""
+
+    status = 404
+    code = "not_served"
+
+
+class EngineDidNotAnswer(OperationRefused):
+    """A running engine did not answer a request made on the operator's behalf."""
+
+    status = 502
+    code = "engine_unreachable"

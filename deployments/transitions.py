@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from common import metrics
 from deployments import hooks
 from deployments.audit import event
 from deployments.models import Deployment, Mode, State
@@ -76,6 +77,8 @@ def transition(
         if changed:
             deployment.refresh_from_db()
             event(deployment, to, reason, actor=actor)
+            if to == State.FAILED and State.STARTING in expected:
+                metrics.start_failures.labels(deployment.name).inc()
             if {to, *expected} & LITELLM_STATES:
                 hooks.listing_has_changed()
     if not changed:

@@ -32,6 +32,13 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("MSHIP_DEBUG", False)
 VAR_DIR = env_path("MSHIP_VAR_DIR", BASE_DIR / "var").resolve()
+# Prometheus metrics (common/metrics.py): every process of the site (the ASGI servers, the
+# django-q cluster) writes its values in this folder, and /metrics sums them. Set before
+# prometheus_client is first imported, which reads it then.
+MSHIP_METRICS_DIR = env_path("PROMETHEUS_MULTIPROC_DIR", VAR_DIR / "metrics").resolve()
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(MSHIP_METRICS_DIR)
+with contextlib.suppress(OSError):
+    MSHIP_METRICS_DIR.mkdir(parents=True, exist_ok=True)
 
 _secret = os.environ.get("MSHIP_SECRET_KEY", "")
 if not _secret:
@@ -209,11 +216,31 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "line": {"format": "%(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "access": {
+            "class": "logging.StreamHandler",
+            "formatter": "line",
+            "stream": "ext://sys.stdout",
+        },
+    },
     "root": {"handlers": ["console"], "level": env_str("MSHIP_LOG_LEVEL", "INFO")},
-    "loggers": {"django_q": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    "loggers": {
+        "django_q": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        # One JSON line per gateway request (openai_api/access.py), as it is.
+        "modelship.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+    },
 }
+# The gateway's access log: one JSON line per /v1 and /ondemand request, or none.
+MSHIP_ACCESS_LOG = env_choice("MSHIP_ACCESS_LOG", "json", ("json", "off"))
+# /metrics: open to these addresses (CIDRs); from elsewhere, an /api token of a user who may
+# view deployments.
+MSHIP_METRICS_ALLOW = env_networks("MSHIP_METRICS_ALLOW", ["127.0.0.1/32", "::1/128"])
 
 # --- Modelship ------------------------------------------------------------------------------
 # Memory budget. A GPU host's is per device: the ones MSHIP_GPU_INVENTORY declares ("80,80,80,80"

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from modelship_site.health import health, readyz
+from modelship_site.metrics import metrics
 
 admin.site.site_header = "Modelship"
 admin.site.site_title = "Modelship"
@@ -11,6 +12,7 @@ admin.site.index_title = "Control plane"
 urlpatterns = [
     path("health", health, name="health"),
     path("readyz", readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/", include("deployments.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

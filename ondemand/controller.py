@@ -12,6 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from common import metrics
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
 from ondemand import errors, policy
@@ -28,6 +29,7 @@ from ondemand.state import (
     Waiter,
     describe,
 )
+from openai_api.access import mark_waited
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -136,10 +138,13 @@ class Controller:
             return await self._grant(view, entry)  # None: a stop was approved first
         now = self.clock.now()
         if now >= waiter.deadline:
+            metrics.queue_timeouts.labels(view.name).inc()
             self._record_timeout(entry, deployment_id)
             raise errors.queue_timeout(view.name)
         if waiter.attempt is None:
             waiter.attempt = self._attempt_to_follow(view, entry, now)
+            if waiter.attempt is not None:
+                mark_waited("start")
             if waiter.attempt is None:
                 # Starting by hand, stopping, switched: wait without starting it.
                 await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
@@ -185,8 +190,11 @@ class Controller:
         if not waiter.told_queued and waiter.on_queued is not None:
             waiter.told_queued = True
             waiter.on_queued()
+        mark_waited("queue")
         self.queue.setdefault(view.id, None)
         entry.queued += 1
+        gauge = metrics.queued.labels(view.name)
+        gauge.inc()
         self._counted(view.id)
         now = self.clock.now()
         timers = [(e.idle_since, e.idle_timeout_s) for e in self.entries.values() if not e.inflight]
@@ -196,6 +204,7 @@ class Controller:
             await self.clock.wait(changed, timeout)
         finally:
             entry.queued -= 1
+            gauge.dec()
             self._counted(view.id)
 
     def _record_timeout(self, entry: Entry, deployment_id: int) -> None:
@@ -328,6 +337,7 @@ class Controller:
                     return StartOutcome.NOBODY  # everyone left: start nothing
                 if not await self._may_start(current):
                     return StartOutcome.QUEUED
+                began = time.monotonic()
                 try:
                     if current.state == State.ASLEEP:
                         await self.deployer.wake(view.id)
@@ -343,7 +353,11 @@ class Controller:
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue
-                return self._start_ended(view, await self.deployer.view(view.id))
+                outcome = self._start_ended(view, await self.deployer.view(view.id))
+                metrics.cold_starts.labels(view.name, outcome.value).inc()
+                if outcome == StartOutcome.READY:
+                    metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
+                return outcome
             return StartOutcome.QUEUED
 
     async def _may_start(self, view: View) -> bool:
@@ -396,6 +410,7 @@ class Controller:
                 victim.id, self._still_idle, f"Put to sleep to make room for {view.name}"
             ):
                 stopped += 1
+                metrics.make_room_stops.labels(victim.name).inc()
                 self.last_stop_at = self.clock.now()
                 self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
         self.notify()

@@ -73,6 +73,8 @@ async def handle(exchange: Exchange) -> None:
     if len(segments) < 3 or segments[1] != "v1":
         raise not_found(path)
     endpoint = "/".join(segments[2:])
+    exchange.record.endpoint = endpoint
+    exchange.record.key = "ondemand"  # the on-demand gateway's one key (LiteLLM's)
     if method == "POST" and endpoint in ONDEMAND:
         kind = "traffic"
     elif method == "GET" and endpoint == "models":
@@ -86,6 +88,7 @@ async def handle(exchange: Exchange) -> None:
     route = snapshot.by_id(int(segments[0])) if segments[0].isdigit() else None
     if route is None:
         raise not_found(path)
+    exchange.record.model = route.name
     if route.system:
         raise not_on_demand(route)
     upstream_path = "/v1/" + "/".join(quote(s, safe="-._~:@!$&'()*+,;=") for s in segments[2:])
@@ -106,7 +109,7 @@ async def handle(exchange: Exchange) -> None:
         raise not_on_demand(route)
 
 
-application = PeerGuard(asgi(handle))
+application = PeerGuard(asgi(handle, "ondemand"))
 
 
 def _peek(content_type: str, body: bytes) -> tuple[bool, dict[str, Any] | None]:

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
+from common import metrics
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
@@ -148,6 +149,7 @@ def load() -> Snapshot:
     finally:
         # The refresher's thread holds no connection between loads.
         connection.close()
+    metrics.route_table_loaded.set(time.time())
     return Snapshot(routes=routes, models=tuple(models), keys=keys, loaded_at=time.monotonic())
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from common.request_id import make_request_id
+from openai_api import access
 from openai_api.errors import GatewayError, error_body
 from openai_api.forwarder import send_sse_error
 
@@ -65,18 +66,24 @@ class Exchange:
         self.on_failure: Callable[[str], Awaitable[None]] | None = None
         origin = self.headers.get("origin")
         self.cors_origin = origin if origin and cors_allowed(origin) else None
+        self.record = access.RequestRecord(
+            scope.get("method", ""), scope.get("path", ""), self.request_id
+        )
 
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.started = True
+            self.record.status = message["status"]
             self.sse = (b"content-type", b"text/event-stream") in message.get("headers", [])
             if self.cors_origin:
                 message = {
                     **message,
                     "headers": [*message.get("headers", []), *self.cors_headers()],
                 }
-        elif not message.get("more_body"):
-            self.finished = True
+        else:
+            self.record.sent(message.get("body", b""))
+            if not message.get("more_body"):
+                self.finished = True
         await self._send(message)
 
     def cors_headers(self) -> list[tuple[bytes, bytes]]:
@@ -148,12 +155,17 @@ class Exchange:
             ) from exc
 
 
-def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+def asgi(
+    handler: Callable[[Exchange], Awaitable[None]], gateway: str = "v1"
+) -> Callable[..., Awaitable[None]]:
     """An ASGI application of a handler: its errors answered OpenAI-style while nothing of
-    the answer went out yet, a caller's hang-up ending it quietly."""
+    the answer went out yet, a caller's hang-up ending it quietly; its access log line and
+    metrics written once it ends."""
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send)
+        exchange.record.gateway = gateway
+        token = access.current.set(exchange.record)
         try:
             await handler(exchange)
         except GatewayError as exc:
@@ -170,5 +182,11 @@ def asgi(handler: Callable[[Exchange], Awaitable[None]]) -> Callable[..., Awaita
             )
             with contextlib.suppress(Exception):  # the caller may be gone too
                 await exchange.fail()
+        finally:
+            access.current.reset(token)
+            try:
+                access.finish(exchange.record)
+            except Exception:  # accounting never fails a request
+                log.exception("could not record request %s", exchange.request_id)
 
     return application

@@ -19,6 +19,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
+from openai_api.models import KEY_PREFIX
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
@@ -33,9 +34,14 @@ async def handle(exchange: Exchange) -> None:
     if method == "OPTIONS":
         return await preflight(exchange)
     endpoint = UNVERSIONED.get(path) or (path[4:] if path.startswith("/v1/") else "")
+    record = exchange.record
+    record.endpoint = endpoint
     snapshot = await catalog.current()
     peer = (scope.get("client") or ("", 0))[0]
     caller = authenticate(snapshot, exchange.headers, peer)
+    record.identity = caller.identity
+    if caller.key is not None:
+        record.key = f"{KEY_PREFIX}-{caller.key.prefix}"
     if endpoint == "models" or endpoint.startswith("models/"):
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
@@ -65,6 +71,7 @@ async def handle(exchange: Exchange) -> None:
         requested_model, content_type, body, heavy=content_type.startswith("multipart/")
     )
     route = route_for(snapshot, caller, name)
+    record.model = route.name
     previous = (data or {}).get("previous_response_id")
     if endpoint in ("responses", COUNT_TOKENS) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)

@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from common import metrics
 from openai_api.catalog import Route, catalog
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
@@ -68,7 +69,12 @@ async def relay(
                 unreachable_code=unreachable_code,
                 deployment=route.name,
             )
-            await forwarder.forward(call, exchange.send)
+            inflight = metrics.inflight_of(route.name)
+            inflight.inc()
+            try:
+                await forwarder.forward(call, exchange.send)
+            finally:
+                inflight.dec()
     except GatewayError as exc:
         if notice is not None:
             await notice.sent()

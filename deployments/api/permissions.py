@@ -27,6 +27,7 @@ ACTION_PERMS = {
     "wake": CHANGE,
     "mode": CHANGE,
     "logs": VIEW,
+    "metrics": VIEW,
 }
 
 

@@ -66,6 +66,13 @@ class Holding(serializers.Serializer):
     gpus = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()))
 
 
+class TargetsAnswer(serializers.Serializer):
+    targets = serializers.ListField(child=serializers.CharField(), help_text="host:port")
+    labels = serializers.DictField(
+        child=serializers.CharField(), help_text="deployment, replica, loader"
+    )
+
+
 class HostAnswer(serializers.Serializer):
     capacity_gib = serializers.FloatField()
     held_gib = serializers.FloatField()

@@ -91,6 +91,10 @@ class LogParams(serializers.Serializer):
     replica = serializers.IntegerField(min_value=0, default=0)
 
 
+class ReplicaParams(serializers.Serializer):
+    replica = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+
+
 class ModeSerializer(serializers.Serializer):
     mode = serializers.ChoiceField(choices=Mode.choices)
 

@@ -10,5 +10,6 @@ router.register("events", views.DeploymentEventViewSet)
 
 urlpatterns = [
     path("host", views.host, name="host"),
+    path("prometheus/targets", views.prometheus_targets, name="prometheus-targets"),
     path("", include(router.urls)),
 ]

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 import django_filters
 from django import forms
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -19,15 +19,23 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from deployments import hooks, operations
-from deployments.api.schema import ConflictAnswer, HostAnswer, LogsAnswer, OperationAnswer
+from deployments.api.schema import (
+    ConflictAnswer,
+    HostAnswer,
+    LogsAnswer,
+    OperationAnswer,
+    TargetsAnswer,
+)
 from deployments.api.serializers import (
     AuditEntrySerializer,
     DeploymentEventSerializer,
     DeploymentSerializer,
     LogParams,
     ModeSerializer,
+    ReplicaParams,
 )
 from deployments.engine_logs import MAX_TAIL, follow, tails
+from deployments.engine_metrics import engine_metrics_text, scrape_targets
 from deployments.memory import host_summary
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
 
@@ -164,6 +172,19 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         )
 
     @extend_schema(
+        parameters=[OpenApiParameter("replica", int, description="the replica (default 0)")],
+        responses={(200, "text/plain"): OpenApiTypes.STR, 409: ConflictAnswer},
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str | None = None) -> HttpResponse:
+        """The engine's own Prometheus metrics, as it serves them (vLLM's, llama.cpp's)."""
+        deployment = self.get_object()
+        params = ReplicaParams(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        text = engine_metrics_text(deployment, params.validated_data["replica"])
+        return HttpResponse(text, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @extend_schema(
         request=ModeSerializer, responses={200: DeploymentSerializer, 409: ConflictAnswer}
     )
     @action(detail=True, methods=["patch"])
@@ -206,6 +227,13 @@ class DeploymentEventViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = DeploymentEvent.objects.all()
     serializer_class = DeploymentEventSerializer
     filterset_class = EventFilter
+
+
+@extend_schema(responses={200: TargetsAnswer(many=True)})
+@api_view(["GET"])
+def prometheus_targets(request: Request) -> Response:
+    """Prometheus HTTP service discovery: every running engine that serves metrics."""
+    return Response(scrape_targets())
 
 
 @extend_schema(responses={200: HostAnswer})

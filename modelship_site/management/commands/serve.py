@@ -24,6 +24,7 @@ from deployments.management.commands.ensure_admin import AdminLogin, ensure_admi
 from deployments.models import Deployment, Mode, State
 from deployments.site_hints import hints
 from deployments.task_queue import enqueue
+from modelship_site.metrics import fresh_metrics, process_gone
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
@@ -55,6 +56,7 @@ class Command(BaseCommand):
         if ensure_key_file(key_file):
             self.stdout.write(f"made the on-demand gateway's key (for LiteLLM): {key_file}")
         call_command("setup_schedules", stdout=self.stdout)
+        fresh_metrics()
         outcome = adopt_all()
         if outcome["adopted"]:
             self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
@@ -114,6 +116,7 @@ class Command(BaseCommand):
         name: str, child: subprocess.Popen[bytes], exited: list[str], stop: threading.Event
     ) -> None:
         child.wait()
+        process_gone(child.pid)  # its live gauges stop counting
         if not stop.is_set():
             exited.append(name)
         stop.set()

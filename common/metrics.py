@@ -1,0 +1,97 @@
+"""Modelship's own Prometheus metrics, one vocabulary for every process.
+
+The ASGI server (one or several), the django-q cluster and its workers all record into
+files under PROMETHEUS_MULTIPROC_DIR (set by the settings before this module is imported;
+`manage.py serve` empties it at start), and /metrics sums them (modelship_site/metrics.py).
+Recording is one lock-free-of-ours mmap write per value: the gateway records once per
+request, never per chunk. Gauges of live work sum the live processes' values ("livesum"),
+so a process that is gone stops counting once `serve` marks it dead.
+
+Label values are bounded: a deployment's served name (never a requested name that matched
+nothing), an endpoint from the registry or "other", a key's visible prefix.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Seconds: a fast answer to a long generation.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Seconds: a wake from sleep to a big model's load.
+COLD_START_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+
+requests = Counter(
+    "modelship_requests",
+    "Requests answered by the gateway (/v1 and /ondemand).",
+    ["model", "endpoint", "status", "key"],
+)
+request_duration = Histogram(
+    "modelship_request_duration_seconds",
+    "From the request's arrival to its answer's last byte.",
+    ["model", "endpoint"],
+    buckets=DURATION_BUCKETS,
+)
+time_to_first_byte = Histogram(
+    "modelship_time_to_first_byte_seconds",
+    "From the request's arrival to the first byte of its answer's body.",
+    ["model", "endpoint"],
+    buckets=DURATION_BUCKETS,
+)
+tokens = Counter(
+    "modelship_tokens",
+    "Tokens in and out, where the engine's answer reports its usage.",
+    ["model", "direction"],
+)
+inflight = Gauge(
+    "modelship_inflight_requests",
+    "Requests being answered by a deployment's engines now.",
+    ["deployment"],
+    multiprocess_mode="livesum",
+)
+queued = Gauge(
+    "modelship_queued_requests",
+    "Requests waiting for an on-demand deployment's memory (the make-room queue).",
+    ["deployment"],
+    multiprocess_mode="livesum",
+)
+cold_starts = Counter(
+    "modelship_cold_starts",
+    "On-demand starts (or wakes) that requests waited for, by how they ended.",
+    ["deployment", "outcome"],
+)
+cold_start_duration = Histogram(
+    "modelship_cold_start_duration_seconds",
+    "On-demand starts that ended ready: from the start to ready.",
+    ["deployment"],
+    buckets=COLD_START_BUCKETS,
+)
+make_room_stops = Counter(
+    "modelship_make_room_stops",
+    "Idle on-demand deployments stopped (or put to sleep) to make room for another.",
+    ["deployment"],
+)
+queue_timeouts = Counter(
+    "modelship_queue_timeouts",
+    "Requests that waited for memory longer than the queue timeout (answered 503).",
+    ["deployment"],
+)
+start_failures = Counter(
+    "modelship_start_failures",
+    "Starts that ended failed (the engine exited, was unhealthy, or could not launch).",
+    ["deployment"],
+)
+route_table_loaded = Gauge(
+    "modelship_route_table_loaded_timestamp_seconds",
+    "When the gateway's route table was last loaded (the oldest over live gateway processes);"
+    " its age is time() minus this.",
+    multiprocess_mode="livemin",
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def inflight_of(deployment: str) -> Gauge:
+    """The in-flight gauge of one deployment, looked up once (the gateway's per-request
+    path; labels() takes a lock and builds its key each time)."""
+    return inflight.labels(deployment)

@@ -1,0 +1,202 @@
+"""What one gateway request leaves behind: its access log line and its metrics.
+
+The exchange keeps a RequestRecord as its answer goes out (the status, a byte count, when the
+first body byte left, the last two body chunks); the handlers add what only they know (the
+model, the endpoint, the key). When the request ends, `finish` writes one JSON line
+(MSHIP_ACCESS_LOG) and records the request's metrics, once, off the stream.
+
+Token counts come from the answer's usage where the engine reports one: it is in the last
+chunk or two of a stream (or at the end of a JSON answer), so only those are searched, never
+every chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import queue
+import re
+import threading
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from common import metrics
+from openai_api.endpoints import PUBLIC
+
+log = logging.getLogger("modelship.access")
+
+CLIENT_GONE = 499
+USAGE_TAIL = 4096  # usage sits at the end of an answer: this much of it is searched
+TOKENS_IN = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
+TOKENS_OUT = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
+NAMED = frozenset({*PUBLIC, "models", "responses", "responses/input_tokens", "conversations"})
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    method: str
+    path: str
+    request_id: str
+    started: float = field(default_factory=time.perf_counter)
+    gateway: str = "v1"
+    model: str = ""
+    endpoint: str = ""
+    key: str = ""
+    identity: str = ""
+    status: int = 0
+    bytes_out: int = 0
+    first_byte: float | None = None
+    waited: str = ""  # "start" (a cold start), "queue" (memory), or "" (neither)
+    last: bytes = b""
+    before_last: bytes = b""
+
+    def sent(self, body: bytes) -> None:
+        """A body chunk went out (called per chunk: a few attribute writes, no lock)."""
+        if body:
+            if self.first_byte is None:
+                self.first_byte = time.perf_counter()
+            self.bytes_out += len(body)
+            self.before_last, self.last = self.last, body
+
+    def usage(self) -> tuple[int | None, int | None]:
+        tail = (self.before_last + self.last)[-USAGE_TAIL:]
+        found_in, found_out = TOKENS_IN.findall(tail), TOKENS_OUT.findall(tail)
+        return (
+            int(found_in[-1]) if found_in else None,
+            int(found_out[-1]) if found_out else None,
+        )
+
+
+# The record of the request the running task serves: the on-demand controller marks on it
+# that the request waited for a start or for memory.
+current: ContextVar[RequestRecord | None] = ContextVar("modelship_request", default=None)
+
+
+def mark_waited(why: str) -> None:
+    record = current.get()
+    if record is not None and not record.waited:
+        record.waited = why
+
+
+def endpoint_label(endpoint: str) -> str:
+    """The endpoint as a bounded label: a stored response's id becomes {id}."""
+    if endpoint in NAMED:
+        return endpoint
+    parts = endpoint.split("/")
+    if parts[0] == "responses" and len(parts) > 1:
+        return "/".join(["responses", "{id}", *parts[2:3]])
+    if parts[0] in ("models", "conversations"):
+        return parts[0]
+    return "other"
+
+
+def finish(record: RequestRecord) -> None:
+    now = time.perf_counter()
+    duration = now - record.started
+    ttfb = record.first_byte - record.started if record.first_byte is not None else None
+    tokens_in, tokens_out = record.usage() if record.status == 200 else (None, None)
+    # Nothing went out: the caller left first (nginx's 499).
+    status = record.status or CLIENT_GONE
+    series = _series(record.model, endpoint_label(record.endpoint), status, record.key)
+    series.requests.inc()
+    series.duration.observe(duration)
+    if ttfb is not None:
+        series.ttfb.observe(ttfb)
+    if tokens_in and series.tokens_in is not None:
+        series.tokens_in.inc(tokens_in)
+    if tokens_out and series.tokens_out is not None:
+        series.tokens_out.inc(tokens_out)
+    if settings.MSHIP_ACCESS_LOG == "json":
+        writer.put(line(record, status, duration, ttfb, tokens_in, tokens_out))
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One label set's metric children, looked up once (labels() takes a lock and builds
+    the key each time)."""
+
+    requests: Any
+    duration: Any
+    ttfb: Any
+    tokens_in: Any
+    tokens_out: Any
+
+
+@functools.lru_cache(maxsize=4096)
+def _series(model: str, endpoint: str, status: int, key: str) -> Series:
+    return Series(
+        requests=metrics.requests.labels(model, endpoint, str(status), key),
+        duration=metrics.request_duration.labels(model, endpoint),
+        ttfb=metrics.time_to_first_byte.labels(model, endpoint),
+        tokens_in=metrics.tokens.labels(model, "in") if model else None,
+        tokens_out=metrics.tokens.labels(model, "out") if model else None,
+    )
+
+
+def line(
+    record: RequestRecord,
+    status: int,
+    duration: float,
+    ttfb: float | None,
+    tokens_in: int | None,
+    tokens_out: int | None,
+) -> dict[str, object]:
+    return {
+        "time": time.time(),
+        "request_id": record.request_id,
+        "gateway": record.gateway,
+        "method": record.method,
+        "path": record.path,
+        "key": record.key,
+        "identity": record.identity,
+        "model": record.model,
+        "endpoint": record.endpoint,
+        "status": status,
+        "bytes": record.bytes_out,
+        "duration_ms": round(duration * 1000, 2),
+        "ttfb_ms": round(ttfb * 1000, 2) if ttfb is not None else None,
+        "waited": record.waited or None,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+    }
+
+
+class LineWriter:
+    """Access lines are encoded and written by a thread of their own: the request pays for
+    a queue put, not for JSON, the logging machinery and a flush of stdout."""
+
+    def __init__(self) -> None:
+        self.lines: queue.SimpleQueue[dict[str, object]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def put(self, fields: dict[str, object]) -> None:
+        if self.thread is None:
+            self.start()
+        self.lines.put(fields)
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self.run, name="modelship-access-log", daemon=True
+                )
+                self.thread.start()
+
+    def run(self) -> None:
+        while True:
+            fields = self.lines.get()
+            fields["time"] = datetime.fromtimestamp(
+                float(fields["time"]),  # type: ignore[arg-type]
+                UTC,
+            ).isoformat(timespec="milliseconds")
+            log.info(json.dumps(fields))
+
+
+writer = LineWriter()
