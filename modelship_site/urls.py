@@ -14,6 +14,7 @@ urlpatterns = [
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("api/", include("openai_api.api.urls")),
     path("api/", include("deployments.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-PACKAGES = ("common", "deployments", "openai_api", "ondemand", "modelship_site")
+# modelship_cli (the operator's command line) is a client of the REST API: it imports no app.
+PACKAGES = ("modelship_cli", "common", "deployments", "openai_api", "ondemand", "modelship_site")
 RANK = {name: rank for rank, name in enumerate(PACKAGES)}
 MAX_LINES = 500
 

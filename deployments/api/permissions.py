@@ -53,3 +53,14 @@ class ModelPermissions(DjangoModelPermissions):
 
 def perms_of(model: Any) -> dict[str, str]:
     return {"app_label": model._meta.app_label, "model_name": model._meta.model_name}
+
+
+class ApplyPermission(ModelPermissions):
+    """A models.yaml adds, changes and (reconciling) removes deployments: all three."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if not user or not user.is_authenticated or not user.is_staff:
+            return False
+        wanted = ("add", "change", "delete")
+        return all(user.has_perm(f"deployments.{perm}_deployment") for perm in wanted)

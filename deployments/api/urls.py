@@ -2,6 +2,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from deployments.api import views
+from deployments.api.apply_view import apply_file
 
 router = DefaultRouter()
 router.register("deployments", views.DeploymentViewSet)
@@ -10,6 +11,7 @@ router.register("events", views.DeploymentEventViewSet)
 
 urlpatterns = [
     path("host", views.host, name="host"),
+    path("apply", apply_file, name="apply"),
     path("prometheus/targets", views.prometheus_targets, name="prometheus-targets"),
     path("", include(router.urls)),
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from openai_api.models import ApiKey
+from openai_api import keys
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         allowed = [m.strip() for m in options["models"].split(",") if m.strip()]
-        _, secret = ApiKey.issue(
-            options["name"], allowed_models=allowed, requests_per_minute=options["rpm"]
+        _, secret = keys.issue(
+            None, options["name"], allowed_models=allowed, requests_per_minute=options["rpm"]
         )
         self.stdout.write(secret)

@@ -1,0 +1,3 @@
+from modelship_cli.main import main
+
+main()

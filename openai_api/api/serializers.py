@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from openai_api.models import KEY_PREFIX, ApiKey
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    """A key as /api shows it: its visible prefix, never its secret or hash."""
+
+    prefix = serializers.SerializerMethodField(help_text="How the key begins (msk-…).")
+    allowed_models = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text="Served names or aliases this key may call; empty: all.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields: tuple[str, ...] = (
+            "id",
+            "name",
+            "prefix",
+            "allowed_models",
+            "requests_per_minute",
+            "revoked",
+            "created",
+            "last_used",
+        )
+        read_only_fields = ("revoked", "created", "last_used")
+
+    def get_prefix(self, key: ApiKey) -> str:
+        return f"{KEY_PREFIX}-{key.prefix}"
+
+
+class IssuedKeySerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="The secret: shown this once.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields: tuple[str, ...] = (*ApiKeySerializer.Meta.fields, "key")

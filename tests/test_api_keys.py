@@ -1,0 +1,101 @@
+"""/api/keys/: keys for scripts without the admin: the secret shown once, restricted,
+revoked, every change audited."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from django.contrib.auth.models import Permission, User
+from rest_framework.test import APIClient
+
+from deployments.models import AuditEntry
+from openai_api.models import ApiKey, hash_secret
+from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from deployments.models import Deployment
+
+
+@pytest.fixture
+def staff(db: None) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
+    return client
+
+
+def chat(url: str, secret: str, model: str) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {secret}"},
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+
+
+def test_it_creates_restricts_and_revokes_a_key_that_the_gateway_honours(
+    staff: APIClient, gateway_url: str, serving: Callable[..., Deployment], site: Any
+) -> None:
+    serving("one")
+    serving("two")
+    made = staff.post("/api/keys/", {"name": "ci-bot", "requests_per_minute": 100}, format="json")
+    assert made.status_code == 201
+    body = made.json()
+    secret = body["key"]
+    assert secret.startswith(body["prefix"] + "-") and body["allowed_models"] == []
+    stored = ApiKey.objects.get(pk=body["id"])
+    assert stored.secret_hash == hash_secret(secret.split("-", 2)[2])
+    seen_by_gateway(lambda s: stored.prefix in s.keys)
+    assert chat(gateway_url, secret, "two").status_code == 200
+
+    listed = staff.get("/api/keys/").json()["results"]
+    assert [k["name"] for k in listed] == ["ci-bot"] and "key" not in listed[0]
+    assert secret not in staff.get(f"/api/keys/{body['id']}/").content.decode()
+
+    restricted = staff.patch(f"/api/keys/{body['id']}/", {"allowed_models": ["one"]}, format="json")
+    assert restricted.status_code == 200 and restricted.json()["allowed_models"] == ["one"]
+    seen_by_gateway(lambda s: s.keys[stored.prefix].allowed_models == frozenset({"one"}))
+    assert chat(gateway_url, secret, "two").status_code == 404
+    assert chat(gateway_url, secret, "one").status_code == 200
+
+    revoked = staff.post(f"/api/keys/{body['id']}/revoke/")
+    assert revoked.status_code == 200 and revoked.json()["revoked"] is True
+    seen_by_gateway(lambda s: s.keys[stored.prefix].revoked)
+    assert chat(gateway_url, secret, "one").status_code == 401
+
+    actions = list(
+        AuditEntry.objects.filter(object_repr__contains="ci-bot")
+        .order_by("time")
+        .values_list("action", flat=True)
+    )
+    assert actions == ["api_key_create", "api_key_change", "api_key_revoke"]
+    assert all(secret not in str(row.after) for row in AuditEntry.objects.all())
+
+
+def test_it_answers_bad_key_input_with_field_errors(staff: APIClient) -> None:
+    assert staff.post("/api/keys/", {}, format="json").json()["name"]
+    bad = staff.post(
+        "/api/keys/",
+        {"name": "x", "allowed_models": "chat", "requests_per_minute": -1},
+        format="json",
+    )
+    assert bad.status_code == 400
+    assert set(bad.json()) == {"allowed_models", "requests_per_minute"}
+    assert staff.delete("/api/keys/1/").status_code == 405
+    assert not ApiKey.objects.exists()
+
+
+def test_it_lets_only_users_with_the_key_permissions_manage_keys(db: None) -> None:
+    viewer = User.objects.create_user("viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_apikey"))
+    client = APIClient()
+    client.force_authenticate(viewer)
+    assert client.get("/api/keys/").status_code == 200
+    assert client.post("/api/keys/", {"name": "x"}, format="json").status_code == 403
+    key, _ = ApiKey.issue("held")
+    assert client.post(f"/api/keys/{key.pk}/revoke/").status_code == 403
+    assert APIClient().get("/api/keys/").status_code in (401, 403)
+    assert not ApiKey.objects.get(pk=key.pk).revoked
