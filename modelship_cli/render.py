@@ -25,7 +25,11 @@ def idle_until(row: dict[str, Any], now: datetime) -> str:
         return "-"
     if ondemand.get("inflight") or not last:
         return "busy" if ondemand.get("inflight") else "-"
-    due = datetime.fromisoformat(last).timestamp() + float(row.get("idle_timeout_s") or 0)
+    # Seconds since the epoch (or an ISO time).
+    since = (
+        float(last) if isinstance(last, int | float) else datetime.fromisoformat(last).timestamp()
+    )
+    due = since + float(row.get("idle_timeout_s") or 0)
     left = int(due - now.timestamp())
     return "now" if left <= 0 else f"in {left // 60}m{left % 60:02d}s"
 

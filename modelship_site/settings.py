@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets served from here: /api/docs/ offline
     "django_q",
     "channels",
     "modelship_site",  # site-wide commands (serve)
@@ -204,6 +205,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane of Modelship: deployments, host memory, audit and events.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The API browser's scripts and styles come with the site, not from a CDN: an
+    # air-gapped GPU host shows it too.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # The schema maps every operation: staff only, like the API itself.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
     "POSTPROCESSING_HOOKS": [

@@ -4,6 +4,7 @@ ps, deploy --wait, logs and logs -f, run, start and stop, keys; exit codes a scr
 from __future__ import annotations
 
 import json
+import re
 import select
 import signal
 import subprocess
@@ -144,6 +145,9 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     # run starts an on-demand model; the prompt may come on stdin.
     woke = cli(live, "run", "napper", stdin="wake up")
     assert woke.returncode == 0 and woke.stdout.strip(), woke.stderr
+    napping = {r["NAME"]: r for r in json.loads(cli(live, "ps", "--json").stdout)}["napper"]
+    assert napping["STATE"] == "ready" and napping["IN FLIGHT"] == "0"
+    assert re.fullmatch(r"in [45]m\d\ds", napping["IDLE UNTIL"]), napping
     assert cli(live, "stop", "napper", "--wait").returncode == 0
     assert "napper" in cli(live, "ps").stdout
     stopped = {r["NAME"]: r["STATE"] for r in json.loads(cli(live, "ps", "--json").stdout)}
