@@ -2,20 +2,32 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# The versions CI tested: every install is constrained by the lock file.
+LOCK := requirements.lock
+HASH := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
+RUN_STAMP := $(VENV)/.installed-run-$(HASH)
+DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 # The suite runs twice: on the embedded defaults (SQLite, ORM broker) and on PostgreSQL + Redis.
 PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
 REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup system-deps run test test-sqlite test-postgres lint format clean
+.PHONY: setup setup-run system-deps run test test-sqlite test-postgres lint format lock clean
 
-$(STAMP): pyproject.toml
+# What serving needs (make run): no test tools, SDKs or LiteLLM.
+$(RUN_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	rm -f $(VENV)/.installed-* && touch $@
+	$(PY) -m pip install --quiet -c $(LOCK) -e .
+	rm -f $(VENV)/.installed-run-* && touch $@
 
-setup: $(STAMP)
+# And the dev extra (make test, make lint).
+$(DEV_STAMP): $(RUN_STAMP)
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
+	rm -f $(VENV)/.installed-dev-* && touch $@
+
+setup-run: $(RUN_STAMP)
+
+setup: $(DEV_STAMP)
 
 # Debian packages the engines use: espeak-ng (the zero-dependency voice) and ffmpeg (speech
 # in mp3, opus, aac and flac).
@@ -23,7 +35,7 @@ system-deps:
 	@command -v espeak-ng >/dev/null && command -v ffmpeg >/dev/null || { apt-get update -qq \
 		&& apt-get install -y -qq --no-install-recommends espeak-ng ffmpeg; }
 
-run: setup
+run: setup-run
 	@$(MAKE) --no-print-directory system-deps || echo "Without espeak-ng and ffmpeg (Debian" \
 		"packages), speech is wav and pcm only and transcription reads WAV only."
 	$(PY) manage.py migrate --noinput
@@ -54,6 +66,11 @@ test: lint system-deps
 format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# Rewrite the lock file from a .venv that passes make test.
+lock: setup
+	{ echo "# pip constraints: the versions CI tested (make lock rewrites it from a working .venv)."; \
+		$(PY) -m pip freeze --exclude-editable | grep -v -i '^py-spy=='; } > $(LOCK)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from deployments import hooks, host_access, operations
+from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import host_summary, need_gib
@@ -144,6 +146,30 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:
         return obj.engine_url
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "aliases":
+            return NamesField(
+                required=False,
+                help_text="Other names it answers to, comma-separated (e.g. chat, assistant).",
+                widget=forms.TextInput(attrs={"size": 60}),
+            )
+        if db_field.name == "command":
+            return OptionalJSONField(
+                required=False,
+                help_text="Empty: the loader's command line. Else a JSON list of arguments,"
+                ' e.g. ["python", "-m", "my_engine", "--port", "{port}"].',
+                widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
+            )
+        if db_field.name == "config":
+            field = super().formfield_for_dbfield(db_field, request, **kwargs)
+            assert field is not None
+            field.help_text = (
+                "The loader's own options, as a JSON object (in a models.yaml, under the"
+                " loader's key: llama_server_config, vllm_engine_kwargs, simulated_config…)."
+            )
+            return field
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # Without the permission, what runs on the host is shown, not edited (the loader's

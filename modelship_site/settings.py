@@ -224,22 +224,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
-        "line": {"format": "%(message)s"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},
-        "access": {
-            "class": "logging.StreamHandler",
-            "formatter": "line",
-            "stream": "ext://sys.stdout",
-        },
     },
     "root": {"handlers": ["console"], "level": env_str("MSHIP_LOG_LEVEL", "INFO")},
     "loggers": {
         "django_q": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
-        # One JSON line per gateway request (openai_api/access.py), as it is.
-        "modelship.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
     },
 }
 # The gateway's access log: one JSON line per /v1 and /ondemand request, or none.

@@ -152,3 +152,45 @@ def test_it_shows_what_an_on_demand_deployment_is_judged_idle_by(
     assert shown(voice) == "slots"  # espeak has no load gauges: the gateway's slots alone
     assert shown(chat) == "slots and engine gauges"
     assert shown(pinned) == "—"
+
+
+def test_it_shows_aliases_as_names_and_an_unset_command_as_empty(
+    staff: Client, make_deployment: Any
+) -> None:
+    deployment = make_deployment("plain", aliases=["chat", "helper"])
+    page = staff.get(f"/admin/deployments/deployment/{deployment.pk}/change/").content.decode()
+    assert 'name="aliases" value="chat, helper"' in page
+    command_box = re.search(r'<textarea name="command"[^>]*>([^<]*)</textarea>', page)
+    assert command_box is not None and command_box.group(1).strip() == ""
+    assert "llama_server_config" in page  # the loader's options say where they come from
+    form = {
+        "name": "plain",
+        "aliases": "chat, talk",
+        "model": "simulated",
+        "loader": "simulated",
+        "usecase": "generate",
+        "runtime": "process",
+        "image": "",
+        "command": "",
+        "config": "{}",
+        "num_replicas": 1,
+        "memory_gib": 1,
+        "num_gpus": "",
+        "mode": "",
+        "idle_timeout_s": "",
+        "responses": "gateway",
+    }
+    assert (
+        staff.post(f"/admin/deployments/deployment/{deployment.pk}/change/", form).status_code
+        == 302
+    )
+    deployment.refresh_from_db()
+    assert deployment.aliases == ["chat", "talk"] and deployment.command is None
+    bad = staff.post(
+        f"/admin/deployments/deployment/{deployment.pk}/change/",
+        {**form, "aliases": "chat, bad name!", "command": "[1, 2"},
+    ).content.decode()
+    assert "errorlist" in bad and Deployment.objects.get(pk=deployment.pk).aliases == [
+        "chat",
+        "talk",
+    ]

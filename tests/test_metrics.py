@@ -4,8 +4,8 @@ access log's one JSON line per request."""
 from __future__ import annotations
 
 import functools
+import io
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -25,6 +25,7 @@ from common import metrics
 from deployments import deployer
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
+from openai_api.access import writer
 from openai_api.models import ApiKey
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 
@@ -183,17 +184,17 @@ def test_it_counts_a_known_sequence_exactly_over_two_gateway_processes(
 
 @pytest.fixture
 def access_lines() -> Iterator[list[dict[str, Any]]]:
+    """The access lines the in-process gateway writes (to stdout, in a real server)."""
     lines: list[dict[str, Any]] = []
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(json.loads(record.getMessage()))
+    class Keep(io.StringIO):
+        def write(self, text: str) -> int:
+            lines.extend(json.loads(line) for line in text.splitlines())
+            return len(text)
 
-    handler = Keep()
-    logger = logging.getLogger("modelship.access")
-    logger.addHandler(handler)
+    writer.stream = Keep()
     yield lines
-    logger.removeHandler(handler)
+    writer.stream = None
 
 
 def test_it_logs_a_streamed_answer_with_its_bytes_and_nothing_when_off(
