@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import functools
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, values
+
+# prometheus_client picks how values are kept when it is first imported: something imported
+# before the settings named the folder (a library, a test plugin) would leave this process
+# counting in memory, where /metrics never reads. Chosen again here, once the folder is set.
+values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 # Seconds: a fast answer to a long generation.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

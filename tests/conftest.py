@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -168,6 +169,8 @@ def env_for_subprocess(**extra: str) -> dict[str, str]:
             f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
     env["MSHIP_ENGINE_ENVS_DIR"] = str(REPO / "var" / "engines")  # made once, shared
+    # Its own metrics folder: `serve` empties its folder at start, and this process's is in use.
+    env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="modelship-metrics-")
     env.update(extra)
     return env
 
