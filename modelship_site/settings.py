@@ -36,7 +36,7 @@ VAR_DIR = env_path("MSHIP_VAR_DIR", BASE_DIR / "var").resolve()
 # django-q cluster) writes its values in this folder, and /metrics sums them. Set before
 # prometheus_client is first imported, which reads it then.
 MSHIP_METRICS_DIR = env_path("PROMETHEUS_MULTIPROC_DIR", VAR_DIR / "metrics").resolve()
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(MSHIP_METRICS_DIR)
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(MSHIP_METRICS_DIR))
 with contextlib.suppress(OSError):
     MSHIP_METRICS_DIR.mkdir(parents=True, exist_ok=True)
 
