@@ -143,12 +143,11 @@ class Controller:
             raise errors.queue_timeout(view.name)
         if waiter.attempt is None:
             waiter.attempt = self._attempt_to_follow(view, entry, now)
-            if waiter.attempt is not None:
-                mark_waited("start")
             if waiter.attempt is None:
                 # Starting by hand, stopping, switched: wait without starting it.
                 await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
                 return None
+            mark_waited("start")
         outcome = await self._await_attempt(waiter.attempt, changed, waiter.deadline - now)
         if outcome is None:
             return None  # still running: look again
