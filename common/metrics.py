@@ -100,3 +100,13 @@ def inflight_of(deployment: str) -> Gauge:
     """The in-flight gauge of one deployment, looked up once (the gateway's per-request
     path; labels() takes a lock and builds its key each time)."""
     return inflight.labels(deployment)
+
+
+# When this process last sent a request to each deployment (wall time), for the live admin.
+last_request_at: dict[str, float] = {}
+
+
+def inflight_here(deployment: str) -> int:
+    """This process's requests in flight to a deployment: the live admin's count (the server
+    that shows the admin is the gateway that forwards them)."""
+    return int(inflight_of(deployment)._value.get())

@@ -6,12 +6,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from deployments import hooks, host_access, operations
+from deployments import display, hooks, host_access, operations
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import host_summary, need_gib
-from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
+from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 from deployments.refusals import OperationRefused
 
 if TYPE_CHECKING:
@@ -19,15 +19,6 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 ADMIN_LOG_LINES = 50
-BADGE_COLOURS: dict[str, str] = {
-    State.PLANNED: "#6c757d",
-    State.STARTING: "#0d6efd",
-    State.READY: "#198754",
-    State.ASLEEP: "#6f42c1",
-    State.STOPPING: "#fd7e14",
-    State.STOPPED: "#495057",
-    State.FAILED: "#dc3545",
-}
 
 
 def run_operation(
@@ -96,22 +87,18 @@ class DeploymentAdmin(admin.ModelAdmin):
         return format_html(
             '<span style="background:{};color:#fff;padding:2px 8px;border-radius:8px" '
             'title="{}">{}</span>',
-            BADGE_COLOURS.get(obj.state, "#333"),
+            display.BADGE_COLOURS.get(obj.state, "#333"),
             obj.state_reason[:300],
             obj.state,
         )
 
     @admin.display(description="mode")
     def mode_label(self, obj: Deployment) -> str:
-        label = "system" if obj.system else obj.effective_mode.replace("_", " ")
-        return f"{label} → {obj.pending_mode.replace('_', ' ')}" if obj.pending_mode else label
+        return display.mode_label(obj)
 
     @admin.display(description="on demand")
     def phase(self, obj: Deployment) -> str:
-        status = hooks.reports.ondemand_status(obj)
-        if status is None:
-            return "—"
-        return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
+        return display.ondemand_label(hooks.reports.ondemand_status(obj))
 
     @admin.display(description="judged idle by")
     def idle_signal(self, obj: Deployment) -> str:
@@ -135,13 +122,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="GPUs")
     def gpu_list(self, obj: Deployment) -> str:
-        """Each replica's GPUs, as placed at its start."""
-        if not obj.gpus:
-            return "—"
-        replicas = [", ".join(str(i) for i in devices) or "none" for devices in obj.gpus]
-        if len(replicas) == 1:
-            return replicas[0]
-        return "; ".join(f"replica {n}: {r}" for n, r in enumerate(replicas))
+        return display.gpu_label(obj.gpus)
 
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:

@@ -20,6 +20,8 @@ listing_changed: list[Callable[[], None]] = []
 # A mode switch or a new configuration: the on-demand start backoff of a deployment is
 # forgiven (its id is passed).
 start_failures_forgiven: list[Callable[[int], None]] = []
+# A deployment's state changed (its id is passed): the live admin is told.
+state_changed: list[Callable[[int], None]] = []
 
 
 def _nothing(*_: Any) -> None:
@@ -51,6 +53,11 @@ def listing_has_changed() -> None:
 
 def forgive_start_failures(deployment_id: int) -> None:
     for hook in list(start_failures_forgiven):
+        hook(deployment_id)
+
+
+def state_has_changed(deployment_id: int) -> None:
+    for hook in list(state_changed):
         hook(deployment_id)
 
 

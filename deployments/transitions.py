@@ -81,6 +81,7 @@ def transition(
                 metrics.start_failures.labels(deployment.name).inc()
             if {to, *expected} & LITELLM_STATES:
                 hooks.listing_has_changed()
+            hooks.state_has_changed(deployment.pk)
     if not changed:
         with contextlib.suppress(Deployment.DoesNotExist):
             deployment.refresh_from_db()

@@ -1,8 +1,9 @@
 """ASGI entry point. Channels routes the public /v1 gateway (and /rerank, /score) to its raw
 ASGI handler, ahead of Django's middleware and URL stack; everything else (the admin, /api,
 /health) goes to Django's ASGI application. /ondemand/{id}/v1/... is the on-demand gateway
-that LiteLLM calls, behind its peer guard. WebSockets go to the Responses API's socket
-(/v1/responses; any other path is refused at the handshake)."""
+that LiteLLM calls, behind its peer guard. WebSockets: /ws/deployments is the live admin's
+(ondemand/live.py: the admin's session, from an allowed host's page only); the rest go to the
+Responses API's socket (/v1/responses; any other path is refused at the handshake)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from ondemand.gateway import application as ondemand_gateway  # noqa: E402
+from ondemand.live import LiveDeployments  # noqa: E402
 from openai_api.gateway import application as openai_gateway  # noqa: E402
 from openai_api.websocket import application as responses_socket  # noqa: E402
 
@@ -27,5 +31,9 @@ routes = [
     re_path(r"^ondemand(/|$)", ondemand_gateway),  # type: ignore[arg-type]
     re_path(r"", django_asgi_app),  # type: ignore[arg-type]
 ]
-sockets = [re_path(r"", responses_socket)]  # type: ignore[arg-type]
+live_admin = AllowedHostsOriginValidator(AuthMiddlewareStack(LiveDeployments.as_asgi()))
+sockets = [
+    re_path(r"^ws/deployments$", live_admin),
+    re_path(r"", responses_socket),  # type: ignore[arg-type]
+]
 application = ProtocolTypeRouter({"http": URLRouter(routes), "websocket": URLRouter(sockets)})

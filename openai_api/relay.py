@@ -5,6 +5,7 @@ the client can take one, the forwarder, and a hang-up watcher over all of it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ async def relay(
             )
             inflight = metrics.inflight_of(route.name)
             inflight.inc()
+            metrics.last_request_at[route.name] = time.time()
             try:
                 await forwarder.forward(call, exchange.send)
             finally:

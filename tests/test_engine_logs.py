@@ -12,6 +12,7 @@ from django.test import AsyncClient, Client
 from rest_framework.test import APIClient
 
 from deployments import deployer
+from deployments.runtimes.process import ProcessRuntime
 from tests.conftest import chat
 from tests.docker_support import docker_block
 
@@ -99,3 +100,30 @@ def test_it_shows_the_log_tail_in_the_admin(
     client.force_login(staff)
     page = client.get(f"/admin/deployments/deployment/{deployment.pk}/change/")
     assert "simulated engine: serving" in page.content.decode()
+
+
+@pytest.mark.parametrize("lines", [1, 3, 2000])
+def test_it_reads_a_long_logs_tail_from_its_end(tmp_path: Any, lines: int) -> None:
+    """A log of many 64 KiB blocks: the tail is the last lines whole, and nothing before the
+    run's offset (an earlier run's lines) is shown however few lines the run has."""
+    log = tmp_path / "engine.log"
+    earlier = b"".join(b"earlier run line %d\n" % i for i in range(200_000))
+    log.write_bytes(earlier + b"".join(b"line %d of this run\n" % i for i in range(5000)))
+    handle = {"runtime": "process", "log": str(log), "log_offset": len(earlier)}
+    tail = ProcessRuntime().log_tail(handle, lines).splitlines()
+    assert tail == [f"line {i} of this run" for i in range(5000 - lines, 5000)]
+    assert ProcessRuntime().log_tail(handle, 10_000).splitlines()[0] == "line 0 of this run"
+    log.write_bytes(earlier + b"no newline at the end")
+    assert ProcessRuntime().log_tail(handle, lines) == "no newline at the end"
+
+
+def test_it_reads_the_tail_of_a_log_larger_than_memory(tmp_path: Any) -> None:
+    """64 GiB of log (sparse: months of an engine's output) before its last lines: read
+    whole, it would not fit in this machine's memory."""
+    log = tmp_path / "engine.log"
+    with log.open("wb") as f:
+        f.truncate(64 * 1024**3)
+        f.seek(0, 2)
+        f.write(b"\nsecond to last\nthe last line\n")
+    handle = {"runtime": "process", "log": str(log), "log_offset": 0}
+    assert ProcessRuntime().log_tail(handle, 2).splitlines() == ["second to last", "the last line"]

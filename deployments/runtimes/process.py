@@ -250,12 +250,34 @@ class ProcessRuntime:
         return gpus_in_environment(int(handle.get("pid", 0) or 0))
 
     def log_tail(self, handle: Handle, lines: int) -> str:
-        path = Path(handle.get("log", ""))
         try:
-            with path.open("rb") as log:
-                log.seek(int(handle.get("log_offset", 0)))
-                data = log.read()
+            data = tail_bytes(Path(handle.get("log", "")), lines, int(handle.get("log_offset", 0)))
         except OSError:
             return ""
         text = data.decode(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+TAIL_BLOCK = 64 * 1024
+TAIL_BYTES_PER_LINE = 4096  # a tail reads at most this much per line asked (a longer line is cut)
+
+
+def tail_bytes(path: Path, lines: int, start: int = 0) -> bytes:
+    """The end of a file from `start` on that holds its last `lines` lines, read backwards a
+    block at a time: an engine's log grows for as long as it runs (and keeps earlier runs),
+    so it is never read whole."""
+    limit = max(TAIL_BLOCK, lines * TAIL_BYTES_PER_LINE)
+    with path.open("rb") as log:
+        end = log.seek(0, os.SEEK_END)
+        begin = end
+        blocks: list[bytes] = []
+        newlines = 0
+        # One newline more than lines asked: the last line ends in one, the first may be cut.
+        while begin > start and newlines <= lines and end - begin < limit:
+            size = min(TAIL_BLOCK, begin - start)
+            begin -= size
+            log.seek(begin)
+            block = log.read(size)
+            blocks.append(block)
+            newlines += block.count(b"\n")
+        return b"".join(reversed(blocks))

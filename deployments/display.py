@@ -1,0 +1,44 @@
+"""How a deployment's state reads to an operator: the words and colours the admin's pages
+show, whether rendered by Django or updated live by the page's script (ondemand/live.py
+sends the same words)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from deployments.models import State
+
+if TYPE_CHECKING:
+    from deployments.models import Deployment
+
+BADGE_COLOURS: dict[str, str] = {
+    State.PLANNED: "#6c757d",
+    State.STARTING: "#0d6efd",
+    State.READY: "#198754",
+    State.ASLEEP: "#6f42c1",
+    State.STOPPING: "#fd7e14",
+    State.STOPPED: "#495057",
+    State.FAILED: "#dc3545",
+}
+
+
+def mode_label(deployment: Deployment) -> str:
+    label = "system" if deployment.system else deployment.effective_mode.replace("_", " ")
+    pending = deployment.pending_mode
+    return f"{label} → {pending.replace('_', ' ')}" if pending else label
+
+
+def gpu_label(gpus: list[list[int]] | None) -> str:
+    """Each replica's GPUs, as placed at its start."""
+    if not gpus:
+        return "—"
+    replicas = [", ".join(str(i) for i in devices) or "none" for devices in gpus]
+    if len(replicas) == 1:
+        return replicas[0]
+    return "; ".join(f"replica {n}: {r}" for n, r in enumerate(replicas))
+
+
+def ondemand_label(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "—"
+    return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
