@@ -1,11 +1,17 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect
+from django.urls import URLPattern, path
 from django.utils.html import format_html
 
+from common import metrics
 from deployments import display, hooks, host_access, operations
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
@@ -15,17 +21,23 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 from deployments.refusals import OperationRefused
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from django.db.models import QuerySet
     from django.http import HttpRequest
 
 ADMIN_LOG_LINES = 50
 
 
+def live_cell(obj: Deployment, field: str, text: str) -> str:
+    return format_html('<span data-live="{}" data-id="{}">{}</span>', field, obj.pk, text)
+
+
 def run_operation(
     modeladmin: admin.ModelAdmin,
     request: HttpRequest,
-    queryset: QuerySet[Deployment],
-    operation: Any,
+    queryset: Iterable[Deployment],
+    operation: Callable[[Deployment, Any], Any],
     verb: str,
 ) -> None:
     for deployment in queryset:
@@ -46,8 +58,10 @@ class DeploymentAdmin(admin.ModelAdmin):
         "usecase",
         "runtime",
         "mode_label",
-        "phase",
+        "activity",
+        "last_request",
         "need",
+        "held",
         "gpu_list",
         "engine",
         "state_changed_at",
@@ -75,7 +89,6 @@ class DeploymentAdmin(admin.ModelAdmin):
             {"fields": ("mode", "idle_timeout_s", "system", "idle_signal", "idle_action")},
         ),
         ("State", {"fields": readonly_fields}),
-        ("Engine log", {"fields": ("log_tail",), "classes": ("collapse",)}),
     )
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
 
@@ -84,9 +97,11 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Deployment) -> str:
+        # data-live: the page's script (static/modelship/live.js) keeps the cell current.
         return format_html(
-            '<span style="background:{};color:#fff;padding:2px 8px;border-radius:8px" '
+            '<span class="ms-badge" data-live="state" data-id="{}" style="background:{}" '
             'title="{}">{}</span>',
+            obj.pk,
             display.BADGE_COLOURS.get(obj.state, "#333"),
             obj.state_reason[:300],
             obj.state,
@@ -94,11 +109,29 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="mode")
     def mode_label(self, obj: Deployment) -> str:
-        return display.mode_label(obj)
+        return live_cell(obj, "mode", display.mode_label(obj))
 
-    @admin.display(description="on demand")
-    def phase(self, obj: Deployment) -> str:
-        return display.ondemand_label(hooks.reports.ondemand_status(obj))
+    @admin.display(description="activity")
+    def activity(self, obj: Deployment) -> str:
+        status = hooks.reports.ondemand_status(obj)
+        label = display.activity_label(status, metrics.inflight_here(obj.name))
+        return live_cell(obj, "activity", label)
+
+    @admin.display(description="last request")
+    def last_request(self, obj: Deployment) -> str:
+        status = hooks.reports.ondemand_status(obj) or {}
+        last = max(metrics.last_request_at.get(obj.name, 0.0), status.get("last_request_at") or 0)
+        return format_html(
+            '<span data-live="last_request_at" data-id="{}" data-time="{}">{}</span>',
+            obj.pk,
+            last or "",
+            display.ago(last, time.time()),
+        )
+
+    @admin.display(description="held (GiB)")
+    def held(self, obj: Deployment) -> str:
+        # Filled in by the page's script from the host's summary (one read for the page).
+        return live_cell(obj, "holding_gib", "…")
 
     @admin.display(description="judged idle by")
     def idle_signal(self, obj: Deployment) -> str:
@@ -122,7 +155,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="GPUs")
     def gpu_list(self, obj: Deployment) -> str:
-        return display.gpu_label(obj.gpus)
+        return live_cell(obj, "gpus", display.gpu_label(obj.gpus))
 
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:
@@ -156,7 +189,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         # Without the permission, what runs on the host is shown, not edited (the loader's
         # `binary` inside config is checked when the form is saved).
         host = () if host_access.may_run_anything(request.user) else ("image", "command")
-        return (*self.readonly_fields, "log_tail", "idle_signal", "idle_action", *host)
+        return (*self.readonly_fields, "idle_signal", "idle_action", *host)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -187,17 +220,6 @@ class DeploymentAdmin(admin.ModelAdmin):
 
         return CheckedForm
 
-    @admin.display(description="last lines")
-    def log_tail(self, obj: Deployment) -> str:
-        if obj.pk is None:
-            return ""
-        blocks = tails(obj, ADMIN_LOG_LINES)
-        text = "\n".join(
-            (f"--- replica {b['replica']} ---\n" if len(blocks) > 1 else "") + "\n".join(b["lines"])
-            for b in blocks
-        )
-        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", text or "(no log yet)")
-
     @admin.display(description="reason")
     def state_reason_block(self, obj: Deployment) -> str:
         return format_html("<pre style='white-space:pre-wrap'>{}</pre>", obj.state_reason)
@@ -218,34 +240,101 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Start", permissions=["change"])
     def start(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.start, "start")
+        press(self, request, queryset, "start")
 
     @admin.action(description="Stop", permissions=["change"])
     def stop(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.stop, "stop")
+        press(self, request, queryset, "stop")
 
     @admin.action(description="Sleep", permissions=["change"])
     def sleep(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.sleep, "sleep")
+        press(self, request, queryset, "sleep")
 
     @admin.action(description="Wake", permissions=["change"])
     def wake(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        run_operation(self, request, queryset, operations.wake, "wake")
+        press(self, request, queryset, "wake")
 
     @admin.action(description="Switch to on demand", permissions=["change"])
     def switch_on_demand(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        def switch(d: Deployment, user: Any) -> str:
-            return operations.set_mode(d, Mode.ON_DEMAND, user).effective_mode
-
-        run_operation(self, request, queryset, switch, "mode")
+        press(self, request, queryset, "on_demand")
 
     @admin.action(description="Switch to always on", permissions=["change"])
     def switch_always_on(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        def switch(d: Deployment, user: Any) -> str:
-            d = operations.set_mode(d, Mode.ALWAYS_ON, user)
-            return (d.pending_mode and "always on once started") or d.effective_mode
+        press(self, request, queryset, "always_on")
 
-        run_operation(self, request, queryset, switch, "mode")
+    def get_urls(self) -> list[URLPattern]:
+        operate = path(
+            "<path:object_id>/operate/",
+            self.admin_site.admin_view(self.operate_view),
+            name="deployments_deployment_operate",
+        )
+        return [operate, *super().get_urls()]
+
+    def operate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The buttons on a deployment's page: one operation, then back to the page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404("no such deployment")
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        button = request.POST.get("op", "")
+        if button not in BUTTONS:
+            self.message_user(request, f"no such operation: {button!r}", messages.ERROR)
+        else:
+            press(self, request, [obj], button)
+        return redirect("admin:deployments_deployment_change", obj.pk)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if obj is not None:
+            extra["live"] = {
+                "buttons": [(op, button.label) for op, button in BUTTONS.items()],
+                "may_operate": self.has_change_permission(request, obj),
+                "tails": tails(obj, ADMIN_LOG_LINES),
+                "replicas": range(obj.num_replicas),
+            }
+        return super().change_view(request, object_id, form_url, extra)
+
+
+def to_on_demand(deployment: Deployment, user: Any) -> str:
+    return operations.set_mode(deployment, Mode.ON_DEMAND, user).effective_mode
+
+
+def to_always_on(deployment: Deployment, user: Any) -> str:
+    deployment = operations.set_mode(deployment, Mode.ALWAYS_ON, user)
+    return (deployment.pending_mode and "always on once started") or deployment.effective_mode
+
+
+class Button(NamedTuple):
+    operation: Callable[[Deployment, Any], Any]
+    verb: str  # the word its message uses
+    label: str
+
+
+# The operations a deployment's page offers as buttons (and the list as actions).
+BUTTONS: dict[str, Button] = {
+    "start": Button(operations.start, "start", "Start"),
+    "stop": Button(operations.stop, "stop", "Stop"),
+    "sleep": Button(operations.sleep, "sleep", "Sleep"),
+    "wake": Button(operations.wake, "wake", "Wake"),
+    "on_demand": Button(to_on_demand, "mode", "Switch to on demand"),
+    "always_on": Button(to_always_on, "mode", "Switch to always on"),
+}
+
+
+def press(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, rows: Iterable[Deployment], button: str
+) -> None:
+    run_operation(modeladmin, request, rows, BUTTONS[button].operation, BUTTONS[button].verb)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -42,3 +42,20 @@ def ondemand_label(status: dict[str, Any] | None) -> str:
     if status is None:
         return "—"
     return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
+
+
+def activity_label(status: dict[str, Any] | None, inflight: int) -> str:
+    """On demand, the phase and its counts; always on, the requests in flight."""
+    if status is not None:
+        return ondemand_label(status)
+    return f"{inflight} in flight" if inflight else "—"
+
+
+def ago(timestamp: float | None, now: float) -> str:
+    if not timestamp:
+        return "never"
+    seconds = max(0, int(now - timestamp))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"

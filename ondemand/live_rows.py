@@ -46,7 +46,7 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "reason": deployment.state_reason[:300],
         "mode": display.mode_label(deployment),
         "phase": None if status is None else status["phase"],
-        "ondemand": display.ondemand_label(status),
+        "activity": display.activity_label(status, inflight),
         "inflight": inflight,
         "queued": 0 if status is None else status["queued"],
         "last_request_at": last,
@@ -61,7 +61,7 @@ def with_counts(row: Row, status: dict[str, Any]) -> Row:
     return {
         **row,
         "phase": status["phase"],
-        "ondemand": display.ondemand_label(status),
+        "activity": display.ondemand_label(status),
         "inflight": status["inflight"],
         "queued": status["queued"],
         "last_request_at": last,

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
@@ -32,7 +32,7 @@ def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: 
     assert page.status_code == 200
     html = page.content.decode()
     assert "shown" in html
-    assert ">planned</span>" in html
+    assert ">planned</span>" in html and 'data-live="state"' in html
     assert "on demand" in html
     assert "sleeping (0 in flight, 0 queued)" in html
     assert "Memory: 0.0 of 8.0 GiB held, 8.0 GiB free" in " ".join(html.split())
@@ -194,3 +194,46 @@ def test_it_shows_aliases_as_names_and_an_unset_command_as_empty(
         "chat",
         "talk",
     ]
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_operates_a_deployment_from_its_page(staff: Client, make_deployment: Any) -> None:
+    """The buttons on a deployment's page: each one operation (through the operations
+    layer, audited), its outcome as the page's message; the live panel and log are there."""
+    shown = make_deployment("shown")
+    url = f"/admin/deployments/deployment/{shown.pk}/"
+    page = staff.get(url + "change/").content.decode()
+    assert 'id="live-panel"' in page and 'id="live-log"' in page
+    assert f'action="{url}operate/"' in page
+    assert [b for b in re.findall(r'name="op" value="(\w+)"', page)] == [
+        "start", "stop", "sleep", "wake", "on_demand", "always_on"
+    ]  # fmt: skip
+
+    answer = staff.post(url + "operate/", {"op": "start"}, follow=True)
+    assert answer.redirect_chain == [(url + "change/", 302)]
+    assert [str(m) for m in answer.context["messages"]] == ["shown: start queued"]
+    answer = staff.post(url + "operate/", {"op": "on_demand"}, follow=True)
+    assert [str(m) for m in answer.context["messages"]] == ["shown: mode on_demand"]
+    assert Deployment.objects.get(pk=shown.pk).mode == "on_demand"
+    actions = AuditEntry.objects.filter(object_repr="shown").values_list("action", flat=True)
+    assert {"start", "ondemand_mode"} <= set(actions)
+
+    answer = staff.post(url + "operate/", {"op": "explode"}, follow=True)
+    assert [str(m) for m in answer.context["messages"]] == ["no such operation: 'explode'"]
+    assert staff.get(url + "operate/").status_code == 405
+    missing = "/admin/deployments/deployment/9999/operate/"
+    assert staff.post(missing, {"op": "stop"}).status_code == 404
+
+
+def test_it_lets_only_who_may_change_a_deployment_press_its_buttons(
+    client: Client, make_deployment: Any
+) -> None:
+    shown = make_deployment("shown")
+    viewer = User.objects.create_user("viewer", password="pw-123456", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_deployment"))
+    client.force_login(viewer)
+    url = f"/admin/deployments/deployment/{shown.pk}/"
+    page = client.get(url + "change/").content.decode()
+    assert 'id="live-panel"' in page and 'name="op"' not in page
+    assert client.post(url + "operate/", {"op": "start"}).status_code == 403
+    assert not AuditEntry.objects.filter(action="start").exists()

@@ -37,10 +37,10 @@ def socket(cookie: bytes = b"", origin: bytes = PAGE) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, "/ws/deployments", headers=headers)
 
 
-async def next_row(ws: WebsocketCommunicator, name: str, timeout: float = 2.0) -> dict[str, Any]:
-    """The next row message about `name` (the host panel's may come between)."""
+async def next_row(ws: WebsocketCommunicator, name: str) -> dict[str, Any]:
+    """The next row message about `name` within 2 s (the host panel's may come between)."""
     while True:
-        message = await ws.receive_json_from(timeout=timeout)
+        message = await ws.receive_json_from(timeout=2)
         if message["type"] == "row" and message["row"]["name"] == name:
             return dict(message["row"])
 
@@ -96,7 +96,7 @@ async def test_it_shows_the_on_demand_counts_a_gateway_publishes(
     )
     row = await next_row(ws, "embed")
     assert (row["inflight"], row["queued"], row["phase"]) == (2, 3, "queued")
-    assert row["ondemand"] == "queued (2 in flight, 3 queued)"
+    assert row["activity"] == "queued (2 in flight, 3 queued)"
     await ws.disconnect()
 
 
