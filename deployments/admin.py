@@ -64,7 +64,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "held",
         "gpu_list",
         "engine",
-        "state_changed_at",
+        "changed",
     )
     list_filter = ("state", "loader", "usecase", "runtime", "mode", "system")
     search_fields = ("name", "model")
@@ -159,7 +159,11 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:
-        return obj.engine_url
+        return live_cell(obj, "engine", obj.engine_url or "-")
+
+    @admin.display(description="state changed at", ordering="state_changed_at")
+    def changed(self, obj: Deployment) -> str:
+        return live_cell(obj, "state_changed_at", display.moment(obj.state_changed_at))
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "aliases":

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.utils import formats, timezone
+
 from deployments.models import State
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from deployments.models import Deployment
 
 BADGE_COLOURS: dict[str, str] = {
@@ -59,3 +63,10 @@ def ago(timestamp: float | None, now: float) -> str:
         if seconds >= size:
             return f"{seconds // size} {unit} ago"
     return f"{seconds} s ago"
+
+
+def moment(when: datetime | None) -> str:
+    """A time as the admin's lists show one (the site's time zone and format)."""
+    if when is None:
+        return "-"
+    return str(formats.localize(timezone.localtime(when) if timezone.is_aware(when) else when))

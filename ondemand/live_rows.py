@@ -52,6 +52,8 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "last_request_at": last,
         "holding_gib": holding_gib,
         "gpus": display.gpu_label(deployment.gpus),
+        "engine": deployment.engine_url or "-",
+        "state_changed_at": display.moment(deployment.state_changed_at),
     }
 
 

@@ -24,8 +24,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
-# Fixtures every test file may use: the in-process gateway and a key, the Docker Engine.
-pytest_plugins = ["tests.gateway_support", "tests.docker_support", "tests.registry_support"]
+# Fixtures every test file may use: the in-process gateway and a key, the Docker Engine, a
+# served Modelship.
+pytest_plugins = [
+    "tests.gateway_support",
+    "tests.docker_support",
+    "tests.registry_support",
+    "tests.live_support",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,20 +6,16 @@ from __future__ import annotations
 import json
 import re
 import select
-import signal
 import subprocess
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
-from django_q.conf import Conf
 
 from deployments.runtimes.process import free_port
 from openai_api.models import ApiKey
-from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.conftest import REPO
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -40,36 +36,6 @@ models:
     idle_timeout_s: 300
     memory_gib: 1
 """
-
-
-@pytest.fixture
-def live(site: Any, tmp_path: Path, transactional_db: None) -> Iterator[dict[str, str]]:
-    """A Modelship served as `make run` serves it, and the environment the CLI reads."""
-    port = free_port("127.0.0.1")
-    var = tmp_path / "var"
-    env = env_for_subprocess(
-        MSHIP_VAR_DIR=str(var),
-        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
-        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
-        MSHIP_MEMORY_CAPACITY_GIB="8",
-        MSHIP_Q_NAME=Conf.PREFIX,
-    )
-    serve = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=(tmp_path / "serve.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: answers(url + "/health"), 60)
-        wait_until(lambda: (var / "api_key").exists(), 30)
-        # The CLI finds the token and the key where `make run` keeps them (var/).
-        yield {**env, "MSHIP_URL": url, "MSHIP_TOKEN": "", "MSHIP_API_KEY": ""}
-    finally:
-        serve.send_signal(signal.SIGINT)
-        serve.wait(60)
 
 
 def cli(

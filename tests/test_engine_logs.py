@@ -78,7 +78,10 @@ async def test_it_follows_the_engine_log_as_server_sent_events(
     deployment = await sync_to_async(started)(make_deployment, runtime, request)
     client = AsyncClient()
     await client.aforce_login(staff)
-    response = await client.get(f"/api/deployments/{deployment.pk}/logs/?follow=1")
+    # What a browser's EventSource asks for.
+    response = await client.get(
+        f"/api/deployments/{deployment.pk}/logs/?follow=1", headers={"Accept": "text/event-stream"}
+    )
     assert response["Content-Type"] == "text/event-stream"
     stream = aiter(cast("Any", response).streaming_content)
     assert await anext(stream) == b": following\n\n"
@@ -90,6 +93,17 @@ async def test_it_follows_the_engine_log_as_server_sent_events(
     # The ORM ran in sync_to_async's thread: close its connection, or the test database
     # cannot be dropped at the end.
     await sync_to_async(close_connection)()
+
+
+def test_it_refuses_a_follow_before_the_stream_as_an_error_event(staff: User) -> None:
+    client = Client()
+    client.force_login(staff)
+    answer = client.get(
+        "/api/deployments/9999/logs/?follow=1", headers={"Accept": "text/event-stream"}
+    )
+    assert answer.status_code == 404
+    assert answer["Content-Type"].startswith("text/event-stream")
+    assert answer.content.decode().startswith("event: error\ndata: {")
 
 
 def test_it_shows_the_log_tail_in_the_admin(

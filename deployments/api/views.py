@@ -17,8 +17,10 @@ from drf_spectacular.utils import (
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from deployments import hooks, operations
+from deployments.api.renderers import EventStreamRenderer
 from deployments.api.schema import (
     ConflictAnswer,
     HostAnswer,
@@ -153,7 +155,11 @@ class DeploymentViewSet(viewsets.ModelViewSet):
             (200, "text/event-stream"): OpenApiTypes.STR,
         },
     )
-    @action(detail=True, methods=["get"])
+    @action(
+        detail=True,
+        methods=["get"],
+        renderer_classes=[*api_settings.DEFAULT_RENDERER_CLASSES, EventStreamRenderer],
+    )
     def logs(self, request: Request, pk: str | None = None) -> Any:
         deployment = self.get_object()
         params = LogParams(data=request.query_params)

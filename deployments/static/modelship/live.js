@@ -20,6 +20,11 @@
     return s + " s ago";
   }
 
+  // A number as the server's page writes it (Python's float: 8.0, 0.25).
+  function gib(value) {
+    return Number.isInteger(value) ? value.toFixed(1) : String(value);
+  }
+
   function cells(id, field) {
     return document.querySelectorAll('[data-live="' + field + '"][data-id="' + id + '"]');
   }
@@ -50,6 +55,8 @@
     set(row.id, "mode", row.mode);
     set(row.id, "activity", row.activity);
     set(row.id, "gpus", row.gpus);
+    set(row.id, "engine", row.engine);
+    set(row.id, "state_changed_at", row.state_changed_at);
     set(row.id, "holding_gib", row.holding_gib.toFixed(2));
     for (const el of cells(row.id, "last_request_at")) {
       el.dataset.time = row.last_request_at || "";
@@ -76,17 +83,19 @@
     const budget = document.getElementById("host-budget");
     if (!budget) return;
     const gpus = host.gpus.length;
-    budget.textContent = "Memory: " + host.held_gib + " of " + host.capacity_gib + " GiB held, " +
-      host.free_gib + " GiB free (on-demand capacity " + host.on_demand_capacity_gib + " GiB" +
+    budget.textContent = "Memory: " + gib(host.held_gib) + " of " + gib(host.capacity_gib) +
+      " GiB held, " + gib(host.free_gib) + " GiB free (on-demand capacity " +
+      gib(host.on_demand_capacity_gib) + " GiB" +
       (gpus ? ", " + gpus + " GPU" + (gpus > 1 ? "s" : "") + ", placed per GPU" : "") + ").";
     const body = document.querySelector("#host-gpus tbody");
     if (!body) return;
     body.replaceChildren(...host.gpus.map(function (gpu) {
       const tr = document.createElement("tr");
-      const held = gpu.deployments.map((d) => d.name + " " + d.holding_gib).join(", ");
-      tr.append(text("td", gpu.index), text("td", gpu.name), text("td", gpu.total_gib),
-        text("td", gpu.held_gib + (held ? ": " + held : "")),
-        text("td", gpu.used_gib === null ? "—" : gpu.used_gib), text("td", gpu.free_gib));
+      const held = gpu.deployments.map((d) => d.name + " " + gib(d.holding_gib)).join(", ");
+      tr.append(text("td", gpu.index), text("td", gpu.name), text("td", gib(gpu.total_gib)),
+        text("td", gib(gpu.held_gib) + (held ? ": " + held : "")),
+        text("td", gpu.used_gib === null ? "—" : gib(gpu.used_gib)),
+        text("td", gib(gpu.free_gib)));
       tr.children[1].title = gpu.uuid;
       return tr;
     }));
