@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
 REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup setup-run system-deps run test test-sqlite test-postgres lint format lock clean
+.PHONY: setup setup-run system-deps browser-deps run test test-sqlite test-postgres lint format lock clean
 
 # What serving needs (make run): no test tools, SDKs or LiteLLM.
 $(RUN_STAMP): pyproject.toml $(LOCK)
@@ -35,6 +35,11 @@ system-deps:
 	@command -v espeak-ng >/dev/null && command -v ffmpeg >/dev/null || { apt-get update -qq \
 		&& apt-get install -y -qq --no-install-recommends espeak-ng ffmpeg; }
 
+# And for the tests: Debian's Chromium and its driver (the live admin in a real browser).
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq \
+		&& apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+
 run: setup-run
 	@$(MAKE) --no-print-directory system-deps || echo "Without espeak-ng and ffmpeg (Debian" \
 		"packages), speech is wav and pcm only and transcription reads WAV only."
@@ -49,17 +54,17 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-test-sqlite: setup system-deps
+test-sqlite: setup system-deps browser-deps
 	MSHIP_Q_NAME=modelship-test $(PY) -m pytest -q -p no:cacheprovider
 
 # The heavy real-engine suites (marked heavy) ran on SQLite: they do not depend on the database.
-test-postgres: setup system-deps
+test-postgres: setup system-deps browser-deps
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test MSHIP_TEST_HEAVY=0 \
 		$(PY) -m pytest -q -p no:cacheprovider
 
 # A Docker Engine for the docker runtime's tests: the running one, else one started (and, as
 # root on Debian, installed) for the run and stopped after it.
-test: lint system-deps
+test: lint system-deps browser-deps
 	scripts/docker-up.sh
 	status=0; $(MAKE) test-sqlite test-postgres || status=$$?; scripts/docker-down.sh; exit $$status
 

@@ -12,7 +12,7 @@ from django.urls import URLPattern, path
 from django.utils.html import format_html
 
 from common import metrics
-from deployments import display, hooks, host_access, operations
+from deployments import admin_options, display, hooks, host_access, operations
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
 from deployments.loaders import LOADERS, EngineSpec
@@ -91,6 +91,10 @@ class DeploymentAdmin(admin.ModelAdmin):
         ("State", {"fields": readonly_fields}),
     )
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
+    form = admin_options.deployment_form()
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_fieldsets(request, obj), *admin_options.fieldsets()]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         return super().changelist_view(request, {**(extra_context or {}), "host": host_summary()})
@@ -183,8 +187,8 @@ class DeploymentAdmin(admin.ModelAdmin):
             field = super().formfield_for_dbfield(db_field, request, **kwargs)
             assert field is not None
             field.help_text = (
-                "The loader's own options, as a JSON object (in a models.yaml, under the"
-                " loader's key: llama_server_config, vllm_engine_kwargs, simulated_config…)."
+                "The options of a loader without fields of its own below (vllm: any vLLM"
+                " engine argument), as a JSON object (in a models.yaml: vllm_engine_kwargs)."
             )
             return field
         return super().formfield_for_dbfield(db_field, request, **kwargs)
@@ -211,16 +215,26 @@ class DeploymentAdmin(admin.ModelAdmin):
                 # A new one is checked whole; an edit by what the form changed.
                 fields = data if current is None else self.changed_data
                 changes = {f: data[f] for f in fields if f in operations.SETTABLE_FIELDS}
+                if current is not None and data.get("config") != current.config:
+                    changes["config"] = data["config"]  # gathered from the option fields
                 try:
                     operations.check(current, changes, user)
                 except OperationRefused as exc:
                     if not exc.fields:
                         self.add_error(None, str(exc))
                     for field, problems in exc.fields.items():
-                        name = field.split(".")[0]
                         for problem in problems:
-                            self.add_error(name if name in self.fields else None, problem)
+                            self.add_error(self.field_of(field, problem, data), problem)
                 return data
+
+            def field_of(self, field: str, problem: str, data: dict[str, Any]) -> str | None:
+                """Next to the field it is about: an option's own where it names one, the
+                form's top for a config whose box the page hides."""
+                name = field.split(".")[0]
+                loader = data.get("loader") or ""
+                if name == "config" and admin_options.has_options(loader):
+                    return admin_options.field_of_problem(loader, problem)
+                return name if name in self.fields else None
 
         return CheckedForm
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -237,3 +238,50 @@ def test_it_lets_only_who_may_change_a_deployment_press_its_buttons(
     assert 'id="live-panel"' in page and 'name="op"' not in page
     assert client.post(url + "operate/", {"op": "start"}).status_code == 403
     assert not AuditEntry.objects.filter(action="start").exists()
+
+
+def test_it_edits_the_loaders_options_as_fields_with_their_help(
+    staff: Client, make_deployment: Any
+) -> None:
+    config = {"reply": "42", "tokens_per_second": 200, "echo": True}
+    deployment = make_deployment("optioned", config=config)
+    url = f"/admin/deployments/deployment/{deployment.pk}/change/"
+    page = staff.get(url).content.decode()
+    assert 'name="option__simulated__reply" value="&quot;42&quot;"' in page  # text stays text
+    assert 'name="option__simulated__tokens_per_second" value="200"' in page
+    assert 'name="option__simulated__echo" value="true"' in page
+    assert "what it answers" in page and "simulated options (simulated_config)" in page
+    assert "modelship/deployment_form.js" in page
+    form = {
+        "name": "optioned",
+        "aliases": "",
+        "model": "simulated",
+        "loader": "simulated",
+        "usecase": "generate",
+        "runtime": "process",
+        "image": "",
+        "command": "",
+        "config": json.dumps(config),  # the page hides it for a loader with option fields
+        "num_replicas": 1,
+        "memory_gib": 1,
+        "num_gpus": "",
+        "mode": "",
+        "idle_timeout_s": "",
+        "responses": "gateway",
+        "option__simulated__reply": "hello there",
+        "option__simulated__tokens_per_second": "50",
+        "option__simulated__echo": "",
+    }
+    assert staff.post(url, form).status_code == 302
+    deployment.refresh_from_db()
+    assert deployment.config == {"reply": "hello there", "tokens_per_second": 50}
+    change = AuditEntry.objects.filter(object_repr="optioned", action="update").last()
+    assert change is not None and change.after["config"]["tokens_per_second"] == 50
+
+    # A refusal that names an option is shown next to it; nothing is saved.
+    wrong = {**form, "loader": "llama_server", "option__llama_server__extra_args": "--flag"}
+    page = staff.post(url, wrong).content.decode()
+    row = re.search(r'<div class="form-row errors field-option__llama_server__extra_args">'
+                    r'.*?</div>', page, re.S)  # fmt: skip
+    assert row is not None and "must be a list of strings" in page
+    assert Deployment.objects.get(pk=deployment.pk).loader == "simulated"

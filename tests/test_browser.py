@@ -19,7 +19,7 @@ from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from deployments.models import Deployment
 from tests.conftest import REPO, chat
@@ -140,6 +140,15 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
         browser,
         lambda d: "not running" in text_of(d, "#log-status") or "gone" in text_of(d, "#log-status"),
     )
+
+    # A new deployment's form shows the chosen loader's options, or the JSON box for vLLM's.
+    browser.get(f"{url}/admin/deployments/deployment/add/")
+    shown = lambda css: browser.find_element(By.CSS_SELECTOR, css).is_displayed()  # noqa: E731
+    Select(browser.find_element(By.ID, "id_loader")).select_by_value("llama_server")
+    assert shown("fieldset.ms-options-llama_server") and shown("#id_option__llama_server__n_ctx")
+    assert not shown("fieldset.ms-options-simulated") and not shown(".form-row.field-config")
+    Select(browser.find_element(By.ID, "id_loader")).select_by_value("vllm")
+    assert shown(".form-row.field-config") and not shown("fieldset.ms-options-llama_server")
 
 
 def test_it_shows_the_api_docs_with_no_network(live: dict[str, str], browser: WebDriver) -> None:

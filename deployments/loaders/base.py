@@ -59,8 +59,9 @@ class Loader:
     name: ClassVar[str]
     # The key of this loader's block in models.yaml (e.g. llama_server_config).
     config_key: ClassVar[str]
-    # Options the loader understands; anything else in its block is an error.
-    config_options: ClassVar[frozenset[str]] = frozenset()
+    # Options the loader understands, each with its help (the admin's form shows them as
+    # fields); anything else in its block is an error. Empty: it takes none, or any (vLLM).
+    config_options: ClassVar[dict[str, str]] = {}
     usecases: ClassVar[frozenset[str]]
     health_path: ClassVar[str] = "/health"
     # Prometheus gauges of requests running and waiting, read by make-room and the reaper.
@@ -86,7 +87,7 @@ class Loader:
             allowed = ", ".join(sorted(self.usecases))
             problems.append(f"usecase {spec.usecase!r} is not served by {self.name} ({allowed})")
         if self.config_options:
-            for key in sorted(set(spec.config) - self.config_options):
+            for key in sorted(set(spec.config) - set(self.config_options)):
                 problems.append(f"{self.config_key}: unknown key {key!r}")
         elif spec.config:
             problems.append(f"{self.name} takes no {self.config_key}")

@@ -5,6 +5,7 @@ engine environment, with the whisper.cpp engine's routes and formats."""
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from deployments.engines.faster_whisper_server import problems
 from deployments.loaders.base import EngineSpec, file_size_gib
@@ -16,7 +17,13 @@ DEVICES = ("auto", "cpu", "cuda")
 class FasterWhisperLoader(ShippedEngineLoader):
     name = "faster_whisper"
     config_key = "faster_whisper_config"
-    config_options = frozenset({"device", "compute_type", "threads", "beam_size", "language"})
+    config_options: ClassVar[dict[str, str]] = {
+        "device": "auto (CUDA where there is one), cpu or cuda",
+        "compute_type": "CTranslate2's: default, int8, int8_float16, float16, float32…",
+        "threads": "CPU threads (default: CTranslate2's choice)",
+        "beam_size": "beam search width, 1 to 16 (default 5)",
+        "language": "the audio's language (ISO 639-1) when a request names none",
+    }
     usecases = frozenset({"transcription", "translation"})
     module = "deployments.engines.faster_whisper_server"
 

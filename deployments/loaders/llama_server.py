@@ -21,18 +21,16 @@ LAUNCHER = "xllamacpp"
 class LlamaServerLoader(Loader):
     name = "llama_server"
     config_key = "llama_server_config"
-    config_options = frozenset(
-        {
-            "n_ctx",
-            "n_gpu_layers",
-            "parallel",
-            "pooling",
-            "threads",
-            "binary",
-            "extra_args",
-            "mmproj",
-        }
-    )
+    config_options: ClassVar[dict[str, str]] = {
+        "n_ctx": "context size in tokens (--ctx-size; default 4096)",
+        "n_gpu_layers": "layers offloaded to the GPU (-ngl; default: all with num_gpus, else 0)",
+        "parallel": "requests served at once, sharing the context (--parallel)",
+        "pooling": "an embedding model's pooling: mean, cls, last or none (--pooling)",
+        "threads": "CPU threads (--threads)",
+        "binary": "the llama-server program to run (default: MSHIP_LLAMA_SERVER_BIN or PATH)",
+        "extra_args": "more llama-server arguments, as a list of strings",
+        "mmproj": "a vision projector file: the model then takes images (--mmproj)",
+    }
     usecases = frozenset({"generate", "embed"})
     running_gauge = "llamacpp:requests_processing"
     waiting_gauge = "llamacpp:requests_deferred"

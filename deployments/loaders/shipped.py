@@ -66,28 +66,26 @@ class SimulatedLoader(ShippedEngineLoader):
     name = "simulated"
     config_key = "simulated_config"
     module = "deployments.engines.simulated"
-    config_options = frozenset(
-        {
-            "startup_delay_s",
-            "tokens_per_second",
-            "reply",
-            "echo",
-            "max_tokens",
-            "reasoning",
-            "tool_call",
-            "memory_claim_gib",
-            "fail_at_start",
-            "crash_after_requests",
-            "ignore_sigterm",
-            "embedding_dim",
-            "allocate_mib",
-            "first_token_delay_s",
-            "vision",
-            "enable_sleep_mode",
-            "ignore_sleep",
-            "download",
-        }
-    )
+    config_options: ClassVar[dict[str, str]] = {
+        "startup_delay_s": "seconds before it answers its health check",
+        "tokens_per_second": "how fast it streams its reply (default 200)",
+        "reply": "what it answers",
+        "echo": "answer with the prompt instead",
+        "max_tokens": "the longest answer, in tokens",
+        "reasoning": "reasoning text sent before the answer",
+        "tool_call": "call a tool the request offers",
+        "memory_claim_gib": "the memory it says it needs (GiB)",
+        "fail_at_start": "exit at start, as a broken engine does",
+        "crash_after_requests": "exit after this many requests",
+        "ignore_sigterm": "stay up after SIGTERM (Modelship then kills it)",
+        "embedding_dim": "the embeddings' dimensions (default 16)",
+        "allocate_mib": "memory really allocated at start (MiB)",
+        "first_token_delay_s": "seconds before each answer's first byte",
+        "vision": "it takes images, as a vision model does",
+        "enable_sleep_mode": "it sleeps, as vLLM's sleep mode does",
+        "ignore_sleep": "it takes a sleep and stays awake, as vLLM's CPU worker does",
+        "download": "it fetches its weights into the model cache at start",
+    }
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
@@ -117,7 +115,12 @@ class DiffusersLoader(ShippedEngineLoader):
     name = "diffusers"
     config_key = "diffusers_config"
     module = "deployments.engines.diffusers_server"
-    config_options = frozenset({"torch_dtype", "device", "num_inference_steps", "guidance_scale"})
+    config_options: ClassVar[dict[str, str]] = {
+        "torch_dtype": "float16, bfloat16 or float32 (default: float16 on CUDA, else float32)",
+        "device": "cpu or cuda (default: CUDA where there is one)",
+        "num_inference_steps": "denoising steps when a request names none, 1 to 999 (4)",
+        "guidance_scale": "classifier-free guidance scale (default: the pipeline's)",
+    }
     usecases = frozenset({"image"})
     running_gauge = "modelship_image_requests_running"
     waiting_gauge = "modelship_image_requests_waiting"
@@ -140,9 +143,14 @@ class TtsLoader(ShippedEngineLoader):
     name = "tts"
     config_key = "tts_config"
     module = "deployments.engines.tts_server"
-    config_options = frozenset(
-        {"backend", "voices", "voice", "voices_allowed", "voice_map", "lang"}
-    )
+    config_options: ClassVar[dict[str, str]] = {
+        "backend": "espeak, piper or kokoro (default: from the model)",
+        "voices": "Kokoro's voices file (default: voices-v1.0.bin beside the model)",
+        "voice": "the default voice",
+        "voices_allowed": "the only voices a request may ask for, as a list",
+        "voice_map": "OpenAI's voice names to the backend's, as a mapping",
+        "lang": "Kokoro's phoneme language (default en-us)",
+    }
     usecases = frozenset({"tts"})
     # The backends whose dependencies live in an engine environment of their own.
     families: ClassVar[dict[str, str]] = {"piper": "piper", "kokoro": "kokoro"}
@@ -173,7 +181,13 @@ class CustomLoader(ShippedEngineLoader):
     name = "custom"
     config_key = "custom_config"
     module = "deployments.engines.plugin_server"
-    config_options = frozenset({"plugin", "options", "voice", "voice_map", "voices_allowed"})
+    config_options: ClassVar[dict[str, str]] = {
+        "plugin": "the plugin: a folder under plugins/ or a package name",
+        "options": "the plugin's own options, as a mapping",
+        "voice": "the default voice",
+        "voice_map": "OpenAI's voice names to the plugin's, as a mapping",
+        "voices_allowed": "the only voices a request may ask for, as a list",
+    }
     usecases = frozenset({"tts", "transcription", "translation", "embed", "image"})
 
     def validate(self, spec: EngineSpec) -> list[str]:

@@ -5,6 +5,8 @@ engine environment, with the diffusers engine's routes, checks, queue and metric
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from deployments.loaders.base import EngineSpec, file_size_gib
 from deployments.loaders.shipped import ProgramOrShippedLoader
 
@@ -12,19 +14,17 @@ from deployments.loaders.shipped import ProgramOrShippedLoader
 class StableDiffusionCppLoader(ProgramOrShippedLoader):
     name = "stable_diffusion_cpp"
     config_key = "stable_diffusion_cpp_config"
-    config_options = frozenset(
-        {
-            "threads",
-            "binary",
-            "extra_args",
-            "diffusion_model",
-            "vae",
-            "sample_steps",
-            "cfg_scale",
-            "sample_method",
-            "wtype",
-        }
-    )
+    config_options: ClassVar[dict[str, str]] = {
+        "threads": "CPU threads",
+        "binary": "an sd-server program to run (default: Modelship's own server)",
+        "extra_args": "more sd-server arguments, as a list of strings",
+        "diffusion_model": "a separate diffusion model file (Flux, SD3…)",
+        "vae": "a separate VAE file",
+        "sample_steps": "sampling steps, 1 to 999 (default 20)",
+        "cfg_scale": "classifier-free guidance scale (default 7)",
+        "sample_method": "the sampler: euler_a, euler, dpm++2m…",
+        "wtype": "the weights' type in memory: f16, q8_0, q4_0…",
+    }
     usecases = frozenset({"image"})
     module = "deployments.engines.sdcpp_server"
     family = "sdcpp"

@@ -6,6 +6,7 @@ which serves translations and every response format too."""
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from deployments.engines.whisper_ggml import problems
 from deployments.loaders.base import EngineSpec, file_size_gib
@@ -15,7 +16,12 @@ from deployments.loaders.shipped import ProgramOrShippedLoader
 class WhisperCppLoader(ProgramOrShippedLoader):
     name = "whispercpp"
     config_key = "whispercpp_config"
-    config_options = frozenset({"threads", "language", "binary", "extra_args"})
+    config_options: ClassVar[dict[str, str]] = {
+        "threads": "CPU threads",
+        "language": "the audio's language (ISO 639-1) when a request names none",
+        "binary": "a whisper-server program to run (default: Modelship's own server)",
+        "extra_args": "more whisper-server arguments, as a list of strings",
+    }
     usecases = frozenset({"transcription", "translation"})
     module = "deployments.engines.whisper_server"
     family = "whisper"
