@@ -319,6 +319,8 @@ class DeploymentAdmin(admin.ModelAdmin):
                 "may_operate": self.has_change_permission(request, obj),
                 "tails": tails(obj, ADMIN_LOG_LINES),
                 "replicas": range(obj.num_replicas),
+                "mode": display.mode_label(obj),
+                "colour": display.BADGE_COLOURS.get(obj.state, "#333"),
             }
         return super().change_view(request, object_id, form_url, extra)
 

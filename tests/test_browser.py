@@ -130,6 +130,7 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
     browser.find_element(By.ID, "log-pause").click()
     assert text_of(browser, "#live-log").count(LOG_LINE) == before + 2
     assert browser.find_element(By.ID, "log-pause").text == "Pause"
+    assert browser.save_screenshot(str(ARTIFACTS / "live-admin-deployment.png"))
 
     # Its Stop button: the operation's message, then the state as it changes.
     browser.find_element(By.CSS_SELECTOR, 'button[name="op"][value="stop"]').click()

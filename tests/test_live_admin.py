@@ -123,3 +123,26 @@ async def test_it_refuses_a_page_of_another_site(staff: User) -> None:
     ws = socket(await sync_to_async(session_of)(staff), origin=b"https://evil.example")
     connected, _ = await ws.connect()
     assert not connected
+
+
+async def test_it_sends_the_memory_per_gpu_as_it_changes(
+    staff: User, site: Any, make_deployment: Callable[..., Deployment]
+) -> None:
+    site.MSHIP_GPU_INVENTORY = [(0, 10.0), (1, 10.0)]
+    held = await sync_to_async(make_deployment)(
+        "on-gpu-1", memory_gib=4, state=State.READY, gpus=[[1]]
+    )
+    ws = socket(await sync_to_async(session_of)(staff))
+    assert (await ws.connect())[0]
+    host = (await ws.receive_json_from(timeout=5))["host"]
+    assert [(g["index"], g["held_gib"], g["free_gib"]) for g in host["gpus"]] == [
+        (0, 0.0, 10.0),
+        (1, 4.0, 6.0),
+    ]
+    assert host["gpus"][1]["deployments"] == [{"name": "on-gpu-1", "holding_gib": 4.0}]
+
+    await sync_to_async(transition)(held, State.STOPPED, expected=[State.READY])
+    while (message := await ws.receive_json_from(timeout=2))["type"] != "host":
+        pass
+    assert [g["held_gib"] for g in message["host"]["gpus"]] == [0.0, 0.0]
+    await ws.disconnect()

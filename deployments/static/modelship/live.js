@@ -29,7 +29,12 @@
     return document.querySelectorAll('[data-live="' + field + '"][data-id="' + id + '"]');
   }
 
+  // A cell flashes when a change comes in, not when the first message fills it in.
   function flash(el) {
+    if (!el.dataset.seen) {
+      el.dataset.seen = "1";
+      return;
+    }
     el.classList.remove("ms-changed");
     void el.offsetWidth; // restart the animation
     el.classList.add("ms-changed");
@@ -37,7 +42,7 @@
 
   function set(id, field, text) {
     for (const el of cells(id, field)) {
-      if (el.textContent !== String(text)) {
+      if (el.textContent !== String(text) || !el.dataset.seen) {
         el.textContent = text;
         flash(el);
       }
@@ -46,7 +51,7 @@
 
   function show(row) {
     for (const el of cells(row.id, "state")) {
-      if (el.textContent !== row.state) flash(el);
+      if (el.textContent !== row.state || !el.dataset.seen) flash(el);
       el.textContent = row.state;
       el.style.background = row.colour;
       el.title = row.reason;
