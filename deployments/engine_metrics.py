@@ -81,7 +81,7 @@ ENGINE_METRICS_TIMEOUT_S = 5.0
 def engine_metrics_text(deployment: Deployment, replica: int) -> str:
     """A running replica's own Prometheus metrics, as its engine serves them."""
     loader = get_loader(deployment.loader)
-    if not loader.running_gauge:
+    if not loader.serves_metrics:
         raise NotServed(f"{deployment.name}'s engine ({deployment.loader}) serves no metrics.")
     urls = list(deployment.engine_urls or [])
     if deployment.state not in (State.READY, State.ASLEEP) or not urls:
@@ -105,7 +105,7 @@ def scrape_targets() -> list[dict[str, object]]:
     targets: list[dict[str, object]] = []
     running = Deployment.objects.filter(state__in=(State.READY, State.ASLEEP)).order_by("name")
     for deployment in running:
-        if not get_loader(deployment.loader).running_gauge:
+        if not get_loader(deployment.loader).serves_metrics:
             continue
         for replica, url in enumerate(deployment.engine_urls or []):
             address = urlsplit(url).netloc

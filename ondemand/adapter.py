@@ -73,7 +73,7 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         idle_timeout_s=float(row.effective_idle_timeout_s),
         pending_mode=row.pending_mode,
         urls=tuple(row.engine_urls or ()),
-        gauged=get_loader(row.loader).running_gauge is not None,
+        gauged=get_loader(row.loader).serves_metrics,
         lease_until=row.lease_until.timestamp() if row.lease_until else None,
         demand=memory.demand_of(row, on_gpus=True) if gpus else None,
         held=tuple(memory.held_by(row, gpus)) if gpus and row.state in HOLDING_STATES else (),

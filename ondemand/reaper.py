@@ -25,7 +25,7 @@ def idle_by_load(client: httpx.Client, deployment: Deployment) -> bool:
     """Every replica's engine reports nothing running or waiting (a sample taken now); an
     engine with no load gauges has only the gateways' slots to go by (the lease)."""
     loader = get_loader(deployment.loader)
-    if loader.running_gauge is None:
+    if not loader.serves_metrics:
         return True
     load = replicas_load(client, list(deployment.engine_urls), loader)
     return load is not None and policy.load_is_idle(0.0, load.idle)

@@ -19,7 +19,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
-from openai_api.models import KEY_PREFIX
+from openai_api.models import shown_prefix
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
@@ -41,7 +41,7 @@ async def handle(exchange: Exchange) -> None:
     caller = authenticate(snapshot, exchange.headers, peer)
     record.identity = caller.identity
     if caller.key is not None:
-        record.key = f"{KEY_PREFIX}-{caller.key.prefix}"
+        record.key = shown_prefix(caller.key.prefix)
     if endpoint == "models" or endpoint.startswith("models/"):
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments import audit
-from openai_api.models import KEY_PREFIX, ApiKey
+from openai_api.models import ApiKey, shown_prefix
 
 
 def snapshot(key: ApiKey) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def snapshot(key: ApiKey) -> dict[str, Any]:
 
 
 def visible(key: ApiKey) -> str:
-    return f"{KEY_PREFIX}-{key.prefix}-…"
+    return f"{shown_prefix(key.prefix)}-…"
 
 
 def record(user: Any, key: ApiKey, action: str, before: dict[str, Any] | None) -> None:

@@ -12,6 +12,11 @@ from common.json_shapes import list_of_names
 KEY_PREFIX = "msk"
 
 
+def shown_prefix(prefix: str) -> str:
+    """How a key begins (msk-1a2b3c4d): what logs, metrics and lists show of it."""
+    return f"{KEY_PREFIX}-{prefix}"
+
+
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -40,7 +45,7 @@ class ApiKey(models.Model):
         verbose_name = "API key"
 
     def __str__(self) -> str:
-        return f"{self.name} ({KEY_PREFIX}-{self.prefix}-…)"
+        return f"{self.name} ({shown_prefix(self.prefix)}-…)"
 
     @classmethod
     def issue(cls, name: str, **fields: object) -> tuple[ApiKey, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from django.db import connection
 
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
+from openai_api.access import writer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -43,6 +45,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("heavy"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quiet_access_log() -> Iterator[None]:
+    """The access lines of the gateway served in this process are dropped (a real server's go
+    to its standard output; tests that read them keep them: test_metrics' access_lines)."""
+
+    class Discard(io.StringIO):
+        def write(self, text: str) -> int:
+            return len(text)
+
+    writer.stream = Discard()
+    yield
+    writer.stream = None
 
 
 @pytest.fixture(scope="session")

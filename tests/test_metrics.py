@@ -192,9 +192,9 @@ def access_lines() -> Iterator[list[dict[str, Any]]]:
             lines.extend(json.loads(line) for line in text.splitlines())
             return len(text)
 
-    writer.stream = Keep()
+    previous, writer.stream = writer.stream, Keep()
     yield lines
-    writer.stream = None
+    writer.stream = previous
 
 
 def test_it_logs_a_streamed_answer_with_its_bytes_and_nothing_when_off(
@@ -250,18 +250,21 @@ def test_it_refuses_metrics_outside_the_allow_list_without_a_token(
     assert client.post("/metrics").status_code == 405
 
 
+FAILURES = "modelship_start_failures_total"
+
+
 def test_it_records_start_failures_and_serves_engine_states(
     make_deployment: Any, client: Any
 ) -> None:
     broken = make_deployment("broken", config={"fail_at_start": True})
-    # This process's own count (its exposition through /metrics, summed over processes, is
-    # the two-gateway test's).
     counted = metrics.start_failures.labels("broken")
     before = counted._value.get()
+    exposed = value(parse(client.get("/metrics").content.decode()), FAILURES, deployment="broken")
     deployer.restart(broken.pk)
     assert Deployment.objects.get(pk=broken.pk).state == State.FAILED
     assert counted._value.get() - before == 1
     after = parse(client.get("/metrics").content.decode())
+    assert value(after, FAILURES, deployment="broken") - exposed == 1
     assert value(after, "modelship_deployment_state", deployment="broken", state="failed") == 1
 
 

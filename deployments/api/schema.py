@@ -96,9 +96,18 @@ class LogsAnswer(serializers.Serializer):
     replicas = ReplicaLog(many=True)
 
 
+# One event of a stream: a log line (no event name), `end`, or `error` (a refusal).
+SERVER_SENT_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
+
+
 def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular post-processing: every operation documents the errors it can
-    answer (400 where it takes input, 404 where it names an object)."""
+    answer (400 where it takes input, 404 where it names an object); one that streams
+    server-sent events may answer them as an `error` event (deployments/api/renderers.py)."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"] = {
         "type": "object",
@@ -106,14 +115,17 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
         "additionalProperties": True,
     }
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    error_event = {**error, "text/event-stream": {"schema": SERVER_SENT_EVENT}}
     for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
+            streams = "text/event-stream" in responses.get("200", {}).get("content", {})
             codes = ["401", "403"]
             if "{" in path:
                 codes.append("404")
             if method in ("post", "put", "patch") or operation.get("parameters"):
                 codes.append("400")
             for code in codes:
-                responses.setdefault(code, {"description": ERRORS[code], "content": error})
+                content = error_event if streams else error
+                responses.setdefault(code, {"description": ERRORS[code], "content": content})
     return result

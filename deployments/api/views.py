@@ -22,6 +22,7 @@ from rest_framework.settings import api_settings
 from deployments import hooks, operations
 from deployments.api.renderers import EventStreamRenderer
 from deployments.api.schema import (
+    SERVER_SENT_EVENT,
     ConflictAnswer,
     HostAnswer,
     LogsAnswer,
@@ -152,7 +153,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         ],
         responses={
             (200, "application/json"): LogsAnswer,
-            (200, "text/event-stream"): OpenApiTypes.STR,
+            (200, "text/event-stream"): SERVER_SENT_EVENT,
         },
     )
     @action(

@@ -80,6 +80,11 @@ class Loader:
     binary_env: ClassVar[str] = ""
     container_binary: ClassVar[str] = ""
 
+    @property
+    def serves_metrics(self) -> bool:
+        """Its engine serves Prometheus metrics (/metrics) with the load gauges above."""
+        return self.running_gauge is not None
+
     def validate(self, spec: EngineSpec) -> list[str]:
         """Problems with a spec, each a sentence naming the key; empty when it is fine."""
         problems = []
@@ -139,7 +144,7 @@ class Loader:
     def idle_signal(self) -> str:
         """What on-demand idleness is judged by: the gateway's slots and release times
         always, and the engine's own load gauges where it has them."""
-        return "slots and engine gauges" if self.running_gauge else "slots"
+        return "slots and engine gauges" if self.serves_metrics else "slots"
 
     def can_sleep(self, spec: EngineSpec) -> bool:
         """Whether its engine, as this spec runs it on this host, sleeps (vLLM sleep mode):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from openai_api.models import KEY_PREFIX, ApiKey
+from openai_api.models import ApiKey, shown_prefix
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -30,7 +30,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         read_only_fields = ("revoked", "created", "last_used")
 
     def get_prefix(self, key: ApiKey) -> str:
-        return f"{KEY_PREFIX}-{key.prefix}"
+        return shown_prefix(key.prefix)
 
 
 class IssuedKeySerializer(ApiKeySerializer):
