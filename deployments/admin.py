@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django import forms
@@ -21,12 +23,16 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 from deployments.refusals import OperationRefused
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from django.db.models import QuerySet
     from django.http import HttpRequest
 
 ADMIN_LOG_LINES = 50
+
+
+# What each deployment holds, by id, while the list is rendered (changelist_view).
+HOLDING: ContextVar[Mapping[int, float]] = ContextVar("holding", default=MappingProxyType({}))
 
 
 def live_cell(obj: Deployment, field: str, text: str) -> str:
@@ -97,7 +103,13 @@ class DeploymentAdmin(admin.ModelAdmin):
         return [*super().get_fieldsets(request, obj), *admin_options.fieldsets()]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        return super().changelist_view(request, {**(extra_context or {}), "host": host_summary()})
+        host = host_summary()
+        # The held column reads the summary the page shows above the list (one read).
+        token = HOLDING.set({d["id"]: d["holding_gib"] for d in host["deployments"]})
+        try:
+            return super().changelist_view(request, {**(extra_context or {}), "host": host})
+        finally:
+            HOLDING.reset(token)
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Deployment) -> str:
@@ -134,8 +146,8 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="held (GiB)")
     def held(self, obj: Deployment) -> str:
-        # Filled in by the page's script from the host's summary (one read for the page).
-        return live_cell(obj, "holding_gib", "…")
+        holding = HOLDING.get().get(obj.pk, 0.0)
+        return live_cell(obj, "holding_gib", f"{holding:.2f}")
 
     @admin.display(description="judged idle by")
     def idle_signal(self, obj: Deployment) -> str:

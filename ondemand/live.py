@@ -125,6 +125,9 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         for task in list(self.sender.pending.values()):
             task.cancel()
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        return  # the pages send nothing; whatever a client sends is ignored
+
     # From the watcher.
     def row_changed(self, row: Row) -> None:
         self.rows[row["id"]] = row

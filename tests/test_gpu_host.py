@@ -345,12 +345,13 @@ def test_it_makes_room_on_the_gpu_the_start_needs_and_spares_the_others(
 def test_it_shows_each_gpu_and_each_deployments_gpus_in_the_admin(
     gpu_host: Any, make_deployment: Any, client: Any
 ) -> None:
-    placed(make_deployment, "wide", num_gpus=2)
+    wide = placed(make_deployment, "wide", num_gpus=2)
     client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
     page = client.get("/admin/deployments/deployment/").content.decode()
     assert 'id="host-gpus"' in page and "2 GPUs, placed per GPU" in page
     assert page.count("wide 10.0") == 2  # on both GPUs' rows
-    assert '<td class="field-gpu_list">0, 1</td>' in page
+    cell = f'<td class="field-gpu_list"><span data-live="gpus" data-id="{wide.pk}">0, 1</span></td>'
+    assert cell in page
 
 
 @pytest.mark.usefixtures("docker_site")

@@ -32,6 +32,9 @@ pytestmark = pytest.mark.usefixtures("engines")
 MASTER = "sk-master-" + secrets.token_hex(4)
 
 
+NOT_FOR_LITELLM = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
+
+
 def start_proxy(tmp_path: Path, capsys: Any) -> tuple[subprocess.Popen[bytes], str]:
     call_command("litellm_config")
     config = yaml.safe_load(capsys.readouterr().out)
@@ -43,8 +46,9 @@ def start_proxy(tmp_path: Path, capsys: Any) -> tuple[subprocess.Popen[bytes], s
         [str(litellm), "--config", str(tmp_path / "litellm.yaml"), "--port", str(port)],
         # Modelship's own DATABASE_URL and REDIS_URL would send LiteLLM to its database layer
         # (whose engines it downloads at start) and its Redis cache: it runs on its config.
+        # And LiteLLM empties PROMETHEUS_MULTIPROC_DIR at start: this process's metrics.
         env={
-            **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+            **{k: v for k, v in os.environ.items() if k not in NOT_FOR_LITELLM},
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         },
         stdout=(tmp_path / "litellm.log").open("wb"),

@@ -90,6 +90,7 @@ async def test_it_shows_the_on_demand_counts_a_gateway_publishes(
     ws = socket(await sync_to_async(session_of)(staff))
     assert (await ws.connect())[0]
     assert (await ws.receive_json_from(timeout=5))["type"] == "snapshot"
+    await ws.send_to(text_data="not json")  # what a client sends is ignored, not fatal
     counts = {"inflight": 2, "queued": 3, "last_request_at": 1.7e9, "phase": "queued"}
     await get_channel_layer().group_send(
         GROUP, {"type": "deployment.ondemand", "id": embed.pk, "ondemand": counts}
