@@ -1,7 +1,7 @@
 """The loader's options in the admin's deployment form as fields of their own: each under
 its own name with the loader's help, one group per loader (the page shows the chosen
 loader's, static/modelship/deployment_form.js), their values gathered into `config` when
-the form is saved, and a refusal that names an option shown next to that option. A loader
+one was edited, and a refusal that names an option shown next to that option. A loader
 that declares no options (vLLM takes any engine argument) keeps the JSON box."""
 
 from __future__ import annotations
@@ -118,9 +118,17 @@ class OptionsForm(forms.ModelForm):  # type: ignore[type-arg]
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         loader = data.get("loader")
-        if loader and has_options(loader):
+        # The option fields make the config when one of them was edited; else the JSON box
+        # does (a page without the script shows both, and a script may post the box alone).
+        if loader and has_options(loader) and self.options_edited(loader):
             data["config"] = gathered(loader, data)
         return data
+
+    def options_edited(self, loader: str) -> bool:
+        """One of the loader's option fields was posted with a new value (a post without
+        them, from a script, leaves them out: that is no edit)."""
+        names = {field_name(loader, option) for option in LOADERS[loader].config_options}
+        return any(name in self.data and name in self.changed_data for name in names)
 
 
 def deployment_form() -> type[OptionsForm]:

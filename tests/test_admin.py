@@ -27,6 +27,28 @@ def staff(client: Client, transactional_db: None) -> Client:
     return client
 
 
+def form_of(name: str, **fields: Any) -> dict[str, Any]:
+    """What the deployment form posts for a simulated deployment (every field it requires)."""
+    return {
+        "name": name,
+        "aliases": "",
+        "model": "simulated",
+        "loader": "simulated",
+        "usecase": "generate",
+        "runtime": "process",
+        "image": "",
+        "command": "",
+        "config": "{}",
+        "num_replicas": 1,
+        "memory_gib": 1,
+        "num_gpus": "",
+        "mode": "",
+        "idle_timeout_s": "",
+        "responses": "gateway",
+        **fields,
+    }
+
+
 def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: Any) -> None:
     make_deployment("shown", mode="on_demand")
     page = staff.get("/admin/deployments/deployment/")
@@ -164,23 +186,7 @@ def test_it_shows_aliases_as_names_and_an_unset_command_as_empty(
     command_box = re.search(r'<textarea name="command"[^>]*>([^<]*)</textarea>', page)
     assert command_box is not None and command_box.group(1).strip() == ""
     assert "llama_server_config" in page  # the loader's options say where they come from
-    form = {
-        "name": "plain",
-        "aliases": "chat, talk",
-        "model": "simulated",
-        "loader": "simulated",
-        "usecase": "generate",
-        "runtime": "process",
-        "image": "",
-        "command": "",
-        "config": "{}",
-        "num_replicas": 1,
-        "memory_gib": 1,
-        "num_gpus": "",
-        "mode": "",
-        "idle_timeout_s": "",
-        "responses": "gateway",
-    }
+    form = form_of("plain", aliases="chat, talk")
     assert (
         staff.post(f"/admin/deployments/deployment/{deployment.pk}/change/", form).status_code
         == 302
@@ -252,31 +258,22 @@ def test_it_edits_the_loaders_options_as_fields_with_their_help(
     assert 'name="option__simulated__echo" value="true"' in page
     assert "what it answers" in page and "simulated options (simulated_config)" in page
     assert "modelship/deployment_form.js" in page
-    form = {
-        "name": "optioned",
-        "aliases": "",
-        "model": "simulated",
-        "loader": "simulated",
-        "usecase": "generate",
-        "runtime": "process",
-        "image": "",
-        "command": "",
-        "config": json.dumps(config),  # the page hides it for a loader with option fields
-        "num_replicas": 1,
-        "memory_gib": 1,
-        "num_gpus": "",
-        "mode": "",
-        "idle_timeout_s": "",
-        "responses": "gateway",
-        "option__simulated__reply": "hello there",
-        "option__simulated__tokens_per_second": "50",
-        "option__simulated__echo": "",
-    }
+    form = form_of(
+        "optioned",
+        config=json.dumps(config),  # the page hides it for a loader with option fields
+        option__simulated__reply="hello there",
+        option__simulated__tokens_per_second="50",
+        option__simulated__echo="",
+    )
     assert staff.post(url, form).status_code == 302
     deployment.refresh_from_db()
     assert deployment.config == {"reply": "hello there", "tokens_per_second": 50}
     change = AuditEntry.objects.filter(object_repr="optioned", action="update").last()
     assert change is not None and (change.after or {})["config"]["tokens_per_second"] == 50
+
+    # A post of the JSON box alone (a script's) sets the config from it.
+    assert staff.post(url, form_of("optioned", config='{"reply": "boxed"}')).status_code == 302
+    assert Deployment.objects.get(pk=deployment.pk).config == {"reply": "boxed"}
 
     # A refusal that names an option is shown next to it; nothing is saved.
     wrong = {**form, "loader": "llama_server", "option__llama_server__extra_args": "--flag"}
