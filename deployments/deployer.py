@@ -60,13 +60,19 @@ def failure_reason(deployment: Deployment, handles: list[Handle], headline: str)
     return f"{headline}\n--- engine log (last lines) ---\n{tail}" if tail else headline
 
 
+HEALTH_POLL_FAST_S = 0.02
+HEALTH_POLL_FAST_FOR_S = 5.0
+HEALTH_POLL_SLOW_S = 0.5
+
+
 def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float) -> None:
     """Block until every replica answers its health path; StartFailed on a death or timeout."""
     loader = get_loader(deployment.loader)
     runtime = get_runtime(deployment.runtime)
     pending = list(handles)
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
+    began = time.monotonic()
+    deadline = began + timeout_s
+    delay = HEALTH_POLL_FAST_S
     with httpx.Client(timeout=2.0) as client:
         while pending:
             for handle in list(pending):
@@ -90,7 +96,11 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
                     )
                 )
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            # Every request waiting for an on-demand start waits for this poll: often while
+            # a start is young (most are quick), then backing off for a long one (a big
+            # model's minutes, whose engine may log each /health).
+            if time.monotonic() - began > HEALTH_POLL_FAST_FOR_S:
+                delay = min(delay * 1.5, HEALTH_POLL_SLOW_S)
 
 
 def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) -> Deployment:
