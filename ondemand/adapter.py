@@ -23,6 +23,7 @@ from deployments.loaders import get_loader
 from deployments.memory import need_gib
 from deployments.models import HOLDING_STATES, Deployment
 from ondemand import lease
+from ondemand.coalesce import Coalesced
 from ondemand.state import Budget, View
 
 if TYPE_CHECKING:
@@ -137,8 +138,13 @@ def _queue_timed_out(deployment_id: int, waited_s: float) -> None:
 
 
 class DjangoDeployer:
+    def __init__(self) -> None:
+        # A burst of requests reads the row and writes the lease once, not once each.
+        self._read = Coalesced(lambda deployment_id, _: _read(deployment_id))
+        self._hold = Coalesced(lease.extend)
+
     async def view(self, deployment_id: int) -> View | None:
-        return await in_thread(_read, deployment_id)
+        return await self._read(deployment_id)
 
     async def views(self) -> list[View]:
         return await in_thread(_views)
@@ -161,7 +167,7 @@ class DjangoDeployer:
         return None if load is None else (taken, load)
 
     async def hold(self, deployment_id: int, seconds: float) -> bool:
-        return await in_thread(lease.extend, deployment_id, seconds) is not None
+        return await self._hold(deployment_id, seconds) is not None
 
     async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
         await in_thread(_queue_timed_out, deployment_id, waited_s)
