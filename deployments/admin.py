@@ -13,7 +13,6 @@ from django.shortcuts import redirect
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from common import metrics
 from deployments import admin_options, display, hooks, host_access, operations
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
@@ -118,7 +117,7 @@ class DeploymentAdmin(admin.ModelAdmin):
             '<span class="ms-badge" data-live="state" data-id="{}" style="background:{}" '
             'title="{}">{}</span>',
             obj.pk,
-            display.BADGE_COLOURS.get(obj.state, "#333"),
+            display.colour(obj.state),
             obj.state_reason[:300],
             obj.state,
         )
@@ -130,13 +129,12 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="activity")
     def activity(self, obj: Deployment) -> str:
         status = hooks.reports.ondemand_status(obj)
-        label = display.activity_label(status, metrics.inflight_here(obj.name))
+        label = display.activity_label(status, display.in_flight(obj, status))
         return live_cell(obj, "activity", label)
 
     @admin.display(description="last request")
     def last_request(self, obj: Deployment) -> str:
-        status = hooks.reports.ondemand_status(obj) or {}
-        last = max(metrics.last_request_at.get(obj.name, 0.0), status.get("last_request_at") or 0)
+        last = display.last_request_at(obj, hooks.reports.ondemand_status(obj))
         return format_html(
             '<span data-live="last_request_at" data-id="{}" data-time="{}">{}</span>',
             obj.pk,
@@ -316,25 +314,26 @@ class DeploymentAdmin(admin.ModelAdmin):
             press(self, request, [obj], button)
         return redirect("admin:deployments_deployment_change", obj.pk)
 
-    def change_view(
+    def render_change_form(
         self,
         request: HttpRequest,
-        object_id: str,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
         form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        obj = self.get_object(request, object_id)
-        extra = dict(extra_context or {})
-        if obj is not None:
-            extra["live"] = {
+        obj: Any = None,
+    ) -> Any:
+        # The live panel of an existing deployment's page (change_form.html).
+        if obj is not None and obj.pk:
+            context["live"] = {
                 "buttons": [(op, button.label) for op, button in BUTTONS.items()],
                 "may_operate": self.has_change_permission(request, obj),
                 "tails": tails(obj, ADMIN_LOG_LINES),
                 "replicas": range(obj.num_replicas),
                 "mode": display.mode_label(obj),
-                "colour": display.BADGE_COLOURS.get(obj.state, "#333"),
+                "colour": display.colour(obj.state),
             }
-        return super().change_view(request, object_id, form_url, extra)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
 
 def to_on_demand(deployment: Deployment, user: Any) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import formats, timezone
 
+from common import metrics
 from deployments.models import State
 
 if TYPE_CHECKING:
@@ -24,6 +25,23 @@ BADGE_COLOURS: dict[str, str] = {
     State.STOPPED: "#495057",
     State.FAILED: "#dc3545",
 }
+
+
+def colour(state: str) -> str:
+    return BADGE_COLOURS.get(state, "#333")
+
+
+def in_flight(deployment: Deployment, status: dict[str, Any] | None) -> int:
+    """On demand, the controller's count; always on, this process's requests to it (the
+    server that shows the admin is the gateway that forwards them)."""
+    return metrics.inflight_here(deployment.name) if status is None else int(status["inflight"])
+
+
+def last_request_at(deployment: Deployment, status: dict[str, Any] | None) -> float | None:
+    """When this process last sent it a request: the gateway's time or the on-demand
+    controller's, whichever is later; None when never."""
+    times = (metrics.last_request_at.get(deployment.name), (status or {}).get("last_request_at"))
+    return max((t for t in times if t), default=None)
 
 
 def mode_label(deployment: Deployment) -> str:

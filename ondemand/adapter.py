@@ -140,8 +140,8 @@ def _queue_timed_out(deployment_id: int, waited_s: float) -> None:
 class DjangoDeployer:
     def __init__(self) -> None:
         # A burst of requests reads the row and writes the lease once, not once each.
-        self._read = Coalesced(lambda deployment_id, _: _read(deployment_id))
-        self._hold = Coalesced(lease.extend)
+        self._read = Coalesced(lambda deployment_id, _: _closing(_read, deployment_id))
+        self._hold = Coalesced(lambda deployment_id, s: _closing(lease.extend, deployment_id, s))
 
     async def view(self, deployment_id: int) -> View | None:
         return await self._read(deployment_id)

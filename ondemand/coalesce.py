@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,9 +28,8 @@ class _Call(Generic[T]):
 
 @dataclass
 class Coalesced(Generic[T]):
-    """`await coalesced(key, arg)`: fn(key, arg) in a worker thread (its database connection
-    closed after), shared by the callers with the same key that asked before it began;
-    `arg` is the largest they asked for."""
+    """`await coalesced(key, arg)`: fn(key, arg) in a worker thread, shared by the callers
+    with the same key that asked before it began; `arg` is the largest they asked for."""
 
     fn: Callable[[int, float], T]
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -58,10 +56,7 @@ class Coalesced(Generic[T]):
                 if self.waiting.get(key) is call:
                     del self.waiting[key]
                 arg = call.arg
-            try:
-                return self.fn(key, arg)
-            finally:
-                connection.close()
+            return self.fn(key, arg)
 
         try:
             result = await sync_to_async(begin, thread_sensitive=False)()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import metrics
 from deployments import display
 from deployments.memory import host_summary
 from deployments.models import Deployment
@@ -34,22 +33,19 @@ def snapshot() -> tuple[dict[int, Row], dict[str, Any]]:
 
 def row_of(deployment: Deployment, holding_gib: float) -> Row:
     status = status_of(deployment)
-    inflight = metrics.inflight_here(deployment.name) if status is None else status["inflight"]
-    last = metrics.last_request_at.get(deployment.name)
-    if status is not None and status["last_request_at"]:
-        last = max(last or 0.0, status["last_request_at"])
+    inflight = display.in_flight(deployment, status)
     return {
         "id": deployment.pk,
         "name": deployment.name,
         "state": deployment.state,
-        "colour": display.BADGE_COLOURS.get(deployment.state, "#333"),
+        "colour": display.colour(deployment.state),
         "reason": deployment.state_reason[:300],
         "mode": display.mode_label(deployment),
         "phase": None if status is None else status["phase"],
         "activity": display.activity_label(status, inflight),
         "inflight": inflight,
         "queued": 0 if status is None else status["queued"],
-        "last_request_at": last,
+        "last_request_at": display.last_request_at(deployment, status),
         "holding_gib": holding_gib,
         "gpus": display.gpu_label(deployment.gpus),
         "engine": deployment.engine_url or "-",
