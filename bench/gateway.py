@@ -47,8 +47,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_up(url: str) -> None:
-    deadline = time.monotonic() + 60
+def wait_up(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             httpx.get(url, timeout=1)
@@ -59,16 +59,23 @@ def wait_up(url: str) -> None:
 
 
 @contextmanager
-def process(argv: list[str], env: dict[str, str], probe: str) -> Iterator[None]:
+def process(argv: list[str], env: dict[str, str], probe: str, timeout: float = 60) -> Iterator[int]:
+    """A server process, up and answering `probe`; yields its pid."""
     proc = subprocess.Popen(
         argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        wait_up(probe)
-        yield
+        wait_up(probe, timeout)
+        yield proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process used so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def server_argv(server: str, app: str, port: int) -> list[str]:
@@ -91,9 +98,12 @@ def server_argv(server: str, app: str, port: int) -> list[str]:
 
 
 async def load(
-    url: str, headers: dict[str, str], concurrency: int, seconds: float
+    url: str, headers: dict[str, str], concurrency: int, seconds: float, pid: int | None = None
 ) -> dict[str, float]:
+    """Requests per second and latency at a concurrency; with the server's `pid`, also the
+    CPU the server spent per request (steadier than a rate on two shared cores)."""
     latencies: list[float] = []
+    cpu_before = cpu_seconds(pid) if pid else 0.0
     stop = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -109,8 +119,10 @@ async def load(
         began = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.monotonic() - began
+    cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
     latencies.sort()
     return {
+        "cpu_us": 1e6 * cpu / len(latencies),
         "rps": len(latencies) / elapsed,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
@@ -217,14 +229,14 @@ def main() -> None:
         for label, kind, server in targets:
             headers = auth if kind == "gateway" else {}
             row: dict[str, Any] = {}
-            with serving(kind, server, env, engine_url) as url:
+            with serving(kind, server, env, engine_url) as (url, pid):
                 asyncio.run(load(url + "/v1/chat/completions", headers, 4, 1.0))  # warm up
                 for c in levels:
                     row[c] = asyncio.run(
-                        load(url + "/v1/chat/completions", headers, c, args.seconds)
+                        load(url + "/v1/chat/completions", headers, c, args.seconds, pid)
                     )
             # The yardstick knows one engine: the streaming one gets its own instance.
-            with serving(kind, server, env, stream_url) as url:
+            with serving(kind, server, env, stream_url) as (url, _):
                 asyncio.run(stream(url + "/v1/chat/completions", headers, 1, 10))  # warm up
                 row["stream"] = asyncio.run(stream(url + "/v1/chat/completions", headers, 8, 1000))
             results[label] = row
@@ -235,10 +247,13 @@ def main() -> None:
 
 
 @contextmanager
-def serving(kind: str, server: str, env: dict[str, str], upstream: str) -> Iterator[str]:
-    """The base URL of a target: the engine itself, or an ASGI server in front of it."""
+def serving(
+    kind: str, server: str, env: dict[str, str], upstream: str
+) -> Iterator[tuple[str, int | None]]:
+    """The base URL of a target (the engine itself, or an ASGI server in front of it) and
+    the server's pid (None for the engine: it is not what is measured)."""
     if kind == "direct":
-        yield upstream
+        yield upstream, None
         return
     port = free_port()
     app = "bench.yardstick:app" if kind == "yardstick" else "modelship_site.asgi:application"
@@ -246,23 +261,24 @@ def serving(kind: str, server: str, env: dict[str, str], upstream: str) -> Itera
         server_argv(server, app, port),
         {**env, "YARDSTICK_UPSTREAM": upstream},
         f"http://127.0.0.1:{port}/v1/models",
-    ):
-        yield f"http://127.0.0.1:{port}"
+    ) as pid:
+        yield f"http://127.0.0.1:{port}", pid
 
 
 def report(results: dict[str, Any], levels: list[int]) -> None:
     print()
     print(
         "| target | "
-        + " | ".join(f"c={c} req/s | p50 ms | p99 ms" for c in levels)
+        + " | ".join(f"c={c} req/s | p50 ms | p99 ms | CPU µs/req" for c in levels)
         + " | stream tok/s | TTFT ms |"
     )
-    print("| --- " * (1 + 3 * len(levels) + 2) + "|")
+    print("| --- " * (1 + 4 * len(levels) + 2) + "|")
     for label, row in results.items():
         cells = []
         for c in levels:
             r = row[c]
-            cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}"]
+            cpu = f"{r['cpu_us']:.0f}" if r["cpu_us"] else "-"
+            cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", cpu]
         cells += [f"{row['stream']['tokens_per_s']:.0f}", f"{row['stream']['ttft_ms']:.1f}"]
         print(f"| {label} | " + " | ".join(cells) + " |")
     print()
@@ -273,7 +289,8 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
         yard, gate = results[f"yardstick/{server}"], results[label]
         ratios = ", ".join(
             f"c={c}: {gate[c]['rps'] / yard[c]['rps']:.2f}x req/s, "
-            f"p50 {gate[c]['p50_ms'] / yard[c]['p50_ms']:.2f}x"
+            f"p50 {gate[c]['p50_ms'] / yard[c]['p50_ms']:.2f}x, "
+            f"CPU/req {gate[c]['cpu_us'] / yard[c]['cpu_us']:.2f}x"
             for c in levels
         )
         direct = results["direct"]["stream"]["tokens_per_s"]

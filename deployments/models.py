@@ -9,6 +9,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from common.json_shapes import command_line, json_object, list_of_names
+from common.versioned import Versioned, VersionedQuerySet
 from deployments import loaders
 from deployments.fingerprint import CONFIG_FIELDS
 
@@ -62,7 +63,11 @@ HOLDING_STATES = (State.STARTING, State.READY, State.STOPPING)
 STARTABLE_STATES = (State.PLANNED, State.STOPPED, State.FAILED)
 
 
-class Deployment(models.Model):
+class Deployment(Versioned):
+    # Written often, read by no route: the on-demand lease, a start's progress line.
+    UNVERSIONED = frozenset({"lease_until", "state_reason"})
+    objects = VersionedQuerySet["Deployment"].as_manager()
+
     name = models.CharField(
         max_length=200, unique=True, validators=[name_validator], help_text="Served model name."
     )

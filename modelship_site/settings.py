@@ -292,6 +292,9 @@ MSHIP_HEADER_TIMEOUT_S = env_float("MSHIP_HEADER_TIMEOUT_S", 10)
 MSHIP_BODY_IDLE_TIMEOUT_S = env_float("MSHIP_BODY_IDLE_TIMEOUT_S", 30)
 MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
 MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
+# Connections the gateway keeps to one engine at once (0: no limit): as many as it takes
+# requests by default, so a stream never waits for another's connection to its engine.
+MSHIP_ENGINE_CONNECTIONS = env_int("MSHIP_ENGINE_CONNECTIONS", 4096)
 # Requests per minute of a key that sets no limit of its own (0: none).
 MSHIP_DEFAULT_RPM = env_int("MSHIP_DEFAULT_RPM", 6000)
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])

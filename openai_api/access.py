@@ -12,11 +12,11 @@ every chunk.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
 import logging
-import queue
 import re
 import sys
 import threading
@@ -171,19 +171,25 @@ def line(
 
 
 class LineWriter:
-    """Access lines are encoded and written by a thread of their own, in batches: the request
-    pays for a queue put, not for JSON and a write and flush of stdout each."""
+    """Access lines are encoded and written by a thread of their own, in batches: a request
+    pays for a list append, not for JSON and a write and flush of stdout each, nor for
+    waking the thread (it is woken once per batch, when the first line of one arrives)."""
+
+    GATHER_S = 0.02  # once woken, the thread lets a busy gateway's lines gather this long
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
-        self.lines: queue.SimpleQueue[dict[str, object]] = queue.SimpleQueue()
+        self.lines: collections.deque[dict[str, object]] = collections.deque()
+        self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
     def put(self, fields: dict[str, object]) -> None:
         if self.thread is None:
             self.start()
-        self.lines.put(fields)
+        self.lines.append(fields)
+        if not self.wake.is_set():
+            self.wake.set()
 
     def start(self) -> None:
         with self.lock:
@@ -195,22 +201,41 @@ class LineWriter:
 
     def run(self) -> None:
         while True:
-            batch = [self.lines.get()]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < BATCH:
-                    batch.append(self.lines.get_nowait())
-            text = "".join(encoded(fields) + "\n" for fields in batch)
-            stream = self.stream or sys.stdout
-            try:
-                stream.write(text)
-                stream.flush()
-            except (OSError, ValueError):  # stdout closed: the lines are dropped, not the site
-                log.warning("could not write %d access line(s)", len(batch))
+            self.wake.wait()
+            time.sleep(self.GATHER_S)
+            self.wake.clear()  # before draining: a line put from here on wakes it again
+            while self.lines:
+                batch: list[dict[str, object]] = []
+                with contextlib.suppress(IndexError):
+                    while len(batch) < BATCH:
+                        batch.append(self.lines.popleft())
+                self.write(batch)
+
+    def write(self, batch: list[dict[str, object]]) -> None:
+        text = "".join(encoded(fields) + "\n" for fields in batch)
+        stream = self.stream or sys.stdout
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # stdout closed: the lines are dropped, not the site
+            log.warning("could not write %d access line(s)", len(batch))
+
+
+_second: tuple[int, str] = (-1, "")
+
+
+def iso_time(when: float) -> str:
+    """`when` as ISO 8601 UTC to the millisecond; the date and time of day are formatted
+    once per second, not once per line."""
+    global _second
+    second = int(when)
+    if _second[0] != second:
+        _second = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second[1]}.{int((when - second) * 1000):03d}+00:00"
 
 
 def encoded(fields: dict[str, object]) -> str:
-    when = datetime.fromtimestamp(float(fields["time"]), UTC)  # type: ignore[arg-type]
-    fields["time"] = when.isoformat(timespec="milliseconds")
+    fields["time"] = iso_time(float(fields["time"]))  # type: ignore[arg-type]
     return json.dumps(fields)
 
 

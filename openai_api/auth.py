@@ -92,12 +92,27 @@ def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") ->
     marker, _, rest = raw.partition("-")
     prefix, _, secret = rest.partition("-")
     key = snapshot.keys.get(prefix) if marker == KEY_PREFIX else None
-    expected = key.secret_hash if key is not None else _DUMMY_HASH
-    if not hmac.compare_digest(hash_secret(secret), expected) or key is None:
-        raise invalid()
+    if key is None or _verified.get(raw) != key.secret_hash:
+        expected = key.secret_hash if key is not None else _DUMMY_HASH
+        if not hmac.compare_digest(hash_secret(secret), expected) or key is None:
+            raise invalid()
+        remember(raw, key.secret_hash)
     if key.revoked:
         raise invalid("This API key has been revoked.")
     return Caller(key, trusted_identity(headers, peer) or f"key:{key.id}")
+
+
+# Keys verified before -> the hash they matched, so a known key skips the hash. Checked against
+# the current table's hash each time: a key whose secret changed, or that is gone, is hashed
+# again; revocation is read from the table, never from here.
+_verified: dict[str, str] = {}
+VERIFIED_KEYS = 4096
+
+
+def remember(raw: str, secret_hash: str) -> None:
+    if len(_verified) >= VERIFIED_KEYS:
+        _verified.clear()  # rare (that many distinct keys in use): start over, not an LRU
+    _verified[raw] = secret_hash
 
 
 class RateLimiter:

@@ -1,8 +1,10 @@
 """The gateway's in-memory view of deployments and API keys.
 
 A request never queries the database: it reads the current snapshot. A background task
-reloads the snapshot every MSHIP_ROUTE_REFRESH_S (one query for deployments, one for keys)
-and swaps it whole, so a request sees one consistent view.
+asks every MSHIP_ROUTE_REFRESH_S whether either table changed (one aggregate query per
+table, common/versioned.py) and only then reads both again (one query each) and swaps the
+snapshot whole, so a request sees one consistent view. It reads them anyway every
+FULL_READ_S, for a write that went around the ORM.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
@@ -19,6 +21,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from common import metrics
+from common.versioned import Stamp, stamp
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
@@ -70,7 +73,9 @@ class Snapshot:
     routes: dict[str, Route] = field(default_factory=dict)  # served name or alias -> route
     models: tuple[Route, ...] = ()
     keys: dict[str, Key] = field(default_factory=dict)  # prefix -> key
-    loaded_at: float = 0.0
+    loaded_at: float = 0.0  # when the tables were last seen to hold this (monotonic)
+    stamp: tuple[Stamp, Stamp] = ((0, 0, 0), (0, 0, 0))  # the tables' stamps when read
+    read_at: float = 0.0  # when the rows were read (monotonic)
 
     def by_id(self, deployment_id: int) -> Route | None:
         return next((r for r in self.models if r.deployment_id == deployment_id), None)
@@ -127,11 +132,25 @@ def skipped(kind: str, pk: int, exc: Exception) -> None:
         log.error("the %s row %s cannot be loaded, left out of the route table: %r", kind, pk, exc)
 
 
+FULL_READ_S = 10.0
+
+
+def stamps() -> tuple[Stamp, Stamp]:
+    """The deployments' and the keys' stamps, from a thread that keeps no connection."""
+    try:
+        return stamp(Deployment), stamp(ApiKey)
+    finally:
+        connection.close()
+
+
 def load() -> Snapshot:
     routes: dict[str, Route] = {}
     models = []
     keys: dict[str, Key] = {}
     try:
+        # Before the rows: a write between the two reads moves the stamp again, and the
+        # next check reads the rows again.
+        seen = stamp(Deployment), stamp(ApiKey)
         for d in Deployment.objects.all().order_by("name"):
             try:
                 route = route_of(d)
@@ -150,7 +169,10 @@ def load() -> Snapshot:
         # The refresher's thread holds no connection between loads.
         connection.close()
     metrics.route_table_loaded.set(time.time())
-    return Snapshot(routes=routes, models=tuple(models), keys=keys, loaded_at=time.monotonic())
+    now = time.monotonic()
+    return Snapshot(
+        routes=routes, models=tuple(models), keys=keys, loaded_at=now, stamp=seen, read_at=now
+    )
 
 
 def states(snapshot: Snapshot) -> dict[int, tuple[str, tuple[str, ...]]]:
@@ -211,9 +233,12 @@ class Catalog:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), settings.MSHIP_ROUTE_REFRESH_S)
+            asked = self._wake.is_set()
             self._wake.clear()
             try:
                 before = self.snapshot
+                if not asked and await self._unchanged(before):
+                    continue
                 self.snapshot = await sync_to_async(load, thread_sensitive=False)()
                 if before is None or states(before) != states(self.snapshot):
                     for listener in list(self.listeners):
@@ -221,6 +246,19 @@ class Catalog:
             except Exception:  # a database hiccup keeps the last good view
                 log.exception("could not refresh the route table")
                 await sync_to_async(close_old_connections, thread_sensitive=False)()
+
+    async def _unchanged(self, snapshot: Snapshot | None) -> bool:
+        """Whether the tables still hold what `snapshot` was read from (then it is marked
+        current, as a reload would have); never for one read FULL_READ_S ago or more."""
+        if snapshot is None or time.monotonic() - snapshot.read_at >= FULL_READ_S:
+            return False
+        checked = time.monotonic()
+        if await sync_to_async(stamps, thread_sensitive=False)() != snapshot.stamp:
+            return False
+        if self.snapshot is snapshot:
+            self.snapshot = replace(snapshot, loaded_at=checked)
+            metrics.route_table_loaded.set(time.time())
+        return True
 
 
 catalog = Catalog()

@@ -19,6 +19,7 @@ from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+    from contextlib import AbstractAsyncContextManager
 
     from openai_api.catalog import Route
 
@@ -40,24 +41,47 @@ class OnDemandSlots(Protocol):
         ...
 
 
+class Replica:
+    """Holds one of `urls` (the one with the fewest requests outstanding) while the block
+    runs. A class rather than a generator: it is on every request's path, and never waits
+    (`immediate`: no keepalives are needed while it is taken)."""
+
+    immediate = True
+    __slots__ = ("outstanding", "url", "urls")
+
+    def __init__(self, outstanding: dict[str, int], urls: tuple[str, ...]) -> None:
+        self.outstanding = outstanding
+        self.urls = urls
+        self.url = ""
+
+    async def __aenter__(self) -> str:
+        outstanding = self.outstanding
+        url = self.urls[0] if len(self.urls) == 1 else min(self.urls, key=self._load)
+        outstanding[url] = outstanding.get(url, 0) + 1
+        self.url = url
+        return url
+
+    def _load(self, url: str) -> int:
+        return self.outstanding.get(url, 0)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.outstanding[self.url] -= 1
+
+
 class Dispatcher:
     def __init__(self) -> None:
         self.outstanding: dict[str, int] = {}
         self.on_demand: OnDemandSlots | None = None
 
-    @asynccontextmanager
-    async def slot(
+    def slot(
         self, route: Route, on_queued: Callable[[], Any] | None = None
-    ) -> AsyncIterator[str]:
+    ) -> AbstractAsyncContextManager[str]:
         """An engine base URL to send one request to, held until the answer is sent.
         `on_queued` is called once if the request has to wait for memory."""
         if route.on_demand:
-            async with self.on_demand_slot(route, on_queued) as url:
-                yield url
-            return
+            return self.on_demand_slot(route, on_queued)
         self.check_servable(route)
-        async with self.replica(route.urls) as url:
-            yield url
+        return self.replica(route.urls)
 
     @staticmethod
     def check_servable(route: Route) -> None:
@@ -71,15 +95,9 @@ class Dispatcher:
                 "model_not_ready",
             )
 
-    @asynccontextmanager
-    async def replica(self, urls: tuple[str, ...]) -> AsyncIterator[str]:
+    def replica(self, urls: tuple[str, ...]) -> Replica:
         """The replica with the fewest requests outstanding from this process."""
-        url = min(urls, key=lambda u: self.outstanding.get(u, 0))
-        self.outstanding[url] = self.outstanding.get(url, 0) + 1
-        try:
-            yield url
-        finally:
-            self.outstanding[url] -= 1
+        return Replica(self.outstanding, urls)
 
     @asynccontextmanager
     async def on_demand_slot(

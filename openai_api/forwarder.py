@@ -149,7 +149,10 @@ class Forwarder:
     def session(self, base_url: str) -> aiohttp.ClientSession:
         session = self.sessions.get(base_url)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=256, limit_per_host=256, keepalive_timeout=30)
+            limit = settings.MSHIP_ENGINE_CONNECTIONS
+            connector = aiohttp.TCPConnector(
+                limit=limit, limit_per_host=limit, keepalive_timeout=30
+            )
             # connect: waiting for a pooled connection plus making one; no read timeout,
             # since generation can be long.
             timeout = aiohttp.ClientTimeout(total=None, connect=60, sock_connect=10)

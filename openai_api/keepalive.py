@@ -53,7 +53,10 @@ async def enter_kept_alive(
     held: AsyncExitStack, slot: AbstractAsyncContextManager[T], opener: SseOpener | None
 ) -> T:
     """Enter the slot into `held` with keepalives while it is being acquired (a cold start,
-    the queue), and none once it is: the caller then calls the engine."""
+    the queue), and none once it is: the caller then calls the engine. A slot that never
+    waits (`immediate`, an always-on replica) is entered without them."""
+    if opener is None or getattr(slot, "immediate", False):
+        return await held.enter_async_context(slot)
     async with kept_alive(opener):
         return await held.enter_async_context(slot)
 

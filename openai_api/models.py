@@ -8,6 +8,7 @@ import secrets
 from django.db import models
 
 from common.json_shapes import list_of_names
+from common.versioned import Versioned, VersionedQuerySet
 
 KEY_PREFIX = "msk"
 
@@ -21,8 +22,11 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class ApiKey(models.Model):
+class ApiKey(Versioned):
     """A client's key: stored hashed, shown once; its visible prefix finds it."""
+
+    UNVERSIONED = frozenset({"last_used"})
+    objects = VersionedQuerySet["ApiKey"].as_manager()
 
     name = models.CharField(max_length=200)
     prefix = models.CharField(max_length=16, unique=True, editable=False)
