@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from django.conf import settings
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-if TYPE_CHECKING:
-    import asyncio
+from openai_api.sweeps import Sweep, quarter
 
 MAX_HEADER_BYTES = 64 * 1024
 
@@ -41,7 +39,8 @@ def header_timeout() -> float:
 
 class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     """uvicorn's HTTP protocol with a deadline for each request's headers: from the
-    connection's start, and again from the end of each response (the next request's)."""
+    connection's start, and again from the end of each response (the next request's). One
+    sweep per event loop looks over every connection's deadline (openai_api/sweeps.py)."""
 
     _since = 0.0
     _armed_for: Any = None
@@ -49,7 +48,7 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._arm()
-        HeaderDeadlines.of(self.loop).watch(self)
+        self._deadlines().add(self)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -58,68 +57,27 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def handle_websocket_upgrade(self, *args: Any) -> None:
         # The connection is a WebSocket from here on, handed to its own protocol: no request
         # headers to wait for any more.
-        HeaderDeadlines.of(self.loop).forget(self)
+        self._deadlines().discard(self)
         super().handle_websocket_upgrade(*args)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        HeaderDeadlines.of(self.loop).forget(self)
+        self._deadlines().discard(self)
         super().connection_lost(exc)
+
+    def _deadlines(self) -> Sweep:
+        return Sweep.of(self.loop, "headers", lambda: quarter(header_timeout()))
 
     def _arm(self) -> None:
         self._armed_for = self.cycle
         self._since = self.loop.time()
 
-    def expire_if_late(self, now: float, timeout: float) -> None:
-        if (
-            self.cycle is self._armed_for
-            and now - self._since >= timeout
-            and not self.transport.is_closing()
-        ):
+    def sweep(self, now: float) -> bool:
+        if self.cycle is not self._armed_for or now - self._since < header_timeout():
+            return False
+        if not self.transport.is_closing():
             # No request began since the deadline was set: headers that never finish.
             self.transport.close()
-
-
-class HeaderDeadlines:
-    """The header deadlines of one event loop's connections, checked by one timer a few
-    times per deadline rather than a timer set and cancelled per request (a measurable share
-    of a short request's CPU, bench/README.md). A connection is closed between one and
-    1.25 deadlines (at most one second more) after its headers were due to begin."""
-
-    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HeaderDeadlines] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.connections: set[GuardedHTTPProtocol] = set()
-        self.timer: asyncio.TimerHandle | None = None
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> HeaderDeadlines:
-        deadlines = cls._of.get(loop)
-        if deadlines is None:
-            deadlines = cls._of[loop] = cls(loop)
-        return deadlines
-
-    def watch(self, protocol: GuardedHTTPProtocol) -> None:
-        self.connections.add(protocol)
-        if self.timer is None:
-            self._schedule()
-
-    def forget(self, protocol: GuardedHTTPProtocol) -> None:
-        self.connections.discard(protocol)
-
-    def _schedule(self) -> None:
-        interval = min(1.0, max(0.05, header_timeout() / 4))
-        self.timer = self.loop.call_later(interval, self._check)
-
-    def _check(self) -> None:
-        self.timer = None
-        now, timeout = self.loop.time(), header_timeout()
-        for protocol in list(self.connections):
-            protocol.expire_if_late(now, timeout)
-        if self.connections:
-            self._schedule()
+        return True
 
 
 def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:

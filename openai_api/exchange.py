@@ -17,6 +17,7 @@ from common.request_id import make_request_id
 from openai_api import access
 from openai_api.errors import GatewayError, error_body
 from openai_api.forwarder import send_sse_error
+from openai_api.sweeps import Sweep, quarter
 
 log = logging.getLogger(__name__)
 
@@ -134,25 +135,59 @@ class Exchange:
         chunks, size = [], 0
         idle = settings.MSHIP_BODY_IDLE_TIMEOUT_S
         loop = asyncio.get_running_loop()
+        watch = BodyDeadline(idle, loop.time())
+        sweep = Sweep.of(loop, "body", lambda: quarter(settings.MSHIP_BODY_IDLE_TIMEOUT_S))
+        sweep.add(watch)
         try:
-            async with asyncio.timeout(idle) as deadline:
-                while True:
-                    message = await self.receive()
-                    if message["type"] == "http.disconnect":
-                        raise ClientGone
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise too_large
-                    chunks.append(chunk)
-                    if not message.get("more_body"):
-                        self.body_read = True
-                        return b"".join(chunks)
-                    deadline.reschedule(loop.time() + idle)  # a trickle, not a stall
-        except TimeoutError as exc:
+            while True:
+                watch.waiting = True
+                message = await self.receive()
+                watch.waiting = False
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    self.body_read = True
+                    return b"".join(chunks)
+                watch.last = loop.time()  # a trickle, not a stall
+        except asyncio.CancelledError as exc:
+            if not watch.expired:
+                raise
+            watch.task.uncancel()
             raise GatewayError(
                 408, f"The request body stalled for {idle:g} s.", "request_timeout"
             ) from exc
+        finally:
+            sweep.discard(watch)
+
+
+class BodyDeadline:
+    """A body read's idle deadline: the reading task is cancelled when it waited for the
+    next chunk `timeout` seconds (`expired` tells the reader why)."""
+
+    __slots__ = ("expired", "last", "task", "timeout", "waiting")
+
+    def __init__(self, timeout: float, now: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.timeout = timeout
+        self.last = now
+        self.expired = False
+        # Set only around the read's own await: the cancellation lands there, in the
+        # reader's hands, never at a later await of the task.
+        self.waiting = False
+
+    def sweep(self, now: float) -> bool:
+        if self.waiting and now - self.last >= self.timeout:
+            self.expired = True
+            self.task.cancel()
+            return True
+        return False
 
 
 def asgi(

@@ -23,6 +23,7 @@ import aiohttp
 from django.conf import settings
 
 from openai_api.errors import GatewayError, error_body
+from openai_api.sweeps import Sweep
 
 log = logging.getLogger(__name__)
 
@@ -283,31 +284,51 @@ def unreachable(exc: Exception, deployment: str) -> str:
     return f"The engine of {deployment} could not be reached ({exc.__class__.__name__})."
 
 
-@asynccontextmanager
-async def cancel_on_hangup(receive: Receive) -> AsyncIterator[None]:
+HANGUP_WATCH_AFTER_S = 0.05
+
+
+class cancel_on_hangup:
     """Cancel the body of the block when the caller hangs up: a pending acquire leaves the
     queue, a forwarded request closes its engine connection. The hang-up ends the block
-    quietly; the request's body must have been read before."""
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
+    quietly; the request's body must have been read before.
 
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
+    The watch (a task waiting on `receive` for the disconnect) starts only once the block
+    has run about HANGUP_WATCH_AFTER_S: most answers are done by then, and a task made and
+    cancelled per request was a measurable share of the gateway's CPU (bench/README.md). A
+    caller who leaves a longer wait or stream is seen within that much more."""
+
+    __slots__ = ("gone", "receive", "sweeps", "task", "watcher")
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.gone = False
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.sweeps = Sweep.of(task.get_loop(), "hangup", lambda: HANGUP_WATCH_AFTER_S)
+        self.sweeps.add(self)
+
+    def sweep(self, now: float) -> bool:
+        self.watcher = asyncio.ensure_future(self.watch())
+        return True
+
+    async def watch(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
             pass
-        gone = True
-        task.cancel()
+        self.gone = True
+        self.task.cancel()
 
-    watcher = asyncio.create_task(watch())
-    try:
-        yield
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        task.uncancel()  # the caller's hang-up, not ours: nothing left to do
-    finally:
-        watcher.cancel()
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        self.sweeps.discard(self)
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.gone:
+            self.task.uncancel()  # the caller's hang-up, not ours: nothing left to do
+            return True
+        return False
 
 
 async def send_sse_error(send: Send, status: int, message: str, code: str) -> None:
