@@ -21,6 +21,7 @@ Run: ``python -m modelship_site.server --host 127.0.0.1 --port 8000``
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from typing import Any
 
@@ -106,7 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
     from modelship_site.asgi import application  # noqa: PLC0415 - needs the settings module
 
+    freeze_startup_heap()
     uvicorn.Server(config(application, args.host, args.port)).run()
+
+
+def freeze_startup_heap() -> None:
+    """Keep what start-up loaded (Django, the apps, their libraries: some 200,000 objects)
+    out of the garbage collector's full collections. Each took 140 ms of this process on
+    the project's machine, a stall every request in flight waited out, and the more requests
+    in flight the more often it ran (bench/README.md). Those objects live as long as the
+    process; what requests allocate is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 if __name__ == "__main__":
