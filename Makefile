@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
 REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup setup-run system-deps browser-deps run test test-sqlite test-postgres lint format lock clean
+.PHONY: setup setup-run system-deps browser-deps run test test-sqlite test-postgres lint format lock clean bench
 
 # What serving needs (make run): no test tools, SDKs or LiteLLM.
 $(RUN_STAMP): pyproject.toml $(LOCK)
@@ -67,6 +67,10 @@ test-postgres: setup system-deps browser-deps
 test: lint system-deps browser-deps
 	scripts/docker-up.sh
 	status=0; $(MAKE) test-sqlite test-postgres || status=$$?; scripts/docker-down.sh; exit $$status
+
+# Every benchmark of bench/ (about ten minutes); the figures go to bench/results.md.
+bench: setup system-deps
+	$(PY) bench/run_all.py
 
 format: setup
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,137 @@
+"""Run every benchmark of the performance issue, one after another, and write what each
+printed to bench/results.md (about ten minutes on the project's 2-core machine).
+
+    .venv/bin/python bench/run_all.py            # make bench
+    .venv/bin/python bench/run_all.py --smoke    # each once at a tiny size (make test runs it)
+
+`--smoke` is a regression guard, not a measurement: each script must complete with no
+errors and its counters back at zero (the scripts exit 1 otherwise); no time is asserted.
+Exits 1 when any script failed, after running the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+
+# (title, script and arguments for the measurement, the same at smoke size)
+RUNS: list[tuple[str, list[str], list[str]]] = [
+    (
+        "The /v1 gateway against the engine and the yardstick (daphne, uvicorn, `make run`'s)",
+        ["gateway.py", "--seconds", "4", "--servers", "daphne,uvicorn,modelship"],
+        ["gateway.py", "--seconds", "0.5", "--servers", "modelship", "--concurrency", "1,4"],
+    ),
+    (
+        "On-demand cold start, the simulated engine",
+        ["cold_start.py", "--runs", "5"],
+        ["cold_start.py", "--runs", "1"],
+    ),
+    (
+        "On-demand cold start and streamed tokens, the tiny GGUF on llama.cpp",
+        ["cold_start.py", "--runs", "5", "--engine", "tiny"],
+        ["cold_start.py", "--runs", "1", "--engine", "tiny"],
+    ),
+    (
+        "A burst of 1,000 first requests to a stopped on-demand model",
+        ["cold_burst.py", "--clients", "1000"],
+        ["cold_burst.py", "--clients", "20", "--startup-delay", "0.2"],
+    ),
+    (
+        "1,000 open streams held for three minutes",
+        ["soak.py", "--streams", "1000", "--minutes", "3"],
+        [
+            "soak.py",
+            "--streams",
+            "20",
+            "--minutes",
+            "0.05",
+            "--sample-every",
+            "1",
+            "--tokens-per-stream",
+            "3",
+            "--tokens-per-second",
+            "5",
+        ],
+    ),
+    (
+        "The Responses API over its WebSocket against SSE",
+        ["responses_socket.py", "--rounds", "3"],
+        ["responses_socket.py", "--rounds", "1"],
+    ),
+    (
+        "The anchor: a LiteLLM proxy on the same engine",
+        ["litellm_anchor.py", "--seconds", "8", "--rounds", "2"],
+        ["litellm_anchor.py", "--seconds", "0.5", "--rounds", "1", "--concurrency", "4"],
+    ),
+]
+
+# Each script sets up its own site (SQLite in a temporary folder): nothing of the caller's.
+NOT_PASSED = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR", "DJANGO_SETTINGS_MODULE")
+
+
+def run(argv: list[str], timeout: float) -> tuple[int, str, float]:
+    env = {k: v for k, v in os.environ.items() if k not in NOT_PASSED}
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / argv[0]), *argv[1:]],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return 124, out + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - began
+    output = done.stdout + ("\n" + done.stderr[-3000:] if done.returncode else "")
+    return done.returncode, output, time.monotonic() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="each once, at a tiny size")
+    parser.add_argument("--out", help="where to write the results (default: bench/results.md)")
+    parser.add_argument("--only", help="run the scripts whose name contains this")
+    args = parser.parse_args()
+    out = Path(args.out) if args.out else BENCH / ("smoke.md" if args.smoke else "results.md")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        "# Benchmark results" + (" (smoke: tiny sizes, not a measurement)" if args.smoke else ""),
+        "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {commit or 'unknown'}, on"
+        f" {os.cpu_count()} cores ({platform.processor() or platform.machine()}), Python"
+        f" {platform.python_version()}. Written by `bench/run_all.py`; what each figure means"
+        " is in bench/README.md.",
+    ]
+    failed = []
+    for title, full, smoke in RUNS:
+        argv = smoke if args.smoke else full
+        if args.only and args.only not in argv[0]:
+            continue
+        code, output, took = run(argv, 600 if args.smoke else 1200)
+        print(f"{argv[0]}: exit {code} in {took:.0f} s", flush=True)
+        lines += ["", f"## {title}", "", f"`{' '.join(['bench/' + argv[0], *argv[1:]])}`"]
+        lines += [f"(exit {code}, {took:.0f} s)", "", output.strip()]
+        if code:
+            failed.append(argv[0])
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    if failed:
+        print("failed:", ", ".join(failed), file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
