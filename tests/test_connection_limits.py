@@ -3,6 +3,7 @@ never end or a body that stalls, or grow it with a body of a gigabyte."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -219,3 +220,21 @@ def test_it_is_the_server_serve_runs_by_default() -> None:
     parser = Command().create_parser("manage.py", "serve")
     assert parser.parse_args([]).server == "uvicorn"
     assert os.path.exists(REPO / "modelship_site" / "server.py")
+
+
+@pytest.mark.parametrize(("size", "status"), [(60_000, 401), (70_000, 400), (4_000_000, 400)])
+def test_it_refuses_request_headers_over_64_kib(
+    gateway_url: str, transactional_db: None, size: int, status: int
+) -> None:
+    """Under either HTTP parser uvicorn picks (httptools, else h11): headers far over the
+    limit are refused and the connection closed; under it, the request goes on (here, to
+    its 401). (h11 holds at most 64 KiB of an unfinished header block; httptools counts
+    every header.)"""
+    with connect(gateway_url) as sock:
+        with contextlib.suppress(OSError):  # closed while the rest was still going out
+            sock.sendall(
+                b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+            )
+        sock.settimeout(10)
+        answer = sock.recv(65536).decode(errors="replace")
+    assert answer.startswith(f"HTTP/1.1 {status} ")
