@@ -3,7 +3,7 @@
 Baseline: the engine's own start-up as a script would see it: spawn its command line, poll
 its health every 50 ms, then send one streaming chat request and wait for its first byte.
 Modelship: the same request sent to a stopped on-demand deployment through the gateway (a
-uvicorn process serving `modelship_site.asgi:application`), once by name on /v1 with an API
+`modelship_site.server` process, as `make run` serves it), once by name on /v1 with an API
 key and once on /ondemand/{id}/v1 with the on-demand key; the first byte comes after the
 controller started the engine (fit check, start-up gate, health wait). Runs alternate, and
 the deployment is stopped again between them.
@@ -108,7 +108,11 @@ def main() -> None:
             from deployments.tiny_model import write  # noqa: PLC0415 - after setup_django()
 
             model = write(workdir / "tiny.gguf")
-            engine = {"model": str(model), "loader": "llama_server", "config": {"n_ctx": 2048}}
+            # One thread: the engine keeps one core, the gateway and the client the other, as
+            # an engine on its own cores (or a GPU) would; llama.cpp's threads spin, and on two
+            # shared cores every wake of another process stalled its step.
+            config = {"n_ctx": 2048, "threads": 1}
+            engine = {"model": str(model), "loader": "llama_server", "config": config}
         if args.engine == "vllm":
             from django.core.management import call_command  # noqa: PLC0415
 
@@ -135,10 +139,7 @@ def main() -> None:
             "MSHIP_IN_CONTAINER": "0",
         }
         server = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "uvicorn", "modelship_site.asgi:application"),
-                *("--port", str(port), "--log-level", "warning", "--lifespan", "off"),
-            ],
+            [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
             cwd=REPO,
             env=env,
         )
@@ -187,7 +188,8 @@ def main() -> None:
 
 
 def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> None:
-    """Tokens per second of one long stream, direct and through /v1."""
+    """Tokens per second of one long stream: straight to the engine, through /v1's chat
+    completions, and through /v1/responses (translated onto the engine's chat)."""
     from deployments import deployer  # noqa: PLC0415 - after setup_django()
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
 
@@ -196,25 +198,56 @@ def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> 
     time.sleep(1.0)  # the gateway sees it ready
     body = {**CHAT, "model": "cold", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     body["stream_options"] = {"include_usage": True}
-    rates: dict[str, list[float]] = {"direct": [], "/v1": []}
+    # The Responses API passes no ignore_eos: its baseline is the same chat without it.
+    plain = {k: v for k, v in body.items() if k != "ignore_eos"}
+    response = {
+        "model": "cold",
+        "input": CHAT["messages"][0]["content"],
+        "max_output_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "store": False,
+    }
+    rates: dict[str, list[float]] = {name: [] for name in ROWS}
     direct_client = httpx.Client(timeout=120)
+    calls = {
+        "direct": (direct_client, engine + "/v1/chat/completions", body),
+        "/v1": (v1, base + "/v1/chat/completions", body),
+        "direct, no ignore_eos": (direct_client, engine + "/v1/chat/completions", plain),
+        "/v1/responses": (v1, base + "/v1/responses", response),
+    }
     for _ in range(runs):
-        for name, client, url in (
-            ("direct", direct_client, engine + "/v1/chat/completions"),
-            ("/v1", v1, base + "/v1/chat/completions"),
-        ):
-            began, tokens = time.perf_counter(), 0
-            with client.stream("POST", url, json=body) as answer:
+        for name, (client, url, sent) in calls.items():
+            began, made = time.perf_counter(), 0
+            with client.stream("POST", url, json=sent) as answer:
                 for line in answer.iter_lines():
-                    if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
-                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-            rates[name].append(tokens / (time.perf_counter() - began))
-    base_rate = statistics.median(rates["direct"])
-    print(f"\n| path | tokens/s, one stream of {tokens} (median) | ratio |")
-    print("| --- | --- | --- |")
-    for name, values in rates.items():
-        rate = statistics.median(values)
-        print(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} |")
+                    made = tokens_in(line) or made
+            rates[name].append(made / (time.perf_counter() - began))
+    print(f"\n| path | tokens/s, one stream of up to {tokens} (median) | ratio | against |")
+    print("| --- | --- | --- | --- |")
+    for name, against in ROWS.items():
+        rate = statistics.median(rates[name])
+        base_rate = statistics.median(rates[against])
+        print(f"| {name} | {rate:.0f} | {rate / base_rate:.2f} | {against} |")
+
+
+# Each row of the throughput table and the row it is a ratio of.
+ROWS = {
+    "direct": "direct",
+    "/v1": "direct",
+    "direct, no ignore_eos": "direct, no ignore_eos",
+    "/v1/responses": "direct, no ignore_eos",
+}
+
+
+def tokens_in(line: str) -> int:
+    """Output tokens a stream's usage reports on this line (a chat chunk's, or a Responses
+    response.completed event's), else 0."""
+    if not line.startswith("data: {") or '"usage"' not in line:
+        return 0
+    event = json.loads(line[6:])
+    usage = (event.get("response") or {}).get("usage") or event.get("usage") or {}
+    return int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,12 @@ The MCP loop, background runs and the foreground handler all run turns through h
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
@@ -125,7 +125,7 @@ async def sse_objects(answer: aiohttp.ClientResponse) -> Any:
         if payload == b"[DONE]":
             return
         try:
-            yield json.loads(payload)
+            yield orjson.loads(payload)  # a chunk per token: orjson, for its speed
         except ValueError:
             continue
 
