@@ -29,6 +29,7 @@ from typing import Any
 
 import uvicorn
 from django.conf import settings
+from django.urls import get_resolver
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from openai_api.sweeps import Sweep, quarter
@@ -144,6 +145,9 @@ def freeze_startup_heap() -> None:
     the project's machine, a stall every request in flight waited out, and the more requests
     in flight the more often it ran (bench/README.md). Those objects live as long as the
     process; what requests allocate is collected as before."""
+    # What the first admin or API request would import (the URL configuration: DRF, the
+    # schema views, the PostgreSQL fields), imported now so that it is frozen too.
+    get_resolver().url_patterns  # noqa: B018 - read for its import side effect
     gc.collect()
     gc.freeze()
 
