@@ -28,6 +28,8 @@ import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from common.request_id import make_request_id
 from openai_api.auth import authenticate, last_used, rate_limiter
 from openai_api.catalog import catalog
@@ -131,7 +133,9 @@ class Socket:
             event = {**event, "stream_id": lane}
         async with self._sending:
             try:
-                await self._send({"type": "websocket.send", "text": json.dumps(event)})
+                # orjson, as the SSE path: an event per token.
+                text = orjson.dumps(event).decode()
+                await self._send({"type": "websocket.send", "text": text})
             except OSError as exc:  # the client went away: its close ends what is under way
                 raise ClientGone from exc
 
