@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from cold_start import CHAT, direct  # noqa: E402
-from gateway import wait_up  # noqa: E402
+from gateway import cpu_seconds, wait_up  # noqa: E402
 from start_to_ready import setup_django  # noqa: E402
 
 NAME = "burst"
@@ -129,11 +129,24 @@ def main() -> None:
             # A server that has answered before (its route table loaded): what is measured
             # is the burst, not the process's first request.
             httpx.get(base + "/v1/models", headers={"authorization": f"Bearer {key}"})
+            gateway_before, client_before = cpu_seconds(server.pid), time.process_time()
+            began, began_at = time.monotonic(), time.time()
             results = asyncio.run(burst(base + "/v1/chat/completions", key, args.clients))
+            wall = time.monotonic() - began
+            running = Deployment.objects.get(pk=deployment.pk)
+            ready_after = running.state_changed_at.timestamp() - began_at
+            engine_pid = int(running.runtime_handle["replicas"][0]["pid"])
+            # Where the burst's time went: the CPU each process used over it (the engine's
+            # includes its own start), against the wall time on this machine's cores.
+            cpu = {
+                "gateway": cpu_seconds(server.pid) - gateway_before,
+                "engine (with its start)": cpu_seconds(engine_pid),
+                "client": time.process_time() - client_before,
+            }
             time.sleep(1.0)  # the gauges of the last streams' ends
             left = counters(base)
             # The same burst straight to the engine now running: its own share of the waits.
-            engine = Deployment.objects.get(pk=deployment.pk).engine_url
+            engine = running.engine_url
             at_engine = asyncio.run(burst(engine + "/v1/chat/completions", "", args.clients))
         finally:
             server.terminate()
@@ -154,6 +167,11 @@ def main() -> None:
         f"{statistics.median(waits) if waits else float('nan'):.3f} | {p99:.3f} | "
         f"{max(waits, default=float('nan')):.3f} | {p99 - alone:+.3f} | "
         f"{left['modelship_inflight_requests']:.0f} / {left['modelship_queued_requests']:.0f} |"
+    )
+    spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cpu.items())
+    print(
+        f"\nThe engine was ready {ready_after:.2f} s into the burst. CPU over the burst:"
+        f" {spent}; wall {wall:.2f} s on {os.cpu_count()} cores"
     )
     if errors or starts != 1 or any(left.values()):
         raise SystemExit(1)
