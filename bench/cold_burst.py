@@ -96,6 +96,7 @@ def main() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "metrics")
         (workdir / "metrics").mkdir()
         setup_django(workdir)
+        from deployments import deployer  # noqa: PLC0415 - after setup_django()
         from deployments.loaders import EngineSpec, get_loader  # noqa: PLC0415 - after setup_django()
         from deployments.models import Deployment, DeploymentEvent  # noqa: PLC0415 - after setup_django()
         from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
@@ -149,6 +150,7 @@ def main() -> None:
             engine = running.engine_url
             at_engine = asyncio.run(burst(engine + "/v1/chat/completions", "", args.clients))
         finally:
+            deployer.stop(deployment.pk)  # the engine the gateway started ends with the run
             server.terminate()
             server.wait()
         starts = DeploymentEvent.objects.filter(deployment_name=NAME, kind="starting").count()

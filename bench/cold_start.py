@@ -98,6 +98,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         setup_django(workdir)
+        from deployments import deployer  # noqa: PLC0415 - after setup_django()
         from deployments.loaders import EngineSpec, get_loader  # noqa: PLC0415 - after setup_django()
         from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
         from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
@@ -173,6 +174,7 @@ def main() -> None:
                     v1, base, deployment.pk, args.runs, 480 if args.engine == "vllm" else 1000
                 )
         finally:
+            deployer.stop(deployment.pk)  # the engine the last run started ends with it
             server.terminate()
             server.wait()
     print({k: [round(x, 3) for x in v] for k, v in rows.items()}, file=sys.stderr)

@@ -72,6 +72,16 @@ def process(argv: list[str], env: dict[str, str], probe: str, timeout: float = 6
         proc.wait(30)
 
 
+def simulated_engine(port: int, tokens_per_second: float) -> list[str]:
+    """The simulated engine's command line, serving `bench` and `bench-stream` (0: no
+    pacing)."""
+    return [
+        *(sys.executable, "-m", "deployments.engines.simulated", "--model", "bench"),
+        *("--served-model-name", "bench", "bench-stream", "--port", str(port)),
+        *("--config", json.dumps({"tokens_per_second": tokens_per_second})),
+    ]
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU a process used so far, all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -199,26 +209,10 @@ def main() -> None:
     engine_url = f"http://127.0.0.1:{engine_port}"
     stream_url = f"http://127.0.0.1:{stream_port}"
 
-    def engine(port: int, rate: float) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "deployments.engines.simulated",
-            "--model",
-            "bench",
-            "--served-model-name",
-            "bench",
-            "bench-stream",
-            "--port",
-            str(port),
-            "--config",
-            json.dumps({"tokens_per_second": rate}),
-        ]
-
     with (
         tempfile.TemporaryDirectory() as tmp,
-        process(engine(engine_port, 0), dict(os.environ), engine_url + "/health"),
-        process(engine(stream_port, 1000), dict(os.environ), stream_url + "/health"),
+        process(simulated_engine(engine_port, 0), dict(os.environ), engine_url + "/health"),
+        process(simulated_engine(stream_port, 1000), dict(os.environ), stream_url + "/health"),
     ):
         env, key = prepare_site(Path(tmp), engine_url, stream_url)
         auth = {"authorization": f"Bearer {key}"}

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import free_port, load, prepare_site, process  # noqa: E402
+from gateway import free_port, load, prepare_site, process, simulated_engine  # noqa: E402
 
 # LiteLLM reads these as its own (a database layer, a Redis cache, its metrics folder).
 NOT_FOR_LITELLM = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
@@ -61,11 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     engine_port = free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
-    engine = [
-        *(sys.executable, "-m", "deployments.engines.simulated", "--model", "bench"),
-        *("--served-model-name", "bench", "bench-stream", "--port", str(engine_port)),
-        *("--config", json.dumps({"tokens_per_second": 0})),
-    ]
+    engine = simulated_engine(engine_port, 0)
     results: dict[str, list[dict[str, float]]] = {"litellm": [], "modelship": []}
     with (
         tempfile.TemporaryDirectory() as tmp,

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import free_port, prepare_site, process, wait_up  # noqa: E402
+from gateway import free_port, prepare_site, process, simulated_engine, wait_up  # noqa: E402
 
 MODEL = "bench-stream"
 
@@ -168,11 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     engine_port = free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
-    engine = [
-        *(sys.executable, "-m", "deployments.engines.simulated", "--model", "bench"),
-        *("--served-model-name", "bench", MODEL, "--port", str(engine_port)),
-        *("--config", json.dumps({"tokens_per_second": args.tokens_per_second})),
-    ]
+    engine = simulated_engine(engine_port, args.tokens_per_second)
     with (
         tempfile.TemporaryDirectory() as tmp,
         process(engine, dict(os.environ), engine_url + "/health"),

@@ -25,7 +25,10 @@ class SystemClock:
         return time.monotonic()
 
     async def wait(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+        # asyncio.timeout, not wait_for (a task per wait, and every waiting request of a
+        # burst waits again at each change).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), max(timeout, 0))
+            async with asyncio.timeout(max(timeout, 0)):
+                await event.wait()
             return True
         return False

@@ -74,8 +74,11 @@ async def kept_alive(opener: SseOpener | None) -> AsyncIterator[None]:
     async def beat() -> None:
         interval = settings.MSHIP_SSE_KEEPALIVE_S
         while not done.is_set():
+            # asyncio.timeout, not wait_for: wait_for makes a task of the wait, each beat of
+            # each waiting stream (a burst of first requests has a thousand).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await done.wait()
                 return
             await opener.write(COMMENT)
 
