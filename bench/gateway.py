@@ -82,6 +82,21 @@ def simulated_engine(port: int, tokens_per_second: float) -> list[str]:
     ]
 
 
+@contextmanager
+def simulated_site(tokens_per_second: float) -> Iterator[tuple[Path, dict[str, str], str]]:
+    """A simulated engine running and a site in a temporary folder that routes `bench` and
+    `bench-stream` to it, access lines off: (its folder, a server's environment, an API key)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        process(simulated_engine(port, tokens_per_second), dict(os.environ), url + "/health"),
+    ):
+        env, key = prepare_site(Path(tmp), url, url)
+        env["MSHIP_ACCESS_LOG"] = "off"
+        yield Path(tmp), env, key
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU a process used so far, all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()

@@ -21,7 +21,6 @@ import secrets
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import free_port, load, prepare_site, process, simulated_engine  # noqa: E402
+from gateway import free_port, load, process, simulated_site  # noqa: E402
 
 # LiteLLM reads these as its own (a database layer, a Redis cache, its metrics folder).
 NOT_FOR_LITELLM = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
@@ -59,17 +58,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    engine_port = free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    engine = simulated_engine(engine_port, 0)
     results: dict[str, list[dict[str, float]]] = {"litellm": [], "modelship": []}
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        process(engine, dict(os.environ), engine_url + "/health"),
-    ):
-        workdir = Path(tmp)
-        env, key = prepare_site(workdir, engine_url, engine_url)
-        env["MSHIP_ACCESS_LOG"] = "off"
+    with simulated_site(0) as (workdir, env, key):
         master = "sk-bench-" + secrets.token_hex(8)
         (workdir / "litellm.yaml").write_text(yaml.safe_dump(litellm_config(env, master)))
         litellm_port, gateway_port = free_port(), free_port()

@@ -25,7 +25,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import free_port, prepare_site, process, simulated_engine, wait_up  # noqa: E402
+from gateway import free_port, simulated_site, wait_up  # noqa: E402
 
 MODEL = "bench-stream"
 
@@ -166,16 +165,7 @@ def main() -> None:
     parser.add_argument("--sample-every", type=float, default=30.0, help="seconds")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    engine_port = free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    engine = simulated_engine(engine_port, args.tokens_per_second)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        process(engine, dict(os.environ), engine_url + "/health"),
-    ):
-        workdir = Path(tmp)
-        env, key = prepare_site(workdir, engine_url, engine_url)
-        env["MSHIP_ACCESS_LOG"] = "off"
+    with simulated_site(args.tokens_per_second) as (workdir, env, key):
         env["MSHIP_MAX_CONNECTIONS"] = str(max(4096, 2 * args.streams))
         port = free_port()
         base = f"http://127.0.0.1:{port}"

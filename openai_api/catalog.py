@@ -136,9 +136,14 @@ FULL_READ_S = 10.0
 
 
 def stamps() -> tuple[Stamp, Stamp]:
-    """The deployments' and the keys' stamps, from a thread that keeps no connection."""
+    """The deployments' and the keys' stamps."""
+    return stamp(Deployment), stamp(ApiKey)
+
+
+def checked_stamps() -> tuple[Stamp, Stamp]:
+    """`stamps()` from the refresher's thread, which keeps no connection."""
     try:
-        return stamp(Deployment), stamp(ApiKey)
+        return stamps()
     finally:
         connection.close()
 
@@ -150,7 +155,7 @@ def load() -> Snapshot:
     try:
         # Before the rows: a write between the two reads moves the stamp again, and the
         # next check reads the rows again.
-        seen = stamp(Deployment), stamp(ApiKey)
+        seen = stamps()
         for d in Deployment.objects.all().order_by("name"):
             try:
                 route = route_of(d)
@@ -253,7 +258,7 @@ class Catalog:
         if snapshot is None or time.monotonic() - snapshot.read_at >= FULL_READ_S:
             return False
         checked = time.monotonic()
-        if await sync_to_async(stamps, thread_sensitive=False)() != snapshot.stamp:
+        if await sync_to_async(checked_stamps, thread_sensitive=False)() != snapshot.stamp:
             return False
         if self.snapshot is snapshot:
             self.snapshot = replace(snapshot, loaded_at=checked)
