@@ -100,6 +100,7 @@ class Controller:
             slot = await self._grant(hint, entry)
             if slot is not None:
                 return slot
+        changed = self.changed
         view = await self.deployer.view(deployment_id)
         if view is None:
             raise errors.not_found(str(deployment_id))
@@ -107,15 +108,20 @@ class Controller:
             slot = await self._grant(view, entry)
             if slot is not None:
                 return slot
+            changed, view = self.changed, None  # a stop was approved first: read it again
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
         waiter = Waiter(self.clock.now() + self.queue_timeout_s, on_queued)
         entry.waiting += 1
         try:
+            # The first look uses the row just read: each read is a trip through a worker
+            # thread, and in a burst every trip waits behind the whole burst's parsing.
+            seen = None if view is None else (view, changed)
             while True:
-                slot = await self._look(deployment_id, entry, waiter)
+                slot = await self._look(deployment_id, entry, waiter, seen)
                 if slot is not None:
                     return slot
+                seen = None
         finally:
             entry.waiting -= 1
             if entry.waiting == 0:
@@ -125,11 +131,21 @@ class Controller:
                     del self.queue[deployment_id]
                     self.notify()  # the next entry may be the head now
 
-    async def _look(self, deployment_id: int, entry: Entry, waiter: Waiter) -> Slot | None:
+    async def _look(
+        self,
+        deployment_id: int,
+        entry: Entry,
+        waiter: Waiter,
+        seen: tuple[View, asyncio.Event] | None = None,
+    ) -> Slot | None:
         """One look of a waiting request: a slot, or None to look again (after waiting on a
-        start, a change or the poll interval); raises what the request gets instead."""
-        changed = self.changed  # taken before looking, so a change made meanwhile wakes us
-        view = await self.deployer.view(deployment_id)
+        start, a change or the poll interval); raises what the request gets instead. `seen`
+        is a row the caller has just read, with the change event taken before reading it."""
+        if seen is not None:
+            view, changed = seen
+        else:
+            changed = self.changed  # taken before looking, so a change made meanwhile wakes us
+            view = await self.deployer.view(deployment_id)
         if view is None:
             if entry.starting_for_request:
                 raise errors.stopped(str(deployment_id))

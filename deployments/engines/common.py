@@ -108,4 +108,7 @@ def serve(app: web.Application, host: str, port: int, *, handle_signals: bool = 
         access_log=None,
         handler_cancellation=True,
         handle_signals=handle_signals,
+        # As vLLM's uvicorn: a burst of first connections queues for accept() instead of
+        # overflowing aiohttp's 128 and waiting out the kernel's one-second SYN retry.
+        backlog=2048,
     )
