@@ -141,6 +141,7 @@ class Controller:
         """One look of a waiting request: a slot, or None to look again (after waiting on a
         start, a change or the poll interval); raises what the request gets instead. `seen`
         is a row the caller has just read, with the change event taken before reading it."""
+        view: View | None
         if seen is not None:
             view, changed = seen
         else:
