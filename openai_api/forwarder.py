@@ -284,7 +284,11 @@ def unreachable(exc: Exception, deployment: str) -> str:
     return f"The engine of {deployment} could not be reached ({exc.__class__.__name__})."
 
 
-HANGUP_WATCH_AFTER_S = 0.05
+HANGUP_WATCH_AFTER_S = 0.25
+
+
+def _watch_after() -> float:
+    return HANGUP_WATCH_AFTER_S
 
 
 class cancel_on_hangup:
@@ -293,11 +297,12 @@ class cancel_on_hangup:
     quietly; the request's body must have been read before.
 
     The watch (a task waiting on `receive` for the disconnect) starts only once the block
-    has run about HANGUP_WATCH_AFTER_S: most answers are done by then, and a task made and
+    has run HANGUP_WATCH_AFTER_S: most answers are done by then, and a task made and
     cancelled per request was a measurable share of the gateway's CPU (bench/README.md). A
-    caller who leaves a longer wait or stream is seen within that much more."""
+    caller who leaves a longer wait or stream is seen within that much more (up to twice
+    it: the sweep looks every HANGUP_WATCH_AFTER_S)."""
 
-    __slots__ = ("gone", "receive", "sweeps", "task", "watcher")
+    __slots__ = ("due", "gone", "receive", "sweeps", "task", "watcher")
 
     def __init__(self, receive: Receive) -> None:
         self.receive = receive
@@ -308,10 +313,16 @@ class cancel_on_hangup:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
-        self.sweeps = Sweep.of(task.get_loop(), "hangup", lambda: HANGUP_WATCH_AFTER_S)
+        loop = task.get_loop()
+        self.due = loop.time() + HANGUP_WATCH_AFTER_S
+        self.sweeps = Sweep.of(loop, "hangup", _watch_after)
         self.sweeps.add(self)
 
     def sweep(self, now: float) -> bool:
+        # The sweep runs every HANGUP_WATCH_AFTER_S whatever each block's age: a block that
+        # began just before it is left for the next one, not watched at once.
+        if now < self.due:
+            return False
         self.watcher = asyncio.ensure_future(self.watch())
         return True
 
