@@ -5,7 +5,7 @@ of the simulated engine, through the gateway as `make run` serves it
 (`modelship_site.server`). What should happen: one start, every request answered once the
 engine is up, none refused, and the gateway's counters back at zero afterwards.
 
-Baseline: the same engine's command line spawned by hand, its health polled every 50 ms,
+Baseline: the same engine's command line spawned by hand, its health polled every 10 ms,
 then one request sent to it directly (bench/cold_start.py's `direct`): what a client that
 started the engine itself would wait. The burst's waits are compared to it.
 
