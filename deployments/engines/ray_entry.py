@@ -1,0 +1,95 @@
+"""What a Ray job runs: an engine's own command line, on whichever node Ray placed it.
+
+    python -m deployments.engines.ray_entry [--bind ADDRESS] [--grace S] -- ARGV...
+
+Ray picks the node, so the engine's port is picked here: a free one on this node, printed as
+one line (PORT_LINE) before the engine starts, for the ray runtime to read from the job's
+log. `{host}` and `{port}` in ARGV become the bind address and that port.
+
+The engine runs in a process group of its own. A SIGTERM or SIGINT (Ray's job stop) goes to
+the whole group, then a SIGKILL after `--grace` seconds. When this process is orphaned (the
+node's raylet or the job's supervisor died), the engine is killed the same way: on a real
+cluster an engine that outlives its job keeps its port and its GPU, and nothing is left that
+would stop it. The exit status is the engine's (128 + N for a signal N).
+
+Standard library only: it runs under the node's Python, whatever environment the engine
+command itself uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+PORT_LINE = "modelship-engine-port: "
+WATCH_S = 0.5  # how often the parent and the stop signal are looked at
+
+
+def free_port(bind: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((bind, 0))
+        return int(probe.getsockname()[1])
+
+
+def exit_status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def stop_group(engine: subprocess.Popen[bytes], grace_s: float) -> int:
+    """SIGTERM to the engine's group, SIGKILL after the grace; the engine's exit status."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(engine.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return exit_status(engine.wait(timeout=wait_s))
+        except subprocess.TimeoutExpired:
+            continue
+    return exit_status(engine.wait())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ray_entry", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bind", default="0.0.0.0", help="the address the engine listens on")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- and the engine's command line")
+    return p
+
+
+def main(args: list[str] | None = None) -> int:
+    options = parser().parse_args(args)
+    argv = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
+    if not argv:
+        parser().error("no engine command line after --")
+    port = free_port(options.bind)
+    command = [a.replace("{host}", options.bind).replace("{port}", str(port)) for a in argv]
+    print(f"{PORT_LINE}{port}", flush=True)
+    parent = os.getppid()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        engine = subprocess.Popen(command, start_new_session=True)
+    except OSError as exc:
+        print(f"ray_entry: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127
+    while True:
+        try:
+            return exit_status(engine.wait(timeout=WATCH_S))
+        except subprocess.TimeoutExpired:
+            pass
+        if os.getppid() != parent:
+            print("ray_entry: the job's supervisor is gone; stopping the engine", file=sys.stderr)
+            return stop_group(engine, options.grace)
+        if stop.is_set():
+            return stop_group(engine, options.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
