@@ -6,11 +6,14 @@ Ray picks the node, so the engine's port is picked here: a free one on this node
 one line (PORT_LINE) before the engine starts, for the ray runtime to read from the job's
 log. `{host}` and `{port}` in ARGV become the bind address and that port.
 
-The engine runs in a process group of its own. A SIGTERM or SIGINT (Ray's job stop) goes to
-the whole group, then a SIGKILL after `--grace` seconds. When this process is orphaned (the
-node's raylet or the job's supervisor died), the engine is killed the same way: on a real
-cluster an engine that outlives its job keeps its port and its GPU, and nothing is left that
-would stop it. The exit status is the engine's (128 + N for a signal N).
+The engine stays in this process's group, so that Ray's own stop (a signal to the entrypoint
+and all its descendants) and its clean-up after a dead supervisor (a SIGKILL to the
+entrypoint's group) reach it; the runtime starts this module with `exec`, so it is that
+group's leader. A SIGTERM or SIGINT goes on to the whole group, then a SIGKILL after
+`--grace` seconds. When this process is orphaned (the node's raylet or the job's supervisor
+died), the group is stopped the same way: a Ray spike left an engine running after its
+raylet was SIGKILLed, and on a real cluster such an engine keeps its port and its GPU with
+nothing left to stop it. The exit status is the engine's (128 + N for a signal N).
 
 Standard library only: it runs under the node's Python, whatever environment the engine
 command itself uses.
@@ -41,17 +44,14 @@ def exit_status(code: int) -> int:
 
 
 def stop_group(engine: subprocess.Popen[bytes], grace_s: float) -> int:
-    """SIGTERM to the engine's group, SIGKILL after the grace; the engine's exit status."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
-            os.killpg(engine.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            return exit_status(engine.wait(timeout=wait_s))
-        except subprocess.TimeoutExpired:
-            continue
-    return exit_status(engine.wait())
+    """SIGTERM to the group (this process only notes it), SIGKILL to the group after the
+    grace; the engine's exit status."""
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+    try:
+        return exit_status(engine.wait(timeout=grace_s))
+    except subprocess.TimeoutExpired:
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too: nothing is left to do
+        raise
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,11 +71,13 @@ def main(args: list[str] | None = None) -> int:
     command = [a.replace("{host}", options.bind).replace("{port}", str(port)) for a in argv]
     print(f"{PORT_LINE}{port}", flush=True)
     parent = os.getppid()
+    if os.getpgrp() == os.getpgid(parent):
+        os.setpgid(0, 0)  # a group of its own: signals to it never reach whoever started it
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        engine = subprocess.Popen(command, start_new_session=True)
+        engine = subprocess.Popen(command)
     except OSError as exc:
         print(f"ray_entry: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
