@@ -93,6 +93,7 @@ def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) ->
                         options={**loader.docker_defaults(spec), **deployment.docker_options},
                         model=spec.model,
                         num_gpus=spec.num_gpus,
+                        memory_gib=float(deployment.memory_gib or 0),
                         gpus=devices,
                         mounts=[] if deployment.command else mounts,
                         cache=str(settings.MSHIP_HF_HOME),

@@ -263,6 +263,8 @@ MSHIP_CRASH_RESTART_MIN_UPTIME_S = env_float("MSHIP_CRASH_RESTART_MIN_UPTIME_S",
 MSHIP_DOCKER_NETWORK = env_str("MSHIP_DOCKER_NETWORK", "modelship")
 # The daemon to use (e.g. unix:///var/run/docker.sock); empty: Docker's own environment.
 MSHIP_DOCKER_HOST = env_str("MSHIP_DOCKER_HOST", "")
+# The Ray dashboard (http://<head>:8265) the ray runtime submits its engines to.
+MSHIP_RAY_ADDRESS = env_str("MSHIP_RAY_ADDRESS", "")
 MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
 # The image and Python of the engines Modelship ships (simulated, tts, diffusers) when they
 # run as containers: an image with Modelship installed.

@@ -27,12 +27,13 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 # Fixtures every test file may use: the in-process gateway and a key, the Docker Engine, a
-# served Modelship.
+# served Modelship, a local Ray cluster.
 pytest_plugins = [
     "tests.gateway_support",
     "tests.docker_support",
     "tests.registry_support",
     "tests.live_support",
+    "tests.ray_support",
 ]
 
 

@@ -69,6 +69,13 @@ def refused(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
+def engine_dies_with(proc: subprocess.Popen[str], pid: int, port: int) -> bool:
+    """SIGKILL `proc`: the engine (pid, port) is gone soon after."""
+    proc.kill()
+    proc.wait()
+    return gone(pid) and refused(port)
+
+
 @pytest.fixture
 def entry() -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen([*ENTRY, "--", *ENGINE], stdout=subprocess.PIPE, text=True)
@@ -98,6 +105,13 @@ def test_it_stops_the_engine_when_the_job_is_stopped(entry: subprocess.Popen[str
     assert refused(port)
 
 
+def test_it_takes_the_engine_along_when_it_is_killed(entry: subprocess.Popen[str]) -> None:
+    """A dead Ray worker's direct children are SIGKILLed: that is this process, not the
+    engine, which therefore dies with it."""
+    port = port_of(entry.stdout)
+    assert engine_dies_with(entry, engine_pid(port), port)
+
+
 def test_it_stops_the_engine_when_its_supervisor_dies() -> None:
     """The raylet or the job's supervisor killed: the orphaned entrypoint kills its engine
     (a Ray spike left one holding its port after its raylet was SIGKILLed)."""
@@ -114,11 +128,7 @@ def test_it_stops_the_engine_when_its_supervisor_dies() -> None:
     )
     try:
         port = port_of(supervisor.stdout)
-        pid = engine_pid(port)
-        supervisor.kill()
-        supervisor.wait()
-        assert gone(pid)
-        assert refused(port)
+        assert engine_dies_with(supervisor, engine_pid(port), port)
     finally:
         supervisor.kill()
 

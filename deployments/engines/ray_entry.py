@@ -13,7 +13,9 @@ group's leader. A SIGTERM or SIGINT goes on to the whole group, then a SIGKILL a
 `--grace` seconds. When this process is orphaned (the node's raylet or the job's supervisor
 died), the group is stopped the same way: a Ray spike left an engine running after its
 raylet was SIGKILLed, and on a real cluster such an engine keeps its port and its GPU with
-nothing left to stop it. The exit status is the engine's (128 + N for a signal N).
+nothing left to stop it. Ray SIGKILLs a dead worker's direct children, which is this process
+and not the engine: the engine is therefore started with a parent-death signal (SIGKILL, on
+Linux) as well. The exit status is the engine's (128 + N for a signal N).
 
 Standard library only: it runs under the node's Python, whatever environment the engine
 command itself uses.
@@ -22,6 +24,8 @@ command itself uses.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -54,6 +58,13 @@ def stop_group(engine: subprocess.Popen[bytes], grace_s: float) -> int:
         raise
 
 
+def die_with_parent() -> None:
+    """In the engine, before exec: SIGKILL when this process dies (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ray_entry", description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default="0.0.0.0", help="the address the engine listens on")
@@ -76,8 +87,10 @@ def main(args: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # A Ray worker blocks some signals, and a mask is inherited: the engine must hear a stop.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     try:
-        engine = subprocess.Popen(command)
+        engine = subprocess.Popen(command, preexec_fn=die_with_parent)
     except OSError as exc:
         print(f"ray_entry: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127

@@ -52,6 +52,8 @@ class Launch:
     options: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     num_gpus: float | None = None
+    # What the deployment declares it needs (the ray runtime asks Ray for it).
+    memory_gib: float = 0.0
     # The GPUs (device indices) placed for it on a GPU host, [] for none; None on a host
     # without GPUs (nothing is hidden from the engine there).
     gpus: list[int] | None = None
