@@ -134,7 +134,7 @@ async def models(exchange: Exchange, route: Route) -> None:
 async def model(exchange: Exchange, route: Route, method: str, upstream_path: str) -> None:
     if route.state != State.READY or not route.urls:
         raise GatewayError(503, f"{route.name} is not ready ({route.state}).", "ondemand_not_ready")
-    async with cancel_on_hangup(exchange.receive), dispatcher.replica(route.urls) as base_url:
+    async with cancel_on_hangup(exchange), dispatcher.replica(route.urls) as base_url:
         query = exchange.scope.get("query_string", b"").decode("latin-1")
         call = Call(
             method=method,

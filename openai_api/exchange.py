@@ -65,6 +65,8 @@ class Exchange:
         # How an answer already under way ends when something unexpected breaks it (the
         # Responses API ends with response.failed); None: the plain SSE error event.
         self.on_failure: Callable[[str], Awaitable[None]] | None = None
+        # Told when the answer starts as a stream (the hang-up watch starts then).
+        self.on_stream: Callable[[], None] | None = None
         origin = self.headers.get("origin")
         self.cors_origin = origin if origin and cors_allowed(origin) else None
         self.record = access.RequestRecord(
@@ -75,7 +77,13 @@ class Exchange:
         if message["type"] == "http.response.start":
             self.started = True
             self.record.status = message["status"]
-            self.sse = (b"content-type", b"text/event-stream") in message.get("headers", [])
+            # An engine's own type may carry a charset (vLLM: text/event-stream; charset=utf-8).
+            self.sse = any(
+                name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in message.get("headers", [])
+            )
+            if self.sse and self.on_stream is not None:
+                self.on_stream()
             if self.cors_origin:
                 message = {
                     **message,

@@ -17,13 +17,16 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from django.conf import settings
 
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
+
+if TYPE_CHECKING:
+    from openai_api.exchange import Exchange
 
 log = logging.getLogger(__name__)
 
@@ -296,16 +299,17 @@ class cancel_on_hangup:
     queue, a forwarded request closes its engine connection. The hang-up ends the block
     quietly; the request's body must have been read before.
 
-    The watch (a task waiting on `receive` for the disconnect) starts only once the block
-    has run HANGUP_WATCH_AFTER_S: most answers are done by then, and a task made and
-    cancelled per request was a measurable share of the gateway's CPU (bench/README.md). A
-    caller who leaves a longer wait or stream is seen within that much more (up to twice
-    it: the sweep looks every HANGUP_WATCH_AFTER_S)."""
+    The watch (a task waiting on `receive` for the disconnect) starts once the answer turns
+    out to be a stream (the exchange's SSE start), else once the block has run
+    HANGUP_WATCH_AFTER_S: most answers are done by then, and a task made and cancelled per
+    request was a measurable share of the gateway's CPU (bench/README.md). A caller who
+    leaves a long wait is seen within up to twice that (the sweep looks every
+    HANGUP_WATCH_AFTER_S); one who leaves a stream, at once."""
 
-    __slots__ = ("due", "gone", "receive", "sweeps", "task", "watcher")
+    __slots__ = ("due", "exchange", "gone", "sweeps", "task", "watcher")
 
-    def __init__(self, receive: Receive) -> None:
-        self.receive = receive
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
         self.gone = False
         self.watcher: asyncio.Task[None] | None = None
 
@@ -317,22 +321,29 @@ class cancel_on_hangup:
         self.due = loop.time() + HANGUP_WATCH_AFTER_S
         self.sweeps = Sweep.of(loop, "hangup", _watch_after)
         self.sweeps.add(self)
+        self.exchange.on_stream = self.watch_now
 
     def sweep(self, now: float) -> bool:
         # The sweep runs every HANGUP_WATCH_AFTER_S whatever each block's age: a block that
         # began just before it is left for the next one, not watched at once.
         if now < self.due:
             return False
-        self.watcher = asyncio.ensure_future(self.watch())
+        self.watch_now()
         return True
 
+    def watch_now(self) -> None:
+        if self.watcher is None:
+            self.sweeps.discard(self)
+            self.watcher = asyncio.ensure_future(self.watch())
+
     async def watch(self) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
+        while (await self.exchange.receive())["type"] != "http.disconnect":
             pass
         self.gone = True
         self.task.cancel()
 
     async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        self.exchange.on_stream = None
         self.sweeps.discard(self)
         if self.watcher is not None:
             self.watcher.cancel()

@@ -50,7 +50,7 @@ async def relay(
     if route.on_demand and notice_eligible(traffic.endpoint, traffic.data, traffic.streaming):
         notice = QueuedNotice(opener, traffic.endpoint, route.name, traffic.streaming)
     try:
-        async with cancel_on_hangup(exchange.receive), AsyncExitStack() as held:
+        async with cancel_on_hangup(exchange), AsyncExitStack() as held:
             # Keepalives while Modelship waits for the slot (a cold start, the queue), not
             # once the engine is called.
             wanted = slot(notice.on_queued if notice else None)

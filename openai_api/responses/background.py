@@ -184,7 +184,7 @@ async def drop(identity: str, response_id: str) -> None:
 
 async def stream_out(exchange: Exchange, events: AsyncIterator[Event]) -> None:
     """Tail events to the client as SSE; its hang-up ends the tail, never the run."""
-    async with cancel_on_hangup(exchange.receive):
+    async with cancel_on_hangup(exchange):
         await exchange.send(sse_start(exchange.request_id))
         async for event in events:
             await exchange.send(

@@ -35,7 +35,7 @@ async def create(exchange: Exchange, route: Route, identity: str, data: dict[str
         await out.end()
 
     exchange.on_failure = failed
-    async with cancel_on_hangup(exchange.receive):
+    async with cancel_on_hangup(exchange):
         await run(turn, out, exchange.request_id)
         await out.end()
 
