@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from django.conf import settings
@@ -25,13 +25,19 @@ from django.conf import settings
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
 
-if TYPE_CHECKING:
-    from openai_api.exchange import Exchange
-
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Watched(Protocol):
+    """What the hang-up watch needs of a request (the exchange): its receive channel, and a
+    slot it fills to hear when the answer starts as a stream."""
+
+    receive: Receive
+    on_stream: Callable[[], None] | None
+
 
 HOP_BY_HOP = {
     "connection",
@@ -308,7 +314,7 @@ class cancel_on_hangup:
 
     __slots__ = ("due", "exchange", "gone", "sweeps", "task", "watcher")
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Watched) -> None:
         self.exchange = exchange
         self.gone = False
         self.watcher: asyncio.Task[None] | None = None
