@@ -88,7 +88,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
         ("Engine", {"fields": ("image", "command", "config", "num_replicas", "responses")}),
-        ("Memory", {"fields": ("memory_gib", "num_gpus")}),
+        ("Memory", {"fields": ("memory_gib", "num_gpus", "ray_resources")}),
         (
             "Lifecycle",
             {"fields": ("mode", "idle_timeout_s", "system", "idle_signal", "idle_action")},

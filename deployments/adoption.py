@@ -16,7 +16,7 @@ from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.launch import stop_handles
 from deployments.models import Deployment, State
-from deployments.runtimes import EngineUnreachable, get_runtime
+from deployments.runtimes import EngineUnreachable, engine_key, get_runtime, names
 from deployments.task_queue import enqueue
 from deployments.transitions import transition
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "Modelship shut down"
-RUNTIMES = ("process", "docker")
 
 
 def adopt_all() -> dict[str, list[str]]:
@@ -101,9 +100,9 @@ def settle(deployment: Deployment, outcome: dict[str, list[str]]) -> None:
 
 def remove_orphans(outcome: dict[str, list[str]]) -> None:
     """Remove this site's engines that no deployment's handle names (runtimes that can list
-    their engines: docker)."""
-    owned = {h.get("container_id") for d in Deployment.objects.all() for h in handles_of(d)}
-    for name in RUNTIMES:
+    their engines: docker's containers, Ray's jobs)."""
+    owned = {engine_key(h) for d in Deployment.objects.all() for h in handles_of(d)}
+    for name in names():
         runtime = get_runtime(name)
         try:
             found: list[Handle] | None = runtime.managed()
@@ -111,9 +110,11 @@ def remove_orphans(outcome: dict[str, list[str]]) -> None:
             log.warning("cannot look for orphan %s engines: %s", name, exc)
             continue
         for handle in found or []:
-            if handle.get("container_id") not in owned:
+            if engine_key(handle) not in owned:
                 runtime.remove(handle)
-                outcome["orphans_removed"].append(str(handle.get("container_name")))
+                outcome["orphans_removed"].append(
+                    str(handle.get("container_name") or engine_key(handle))
+                )
 
 
 def stop_all(reason: str = SHUTDOWN_REASON) -> list[str]:

@@ -19,16 +19,25 @@ CONFIG_FIELDS = (
     "command",
     "config",
     "docker_options",
+    "ray_resources",
     "memory_gib",
     "num_gpus",
     "num_replicas",
 )
 
 
+# Fields added after engines were already running: left out while empty, so that an upgrade
+# does not make every running engine look changed (and replaced at adoption).
+LATER_FIELDS = frozenset({"ray_resources"})
+
+
 def fingerprint(values: dict[str, Any]) -> str:
-    canonical = json.dumps(
-        {field: values.get(field) for field in CONFIG_FIELDS}, sort_keys=True, default=str
-    )
+    shaping = {
+        field: values.get(field)
+        for field in CONFIG_FIELDS
+        if field not in LATER_FIELDS or values.get(field)
+    }
+    canonical = json.dumps(shaping, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

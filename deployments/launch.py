@@ -94,6 +94,7 @@ def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) ->
                         model=spec.model,
                         num_gpus=spec.num_gpus,
                         memory_gib=float(deployment.memory_gib or 0),
+                        resources=dict(deployment.ray_resources or {}),
                         gpus=devices,
                         mounts=[] if deployment.command else mounts,
                         cache=str(settings.MSHIP_HF_HOME),

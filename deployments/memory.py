@@ -16,7 +16,7 @@ from django.conf import settings
 
 from deployments import nvml, placement
 from deployments.loaders import EngineSpec, get_loader
-from deployments.models import HOLDING_STATES, Deployment, Mode
+from deployments.models import HOLDING_STATES, Deployment, Mode, Runtime
 from deployments.placement import Demand, Device, NoRoom, Shortfall
 from deployments.refusals import OperationRefused
 
@@ -114,8 +114,11 @@ def estimate_gib(deployment: Any) -> float:
 
 
 def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
-    """What a deployment asks of the devices; None: nothing (num_gpus 0, or no memory known,
-    which on a GPU host runs it on no GPU)."""
+    """What a deployment asks of this host's devices; None: nothing (num_gpus 0, or no memory
+    known, which on a GPU host runs it on no GPU; or on the ray runtime, whose engines Ray
+    places on its own nodes by its own resources)."""
+    if getattr(deployment, "runtime", None) == Runtime.RAY:
+        return None
     replicas = max(1, int(deployment.num_replicas or 1))
     num_gpus = deployment.num_gpus
     if not on_gpus:
@@ -141,7 +144,8 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
 
 
 def need_gib(deployment: Any) -> float:
-    """Memory one deployment holds while it runs, over all its replicas and devices."""
+    """Memory one deployment holds on this host while it runs, over all its replicas and
+    devices."""
     gpus = gpu_inventory()
     demand = demand_of(deployment, bool(gpus))
     if demand is None:

@@ -32,6 +32,7 @@ class Usecase(models.TextChoices):
 class Runtime(models.TextChoices):
     PROCESS = "process"
     DOCKER = "docker"
+    RAY = "ray"
 
 
 class Mode(models.TextChoices):
@@ -92,6 +93,13 @@ class Deployment(Versioned):
         validators=[json_object],
         help_text="Container settings for the docker runtime: gpus, ipc_mode, shm_size, "
         "environment, volumes, mem_limit, cpus, working_dir, user.",
+    )
+    ray_resources = models.JSONField(
+        default=dict,
+        blank=True,
+        validators=[json_object],
+        help_text="Ray's custom resources each replica asks for (the ray runtime), such as"
+        ' {"a100": 1}: Ray places it on a node that declares them.',
     )
     # Bounded so that sums over replicas and deployments stay finite numbers.
     memory_gib = models.FloatField(

@@ -32,6 +32,7 @@ PLAIN_KEYS = {
     "command",
     "system",
     "responses",
+    "ray_resources",
 }
 # models.yaml keys stored under another field name.
 RENAMED = {"docker": "docker_options"}

@@ -8,9 +8,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from deployments import memory
 from deployments.loaders import LOADERS, EngineSpec
-from deployments.models import Mode, ResponsesBy
+from deployments.models import Mode, ResponsesBy, Runtime
 from deployments.placement import Device, never_fits
 from deployments.runtimes.docker_options import problems as docker_problems
 
@@ -59,15 +61,41 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
     )
     for message in docker_problems(values.get("docker_options")):
         add("docker_options", message)
+    for field, message in ray_problems(values):
+        add(field, message)
     if values.get("responses") == ResponsesBy.ENGINE and not loader.native_responses:
         add("responses", f"the {loader.name} engine has no /v1/responses of its own")
     for message in loader.validate(spec):
         field = "usecase" if message.startswith("usecase") else "config"
         field = "num_gpus" if message.startswith("num_gpus") else field
         add(field, message)
-    if not problems and (never := placement_problem(values, spec)):
+    ray = values.get("runtime") == Runtime.RAY  # Ray's scheduler places it, on its nodes
+    if not problems and not ray and (never := placement_problem(values, spec)):
         add("num_gpus" if values.get("num_gpus") is not None else "memory_gib", never)
     return problems
+
+
+def ray_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """The ray runtime's settings: an address to reach Ray, resources as Ray takes them."""
+    found = []
+    resources = values.get("ray_resources") or {}
+    if values.get("runtime") == Runtime.RAY and not settings.MSHIP_RAY_ADDRESS:
+        found.append(
+            ("runtime", "the ray runtime needs MSHIP_RAY_ADDRESS (the Ray dashboard's URL)")
+        )
+    if not isinstance(resources, dict):
+        return [*found, ("ray_resources", "must be a mapping of resource names to amounts")]
+    if resources and values.get("runtime") != Runtime.RAY:
+        found.append(("ray_resources", "only the ray runtime places by resources"))
+    for name, amount in resources.items():
+        number = isinstance(amount, int | float) and not isinstance(amount, bool)
+        if not (number and 0 < amount < 2**20):
+            found.append(
+                ("ray_resources", f"{name}: must be a number from 0 to 2^20, not {amount!r}")
+            )
+        elif name in ("CPU", "GPU", "memory"):
+            found.append(("ray_resources", f"{name}: set by num_gpus and memory_gib, not here"))
+    return found
 
 
 def placement_problem(values: dict[str, Any], spec: EngineSpec) -> str | None:

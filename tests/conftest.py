@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from django.db import connection
+from django_q.brokers import get_broker
+from django_q.signing import SignedPackage
 
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
@@ -210,3 +212,25 @@ def reap(site: Any) -> str:
         timeout=120,
     )
     return done.stdout.strip()
+
+
+def take_queue() -> list[dict[str, Any]]:
+    """The tasks queued for the cluster, taken off the queue (not run)."""
+    broker = get_broker()
+    tasks = []
+    while broker.queue_size():
+        for ack, packed in broker.dequeue() or []:
+            broker.acknowledge(ack)
+            tasks.append(SignedPackage.loads(packed))
+    return tasks
+
+
+def run_queue() -> list[tuple[str, tuple[Any, ...]]]:
+    """Run what the operations queued, here, as the django-q cluster would (and what those
+    tasks queue in turn); return it."""
+    ran = []
+    while tasks := take_queue():
+        for task in tasks:
+            ran.append((task["func"].__name__, task["args"]))
+            task["func"](*task["args"], **task["kwargs"])
+    return ran

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,18 +18,22 @@ import httpx
 import pytest
 
 from deployments import engine_envs
+from deployments.runtimes import process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+# The simulated engine's command line, as a launch gives it to a runtime.
+SIM_ENGINE = [
+    *(sys.executable, "-m", "deployments.engines.simulated", "--model", "m"),
+    *("--host", "{host}", "--port", "{port}"),
+]
 # Ray notices a dead node after period x threshold (its defaults take about 20 s).
 FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return process.free_port("127.0.0.1")
 
 
 @dataclass
@@ -95,12 +99,6 @@ class Cluster:
 
     def raylet_pid(self, resource: str) -> int:
         """The raylet of the node that declared `resource` (its command line names it)."""
-        node_id = self.nodes[resource]
-        for node in self.state_nodes():
-            if node["node_id"] == node_id:
-                pid = node.get("raylet_pid") or 0
-                if pid:
-                    return int(str(pid))
         found = subprocess.run(["pgrep", "-f", f"raylet.*{resource}"], capture_output=True)
         return int(found.stdout.split()[0])
 

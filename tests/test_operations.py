@@ -15,13 +15,12 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 from django_q.brokers import get_broker
-from django_q.signing import SignedPackage
 from rest_framework.test import APIClient
 
 from deployments import deployer, hooks
 from deployments.loaders import get_loader
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
-from tests.conftest import reply_of, sim
+from tests.conftest import reply_of, run_queue, sim, take_queue
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -94,28 +93,6 @@ def change(door: str, deployment: Deployment, user: User, tmp_path: Path, **chan
         return api.patch(f"/api/deployments/{deployment.pk}/", changes, format="json")
     call_command("deploy", "-f", str(models_file(deployment, changes, tmp_path)))
     return None
-
-
-def take_queue() -> list[dict[str, Any]]:
-    """The tasks queued for the cluster, taken off the queue (not run)."""
-    broker = get_broker()
-    tasks = []
-    while broker.queue_size():
-        for ack, packed in broker.dequeue() or []:
-            broker.acknowledge(ack)
-            tasks.append(SignedPackage.loads(packed))
-    return tasks
-
-
-def run_queue() -> list[tuple[str, tuple[Any, ...]]]:
-    """Run what the operations queued, here, as the django-q cluster would (and what those
-    tasks queue in turn); return it."""
-    ran = []
-    while tasks := take_queue():
-        for task in tasks:
-            ran.append((task["func"].__name__, task["args"]))
-            task["func"](*task["args"], **task["kwargs"])
-    return ran
 
 
 @pytest.mark.parametrize("door", DOORS)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -15,16 +14,12 @@ import pytest
 from deployments.runtimes.base import EngineUnreachable, Launch, RuntimeError_
 from deployments.runtimes.ray import RayRuntime
 from tests.conftest import answers, wait_until
+from tests.ray_support import SIM_ENGINE
 
 if TYPE_CHECKING:
     from tests.ray_support import Cluster
 
 pytestmark = pytest.mark.heavy
-
-ENGINE = [
-    *(sys.executable, "-m", "deployments.engines.simulated", "--model", "m"),
-    *("--host", "{host}", "--port", "{port}"),
-]
 
 
 @pytest.fixture
@@ -40,12 +35,12 @@ def launch(resources: dict[str, float] | None = None, gpus: float | None = None)
         deployment_id=7,
         name="sim",
         replica=0,
-        argv=ENGINE,
+        argv=SIM_ENGINE,
         health_path="/health",
         fingerprint="f" * 12,
         num_gpus=gpus,
         memory_gib=0.5,
-        options={"ray_resources": resources} if resources else {},
+        resources=resources or {},
     )
 
 
@@ -69,7 +64,8 @@ def test_it_places_an_engine_where_its_resources_are_and_serves_from_there(
         )
         assert answer.status_code == 200
         assert ray.is_alive(handle)
-        assert [h["job"] for h in ray.managed() or []] == [handle["job"]]
+        running = [h["job"] for h in ray.managed() or [] if h["status"] == "running"]
+        assert running == [handle["job"]]  # ended jobs of other tests stay listed
         assert "Running entrypoint" in ray.log_tail(handle, 50)
     finally:
         ray.stop(handle, 3)

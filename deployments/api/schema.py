@@ -73,6 +73,32 @@ class TargetsAnswer(serializers.Serializer):
     )
 
 
+class RayReplica(serializers.Serializer):
+    name = serializers.CharField()
+    replica = serializers.IntegerField()
+    url = serializers.CharField()
+
+
+class RayNode(serializers.Serializer):
+    node_id = serializers.CharField()
+    ip = serializers.CharField()
+    head = serializers.BooleanField()
+    state = serializers.CharField(help_text="alive or dead")
+    gpus = serializers.FloatField()
+    gpus_used = serializers.FloatField()
+    memory_gib = serializers.FloatField()
+    memory_used_gib = serializers.FloatField()
+    resources = serializers.DictField(help_text="custom resources: {name: {used, total}}")
+    deployments = RayReplica(many=True)
+
+
+class RayCluster(serializers.Serializer):
+    address = serializers.CharField()
+    reachable = serializers.BooleanField()
+    error = serializers.CharField(allow_null=True)
+    nodes = RayNode(many=True)
+
+
 class HostAnswer(serializers.Serializer):
     capacity_gib = serializers.FloatField()
     held_gib = serializers.FloatField()
@@ -82,6 +108,7 @@ class HostAnswer(serializers.Serializer):
     placement = serializers.CharField(help_text="per GPU (pack), or one pool")
     gpus = GpuReading(many=True)
     deployments = Holding(many=True)
+    ray = RayCluster(allow_null=True, help_text="the Ray cluster's nodes; null without Ray")
     ondemand = serializers.DictField(help_text="LiteLLM registration status", allow_null=True)
 
 

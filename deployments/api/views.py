@@ -41,6 +41,7 @@ from deployments.engine_logs import MAX_TAIL, follow, tails
 from deployments.engine_metrics import engine_metrics_text, scrape_targets
 from deployments.memory import host_summary
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
+from deployments.ray_cluster import cluster_summary
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -246,4 +247,10 @@ def prometheus_targets(request: Request) -> Response:
 @extend_schema(responses={200: HostAnswer})
 @api_view(["GET"])
 def host(request: Request) -> Response:
-    return Response({**host_summary(), "ondemand": hooks.reports.litellm_site_status()})
+    return Response(
+        {
+            **host_summary(),
+            "ray": cluster_summary(),
+            "ondemand": hooks.reports.litellm_site_status(),
+        }
+    )

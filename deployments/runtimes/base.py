@@ -52,8 +52,10 @@ class Launch:
     options: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     num_gpus: float | None = None
-    # What the deployment declares it needs (the ray runtime asks Ray for it).
+    # What the deployment declares it needs (the ray runtime asks Ray for it), and Ray's
+    # custom resources (a node label, an accelerator kind).
     memory_gib: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
     # The GPUs (device indices) placed for it on a GPU host, [] for none; None on a host
     # without GPUs (nothing is hidden from the engine there).
     gpus: list[int] | None = None

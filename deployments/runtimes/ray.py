@@ -41,6 +41,11 @@ def unreachable(exc: Exception) -> EngineUnreachable:
 class RayRuntime:
     name = "ray"
 
+    def __init__(self) -> None:
+        # One client, and its kept-alive connections, for every caller's thread (httpx's
+        # client is thread-safe); the address is read per call, as settings may change.
+        self.client = httpx.Client(timeout=30)
+
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         address = settings.MSHIP_RAY_ADDRESS
         if not address:
@@ -49,7 +54,7 @@ class RayRuntime:
                 "http://<head>:8265)"
             )
         try:
-            return httpx.request(method, address.rstrip("/") + path, timeout=30, **kwargs)
+            return self.client.request(method, address.rstrip("/") + path, **kwargs)
         except httpx.TransportError as exc:
             raise unreachable(exc) from exc
 
@@ -70,14 +75,24 @@ class RayRuntime:
         result: list[dict[str, Any]] = answer.json()["data"]["result"]["result"]
         return result
 
+    def usage_by_node(self) -> dict[str, dict[str, list[float]]]:
+        """Each node's resources as [used, total], by node id (the autoscaler's report)."""
+        answer = self._call("GET", "/api/cluster_status")
+        if answer.status_code != 200:
+            raise RuntimeError_(f"Ray refused its cluster status: {answer.text[:300]}")
+        report = answer.json()["data"]["clusterStatus"]["loadMetricsReport"]
+        usage: dict[str, dict[str, list[float]]] = report.get("usageByNode") or {}
+        return usage
+
     def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
         """Nothing to fetch ahead: the nodes run the engine's own command."""
 
     def launch(self, launch: Launch) -> Handle:
         site = settings.MSHIP_SITE
         job = f"mship-{site}-{launch.deployment_id}-{launch.replica}-{secrets.token_hex(4)}"
-        entry = [sys.executable, "-m", "deployments.engines.ray_entry", "--", *launch.argv]
-        grace = str(int(settings.MSHIP_STOP_GRACE_S))
+        grace = f"{settings.MSHIP_STOP_GRACE_S:g}"
+        entry = [sys.executable, "-m", "deployments.engines.ray_entry", "--grace", grace]
+        entry += ["--", *launch.argv]
         body: dict[str, Any] = {
             # exec: the entry leads the job's process group (see ray_entry).
             "entrypoint": "exec " + shlex.join(entry),
@@ -92,7 +107,8 @@ class RayRuntime:
             "runtime_env": {
                 "env_vars": {
                     "PYTHONPATH": str(settings.BASE_DIR),
-                    "RAY_JOB_STOP_WAIT_TIME_S": grace,
+                    # Ray's own SIGKILL comes after the entry's, which kills the engine.
+                    "RAY_JOB_STOP_WAIT_TIME_S": str(int(settings.MSHIP_STOP_GRACE_S) + 5),
                     **launch.env,
                 }
             },
@@ -101,9 +117,8 @@ class RayRuntime:
         }
         if launch.memory_gib:
             body["entrypoint_memory"] = int(launch.memory_gib * 2**30)
-        resources = launch.options.get("ray_resources")
-        if resources:
-            body["entrypoint_resources"] = resources
+        if launch.resources:
+            body["entrypoint_resources"] = launch.resources
         answer = self._call("POST", "/api/jobs/", json=body)
         if answer.status_code != 200:
             raise RuntimeError_(f"Ray refused the job: {answer.text[:300]}")
@@ -115,9 +130,11 @@ class RayRuntime:
             "fingerprint": launch.fingerprint,
             "gpus": None,
         }
+        # One deadline for being placed and naming the port: the start timeout.
+        deadline = time.monotonic() + settings.MSHIP_START_TIMEOUT_S
         try:
-            info = self._until_running(job)
-            port = self._reported_port(job)
+            info = self._until_running(job, deadline)
+            port = self._reported_port(job, deadline)
             node = self._node(info.get("driver_node_id") or "")
         except BaseException:
             with contextlib.suppress(RuntimeError_):  # the reason it failed is what matters
@@ -127,11 +144,10 @@ class RayRuntime:
         handle["url"] = f"http://{node['node_ip']}:{port}"
         return handle
 
-    def _until_running(self, job: str) -> dict[str, Any]:
+    def _until_running(self, job: str, deadline: float) -> dict[str, Any]:
         """The job once it runs; RuntimeError_ with Ray's words when it ended first or Ray
         could not place it within the start timeout."""
         timeout = settings.MSHIP_START_TIMEOUT_S
-        deadline = time.monotonic() + timeout
         while True:
             info = self._job(job)
             if info is None:
@@ -147,10 +163,9 @@ class RayRuntime:
                 )
             time.sleep(POLL_S)
 
-    def _reported_port(self, job: str) -> int:
+    def _reported_port(self, job: str, deadline: float) -> int:
         """The port ray_entry printed, read from the job's log."""
         timeout = settings.MSHIP_START_TIMEOUT_S
-        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self._logs(job).splitlines():
                 if line.startswith(PORT_LINE):
@@ -232,9 +247,15 @@ class RayRuntime:
         ]
 
     def remove(self, handle: Handle) -> None:
-        job = handle["job"]
-        self._call("POST", f"/api/jobs/{job}/stop")
-        self._call("DELETE", f"/api/jobs/{job}")
+        """Stop a job no deployment owns and forget it (Ray deletes only ended jobs)."""
+        if handle.get("status") in ("pending", "running"):
+            try:
+                self.stop(handle, settings.MSHIP_STOP_GRACE_S)
+            except EngineUnreachable:
+                raise
+            except RuntimeError_:
+                return  # a job not placed yet ends once it is; a later adoption deletes it
+        self._call("DELETE", f"/api/jobs/{handle['job']}")
 
     def gpus_of(self, handle: Handle) -> list[int] | None:
         return None  # Ray assigns the devices on its node; Modelship does not place them
