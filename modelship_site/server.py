@@ -17,7 +17,8 @@ Limits (each an MSHIP_* setting, see README):
 - a WebSocket message of at most MSHIP_MAX_BODY_BYTES (a request body's limit), and a ping
   every MSHIP_WS_PING_S that the client must answer within as long.
 
-Run: ``python -m modelship_site.server --host 127.0.0.1 --port 8000``
+Run: ``python -m modelship_site.server --host 127.0.0.1 --port 8000``; ``--fd N`` serves a
+listening socket the parent made and shares with its other workers (`serve --workers N`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import socket
 from typing import Any
 
 import uvicorn
@@ -131,12 +133,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="modelship-server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--fd", type=int, help="a listening socket to serve, inherited")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
     from modelship_site.asgi import application  # noqa: PLC0415 - needs the settings module
 
     freeze_startup_heap()
-    uvicorn.Server(config(application, args.host, args.port)).run()
+    server = uvicorn.Server(config(application, args.host, args.port))
+    # The socket's family is read from it: a peer's address stays an IP address.
+    server.run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
 
 
 def freeze_startup_heap() -> None:

@@ -115,8 +115,18 @@ def remember(raw: str, secret_hash: str) -> None:
     _verified[raw] = secret_hash
 
 
+def too_many(limit: int, retry_s: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Rate limit reached: {limit} requests per minute for this key.",
+        "rate_limit_exceeded",
+        {"retry-after": str(retry_s)},
+    )
+
+
 class RateLimiter:
-    """Requests per minute per key, in this process: a sliding window of arrival times."""
+    """Requests per minute per key, in this process: a sliding window of arrival times
+    (rate_limits.py holds them across processes)."""
 
     def __init__(self) -> None:
         self.arrivals: dict[int, deque[float]] = {}
@@ -130,13 +140,7 @@ class RateLimiter:
         while window and now - window[0] >= 60.0:
             window.popleft()
         if len(window) >= limit:
-            retry = max(1, math.ceil(60.0 - (now - window[0])))
-            raise GatewayError(
-                429,
-                f"Rate limit reached: {limit} requests per minute for this key.",
-                "rate_limit_exceeded",
-                {"retry-after": str(retry)},
-            )
+            raise too_many(limit, max(1, math.ceil(60.0 - (now - window[0]))))
         window.append(now)
 
 
@@ -164,5 +168,4 @@ def _write_last_used(key_id: int) -> None:
         connection.close()
 
 
-rate_limiter = RateLimiter()
 last_used = LastUsed()

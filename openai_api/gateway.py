@@ -12,7 +12,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
-from openai_api.auth import Caller, authenticate, last_used, rate_limiter
+from openai_api.auth import Caller, authenticate, last_used
 from openai_api.bodies import form_field, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
@@ -20,6 +20,7 @@ from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.models import shown_prefix
+from openai_api.rate_limits import rate_limiter
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
@@ -63,7 +64,7 @@ async def handle(exchange: Exchange) -> None:
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
     if caller.key is not None:
         # Before the body is read or parsed: a caller over its rate costs nothing more.
-        rate_limiter.check(caller.key)
+        await rate_limiter.check(caller.key)
         last_used.touch(caller.key)
     body = await exchange.read_body()
     content_type = exchange.headers.get("content-type", "")

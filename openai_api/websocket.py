@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from common.request_id import make_request_id
-from openai_api.auth import authenticate, last_used, rate_limiter
+from openai_api.auth import authenticate, last_used
 from openai_api.catalog import catalog
 from openai_api.errors import TYPES, GatewayError
 from openai_api.exchange import cors_allowed, json_headers
 from openai_api.gateway import check_response_scope, responses_route
+from openai_api.rate_limits import rate_limiter
 from openai_api.responses.fields import bad
 from openai_api.responses.foreground import Opening, run
 from openai_api.responses.turn import Turn, prepare
@@ -206,7 +207,7 @@ class Socket:
         snapshot = await catalog.current()
         caller = authenticate(snapshot, self.headers, self.peer)
         if caller.key is not None:
-            rate_limiter.check(caller.key)
+            await rate_limiter.check(caller.key)
             last_used.touch(caller.key)
         if not isinstance(data.get("model"), str):
             raise bad("'model' is required.", "model")

@@ -26,6 +26,7 @@ from openai_api.responses import store
 from openai_api.responses.engine_turn import conclude
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.respond import respond
+from openai_api.responses.run_notices import notices
 from openai_api.responses.translator import Event, sse
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ async def start(exchange: Exchange, turn: Turn) -> None:
             raise
     task = asyncio.ensure_future(_run(turn, replay, exchange.request_id))
     _runs[rid] = task
+    notices.listen(_cancel_here)
     task.add_done_callback(lambda _: _runs.pop(rid, None))
     if replay is None:
         return await exchange.json(200, json.dumps(queued).encode())
@@ -80,7 +82,7 @@ async def _run(turn: Turn, replay: ReplayLog | None, request_id: str) -> None:
     async def save(finished_response: dict[str, Any]) -> None:
         await store.run(store.save_if_running, identity, request, finished_response)
 
-    beat = asyncio.ensure_future(_heartbeat(rid))
+    beat = asyncio.ensure_future(_heartbeat(rid, asyncio.current_task()))
     try:
         await save(copy.deepcopy(translator.response))  # in_progress
         try:
@@ -112,11 +114,20 @@ async def _run(turn: Turn, replay: ReplayLog | None, request_id: str) -> None:
                 await replay.ended(rid)
 
 
-async def _heartbeat(rid: str) -> None:
+async def _heartbeat(rid: str, run: asyncio.Task[Any] | None) -> None:
     while True:
         with contextlib.suppress(GatewayError):
-            await store.run(store.beat, rid)
+            # Only a cancel stops the run from here: a run that ended by itself still has
+            # its last events to write.
+            if await store.run(store.beat, rid) == "cancelled" and run is not None:
+                run.cancel()
         await asyncio.sleep(settings.MSHIP_RESPONSES_HEARTBEAT_S)
+
+
+def _cancel_here(response_id: str) -> None:
+    task = _runs.get(response_id)
+    if task is not None:
+        task.cancel()  # closes the engine request, as a client hang-up does
 
 
 def _lost(stored: Any) -> bool:
@@ -151,9 +162,11 @@ async def cancel(identity: str, response_id: str) -> dict[str, Any]:
     response: dict[str, Any] = await store.run(
         store.end_if_running, identity, response_id, "cancelled"
     )
-    task = _runs.get(response_id)
-    if task is not None:
-        task.cancel()  # closes the engine request, as a client hang-up does
+    if response["status"] == "cancelled":
+        if response_id in _runs:
+            _cancel_here(response_id)
+        else:
+            await notices.cancelled(response_id)  # the run is another process's
     return response
 
 

@@ -241,10 +241,14 @@ def end_if_running(
     return dict(stored.response)
 
 
-def beat(response_id: str) -> None:
+def beat(response_id: str) -> str | None:
+    """A background run's heartbeat; returns its stored status (a cancel made through
+    another process shows here), None when it is gone."""
     ResponseHeartbeat.objects.update_or_create(
         response_id=response_id, defaults={"beat_at": timezone.now()}
     )
+    row = StoredResponse.objects.filter(pk=response_id).values_list("status", flat=True)
+    return row.first()
 
 
 def last_beat(response_id: str) -> Any:

@@ -3,15 +3,22 @@
 Ctrl-C (or SIGTERM) stops both, then every engine they started. On the way up it adopts the
 engines a previous run left behind and starts the always-on deployments that its last
 shutdown stopped.
+
+`--workers N` runs N server processes on one listening socket, made here and inherited, so
+the kernel hands each connection to one of them. What they must agree on is shared through
+the database and Redis (README, "More than one machine"). A worker that dies after it has
+served is started again; one that dies at its start stops Modelship, as a lone server does.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
@@ -29,6 +36,9 @@ from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
 CHILD_GRACE_S = 15
+# A worker that dies sooner after its start is not started again: it would die again.
+WORKER_MIN_UPTIME_S = 10.0
+LISTEN_BACKLOG = 2048  # uvicorn's own
 
 
 class Command(BaseCommand):
@@ -41,12 +51,22 @@ class Command(BaseCommand):
         # uvicorn with Modelship's limits (modelship_site/server.py says why not daphne).
         parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
         parser.add_argument(
+            "--workers",
+            type=int,
+            default=1,
+            help="server processes sharing the port (uvicorn only)",
+        )
+        parser.add_argument(
             "--no-cluster",
             action="store_true",
             help="run no django-q cluster here (one runs beside it: compose.yaml's cluster)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["workers"] < 1 or (options["workers"] > 1 and options["server"] != "uvicorn"):
+            raise CommandError("--workers takes 1 or more, and more than 1 with uvicorn only")
+        # Before anything else: a port that is taken stops Modelship before it starts.
+        self.listener = self.listen(options) if options["server"] == "uvicorn" else None
         stop_event = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop_event.set())
@@ -62,9 +82,9 @@ class Command(BaseCommand):
             self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
         children = self.start_children(options)
         exited: list[str] = []
-        for name, child in children.items():
+        for name in list(children):
             threading.Thread(
-                target=self.watch, args=(name, child, exited, stop_event), daemon=True
+                target=self.watch, args=(name, children, exited, stop_event), daemon=True
             ).start()
         try:
             url = f"http://{options['host']}:{options['port']}"
@@ -112,32 +132,64 @@ class Command(BaseCommand):
             )
 
     @staticmethod
+    def listen(options: dict[str, Any]) -> socket.socket:
+        host, port = options["host"], options["port"]
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            raise CommandError(f"Modelship stopped: cannot listen on {host}:{port}: {exc}") from exc
+        listener.set_inheritable(True)
+        return listener
+
     def watch(
-        name: str, child: subprocess.Popen[bytes], exited: list[str], stop: threading.Event
+        self,
+        name: str,
+        children: dict[str, subprocess.Popen[bytes]],
+        exited: list[str],
+        stop: threading.Event,
     ) -> None:
-        child.wait()
-        process_gone(child.pid)  # its live gauges stop counting
-        if not stop.is_set():
-            exited.append(name)
-        stop.set()
+        while True:
+            child = children[name]
+            began = time.monotonic()
+            child.wait()
+            process_gone(child.pid)  # its live gauges stop counting
+            lived = time.monotonic() - began
+            if name.startswith("server-") and not stop.is_set() and lived > WORKER_MIN_UPTIME_S:
+                self.stderr.write(f"{name} exited with code {child.returncode}: starting it again")
+                children[name] = self.spawn(self.commands[name])
+                continue
+            if not stop.is_set():
+                exited.append(name)
+            stop.set()
+            return
 
     def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
         python = sys.executable
-        if options["server"] == "uvicorn":
-            server = [python, "-m", "modelship_site.server"]
+        self.commands: dict[str, list[str]] = {}
+        if self.listener is not None:
+            server = [python, "-m", "modelship_site.server", "--fd", str(self.listener.fileno())]
             server += ["--host", options["host"], "--port", str(options["port"])]
+            workers = options["workers"]
+            names = ["server"] if workers == 1 else [f"server-{i + 1}" for i in range(workers)]
+            self.commands.update(dict.fromkeys(names, server))
         else:
             server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]
-            server += ["modelship_site.asgi:application"]
-        commands = {"server": server}
+            self.commands["server"] = [*server, "modelship_site.asgi:application"]
         if not options.get("no_cluster"):
-            commands["cluster"] = [python, "manage.py", "qcluster"]
+            self.commands["cluster"] = [python, "manage.py", "qcluster"]
+        return {name: self.spawn(argv) for name, argv in self.commands.items()}
+
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         # Own process groups: the terminal's Ctrl-C reaches this command only, which then
         # stops the children in order instead of all at once.
-        return {
-            name: subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
-            for name, argv in commands.items()
-        }
+        inherited = (self.listener.fileno(),) if self.listener is not None else ()
+        return subprocess.Popen(
+            argv, start_new_session=True, env=os.environ.copy(), pass_fds=inherited
+        )
 
     def resume_after_shutdown(self) -> None:
         stopped = Deployment.objects.filter(state=State.STOPPED, state_reason=SHUTDOWN_REASON)

@@ -1,0 +1,83 @@
+"""Requests per minute per key, held across gateway processes and hosts.
+
+Where REDIS_URL is set, the window is a sorted set in Redis that one script trims, counts
+and adds to atomically, on Redis's clock, so every process behind the load balancer counts
+the same arrivals. Without Redis, or while Redis does not answer, each process keeps its own
+window (auth.RateLimiter): a limit still holds per process, and no request fails for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from django.conf import settings
+from redis import asyncio as aioredis
+
+from openai_api.auth import RateLimiter, too_many
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Key
+
+log = logging.getLogger(__name__)
+WARN_EVERY_S = 60.0
+
+# KEYS[1]: the key's window. ARGV: limit, a unique member. Returns {1, 0} when admitted,
+# else {0, ms until the oldest arrival leaves the window}.
+SLIDING_WINDOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(oldest[2]) + 60000 - now}
+end
+redis.call('ZADD', KEYS[1], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[1], 61000)
+return {1, 0}
+"""
+
+
+class SharedRateLimiter:
+    def __init__(self) -> None:
+        self.local = RateLimiter()
+        self.scripts: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
+        self.warned_at = float("-inf")
+
+    def _script(self) -> Any:
+        """This loop's script handle (a Redis client belongs to the loop that made it)."""
+        url = settings.REDIS_URL
+        where = (asyncio.get_running_loop(), url)
+        if where not in self.scripts:
+            self.scripts[where] = aioredis.from_url(url).register_script(SLIDING_WINDOW)
+        return self.scripts[where]
+
+    async def check(self, key: Key) -> None:
+        """GatewayError 429 with Retry-After when the key is over its limit."""
+        limit = key.requests_per_minute or settings.MSHIP_DEFAULT_RPM
+        if not limit:
+            return
+        if not settings.REDIS_URL:
+            return self.local.check(key)
+        try:
+            admitted, wait_ms = await self._script()(
+                # By the key's random prefix: ids repeat between databases sharing a Redis.
+                keys=[f"modelship:rpm:{key.prefix}"],
+                args=[limit, secrets.token_hex(8)],
+            )
+        except (redis.RedisError, OSError) as exc:
+            if time.monotonic() - self.warned_at >= WARN_EVERY_S:
+                self.warned_at = time.monotonic()
+                log.warning("rate limits are per process while Redis fails: %s", exc)
+            return self.local.check(key)
+        if not admitted:
+            raise too_many(limit, max(1, math.ceil(int(wait_ms) / 1000)))
+        return None
+
+
+rate_limiter = SharedRateLimiter()
