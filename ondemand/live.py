@@ -22,6 +22,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from ondemand.count_sums import CountSums
 from ondemand.counters import EVERY_S, GROUP, CounterPublisher
 from ondemand.live_rows import Row, snapshot, with_counts
 
@@ -110,6 +111,7 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.rows: dict[int, Row] = {}
         self.host: dict[str, Any] = {}
         self.sender = CounterPublisher(self.send_latest)
+        self.counts = CountSums()
         if not await database_sync_to_async(may_watch)(self.scope.get("user")):
             await self.close(code=4403)
             return
@@ -130,7 +132,8 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     # From the watcher.
     def row_changed(self, row: Row) -> None:
-        self.rows[row["id"]] = row
+        summed = self.counts.summed(row["id"])
+        self.rows[row["id"]] = row if summed is None else with_counts(row, summed)
         self.sender.changed(row["id"])
 
     def row_gone(self, pk: int) -> None:
@@ -153,7 +156,8 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def deployment_ondemand(self, event: dict[str, Any]) -> None:
         pk = event["id"]
         if pk in self.rows and event.get("ondemand"):
-            self.row_changed(with_counts(self.rows[pk], event["ondemand"]))
+            self.counts.add(pk, event["ondemand"])  # one gateway process's counts
+            self.row_changed(self.rows[pk])
 
     async def deployment_state(self, event: dict[str, Any]) -> None:
         watcher().poke()

@@ -12,8 +12,9 @@ from django.conf import settings
 
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
+from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
-from ondemand.state import LEASE_RENEW_S, Slot, View
+from ondemand.state import Slot, View
 from openai_api.catalog import Route, catalog
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def controller() -> Controller:
         catalog.listeners.append(ctl.notify)
         publisher = CounterPublisher(channel_publisher(lambda i: _status(ctl, i)))
         ctl.on_counts = publisher.changed
-        task = loop.create_task(_renew(ctl))
+        task = loop.create_task(_renew(ctl, publisher))
         _renewers.add(task)
         task.add_done_callback(_renewers.discard)
     return _controllers[loop]
@@ -88,13 +89,18 @@ def view_of_route(route: Route) -> View:
 
 def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
     route = catalog.snapshot.by_id(deployment_id) if catalog.snapshot else None
-    return ctl.status(None if route is None else view_of_route(route), deployment_id)
+    status = ctl.status(None if route is None else view_of_route(route), deployment_id)
+    return {**status, "process": PROCESS}  # a page sums the processes' counts
 
 
-async def _renew(ctl: Controller) -> None:
+async def _renew(ctl: Controller, publisher: CounterPublisher) -> None:
     """Slots that outlast their lease (long streams) keep it: a timer, since nothing else
-    happens while a stream runs."""
+    happens while a stream runs. Counts that are not zero are said again, so that a page
+    summing the processes' counts can tell a live process from a dead one."""
     while True:
-        await asyncio.sleep(LEASE_RENEW_S / 2)
+        await asyncio.sleep(KEEPALIVE_S)
         with contextlib.suppress(Exception):
             await ctl.renew_leases()
+        for deployment_id, entry in list(ctl.entries.items()):
+            if entry.inflight or entry.queued:
+                publisher.changed(deployment_id)

@@ -16,6 +16,7 @@ from django.test import Client
 from deployments.models import Deployment, State
 from deployments.transitions import transition
 from modelship_site.asgi import application
+from ondemand.count_sums import STALE_S, CountSums
 from ondemand.counters import GROUP
 
 if TYPE_CHECKING:
@@ -99,6 +100,57 @@ async def test_it_shows_the_on_demand_counts_a_gateway_publishes(
     assert (row["inflight"], row["queued"], row["phase"]) == (2, 3, "queued")
     assert row["activity"] == "queued (2 in flight, 3 queued)"
     await ws.disconnect()
+
+
+async def test_it_sums_the_counts_of_every_gateway_process(
+    staff: User, make_deployment: Callable[..., Deployment]
+) -> None:
+    embed = await sync_to_async(make_deployment)("embed", mode="on_demand")
+    ws = socket(await sync_to_async(session_of)(staff))
+    assert (await ws.connect())[0]
+    assert (await ws.receive_json_from(timeout=5))["type"] == "snapshot"
+    said = [
+        ("worker-1", {"inflight": 2, "queued": 0, "last_request_at": 1.7e9, "phase": "serving"}),
+        ("worker-2", {"inflight": 1, "queued": 4, "last_request_at": 1.8e9, "phase": "queued"}),
+        ("worker-1", {"inflight": 3, "queued": 0, "last_request_at": 1.9e9, "phase": "serving"}),
+    ]
+    for process, counts in said:
+        await get_channel_layer().group_send(
+            GROUP,
+            {
+                "type": "deployment.ondemand",
+                "id": embed.pk,
+                "ondemand": {**counts, "process": process},
+            },
+        )
+    row = await next_row(ws, "embed")
+    while row["inflight"] != 4:  # the page folds what comes within a second into one row
+        row = await next_row(ws, "embed")
+    assert (row["inflight"], row["queued"], row["phase"]) == (4, 4, "queued")
+    await ws.disconnect()
+
+
+def test_it_stops_counting_a_process_it_no_longer_hears_from() -> None:
+    now = [0.0]
+    sums = CountSums(clock=lambda: now[0])
+    busy = {"inflight": 2, "queued": 1, "last_request_at": 5.0, "phase": "queued"}
+    sums.add(1, {**busy, "process": "a"})
+    now[0] = STALE_S / 2
+    assert (
+        sums.add(1, {**busy, "inflight": 1, "queued": 0, "phase": "serving", "process": "b"})[
+            "inflight"
+        ]
+        == 3
+    )
+    now[0] = STALE_S + 1  # a went quiet: it died, or its host did
+    assert sums.summed(1) == {
+        "inflight": 1,
+        "queued": 0,
+        "last_request_at": 5.0,
+        "phase": "serving",
+    }
+    now[0] = 2 * STALE_S
+    assert sums.summed(1) is None
 
 
 @pytest.mark.parametrize("who", ["anonymous", "not staff", "staff without view permission"])
