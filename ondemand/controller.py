@@ -176,6 +176,8 @@ class Controller:
             raise errors.stopped(view.name)
         if outcome == StartOutcome.QUEUED:
             await self._queued(view, entry, waiter, changed)
+        elif outcome == StartOutcome.ELSEWHERE:
+            await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
         return None
 
     def _attempt_to_follow(
@@ -362,7 +364,7 @@ class Controller:
                     elif current.state == State.STOPPING:
                         return StartOutcome.STOPPED
                     else:
-                        return StartOutcome.QUEUED
+                        return StartOutcome.ELSEWHERE
                 except InsufficientMemory:
                     made_room = await self._make_room(current, stopped_a_victim)
                     if not made_room:
@@ -370,7 +372,8 @@ class Controller:
                     stopped_a_victim = True
                     continue
                 outcome = self._start_ended(view, await self.deployer.view(view.id))
-                metrics.cold_starts.labels(view.name, outcome.value).inc()
+                if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
+                    metrics.cold_starts.labels(view.name, outcome.value).inc()
                 if outcome == StartOutcome.READY:
                     metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
                 return outcome
@@ -394,6 +397,8 @@ class Controller:
             entry.backoff_s, entry.backoff_until = 0.0, 0.0
             entry.idle_since = self.clock.now()
             return StartOutcome.READY
+        if after.state == State.STARTING:
+            return StartOutcome.ELSEWHERE  # the gate was another's, and so is this start
         if after.state == State.FAILED:
             entry.backoff_s = policy.next_backoff(entry.backoff_s)
             entry.backoff_until = self.clock.now() + entry.backoff_s
@@ -441,12 +446,23 @@ class Controller:
         return True
 
     async def _victims(self, view: View, budget: Budget) -> list[View] | None:
+        """The idle deployments to stop for the view's start ([]: none needed beyond the
+        stops already under way)."""
+        views = await self.deployer.views()
+        # A stop under way, this process's or another gateway process's, frees its memory
+        # already: counting it keeps two processes from each stopping a victim for the
+        # same start (the start itself still waits for the memory to show).
+        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
+        for other in views:
+            # Known now even for one this process never served (another process did, or
+            # an operator started it): a queued request wakes when its idle timer runs out.
+            self.entry(other.id).idle_timeout_s = other.idle_timeout_s
         idle = [
             (self.entry(other.id).idle_since, other)
-            for other in await self.deployer.views()
+            for other in views
             if other.id != view.id and await self._idle(other)
         ]
-        return policy.victims(idle, lambda stopped: budget.room_after(view, stopped))
+        return policy.victims(idle, lambda stopped: budget.room_after(view, [*stopping, *stopped]))
 
     async def _idle(self, view: View) -> bool:
         """Idle by the seed's rules, and a fresh load sample of the engine agrees where it

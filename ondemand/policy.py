@@ -45,6 +45,9 @@ class StartOutcome(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"  # stopped or removed meanwhile: its waiters get ondemand_stopped
     QUEUED = "queued"  # no memory now: its waiters queue
+    # Another gateway process (or an operator) is starting it: its waiters wait for that
+    # start, with no memory notice.
+    ELSEWHERE = "elsewhere"
     NOBODY = "nobody"  # every waiter left before it began: nothing was started
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -16,6 +17,7 @@ import openai
 import pytest
 from django.conf import settings
 
+from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from openai_api.rate_limits import rate_limiter
@@ -201,6 +203,50 @@ def test_it_starts_an_on_demand_model_once_for_a_burst_through_both_processes(
     starts = DeploymentEvent.objects.filter(deployment=lazy, kind=State.STARTING)
     assert starts.count() == 1
     assert len(lazy.engine_urls) == 1
+
+
+def test_it_makes_room_once_for_a_burst_through_both_processes(
+    other: str,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Callable[..., Deployment],
+    site: Any,
+) -> None:
+    """Two idle models fill the 8 GiB; a burst for a third through both processes stops one
+    of them, once: the deployer's lock and the fresh-row precheck keep the two controllers
+    from both making room."""
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    idle = [
+        make_deployment(name, mode="on_demand", idle_timeout_s=1, memory_gib=4.0)
+        for name in ("idle-a", "idle-b")
+    ]
+    for deployment in idle:
+        deployer.restart(deployment.pk)
+    make_deployment("new", mode="on_demand", memory_gib=4.0, config={"reply": "new"})
+    seen_by_gateway(lambda s: s.routes["idle-b"].state == "ready" and "new" in s.routes)
+    # Past their idle timeout, and their leases lapsed: either may be stopped for it.
+    Deployment.objects.filter(pk__in=[d.pk for d in idle]).update(lease_until=None)
+    time.sleep(1.5)
+    key = api_key()
+    results: list[str] = []
+
+    def ask(url: str) -> None:
+        answer = sdk(url, key).chat.completions.create(model="new", messages=HI)
+        results.append(str(answer.choices[0].message.content))
+
+    threads = [threading.Thread(target=ask, args=(u,)) for u in [gateway_url, other] * 6]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    # Each waited for memory, and was told so before its answer.
+    assert len(results) == 12 and all(r.endswith("\n\nnew") for r in results), results
+    made_room = DeploymentEvent.objects.filter(
+        kind=State.STOPPED, text="Put to sleep to make room for new"
+    )
+    assert made_room.count() == 1
+    states = sorted(Deployment.objects.values_list("state", flat=True))
+    assert states == [State.READY, State.READY, State.STOPPED]
 
 
 def test_it_serves_one_port_from_several_workers_and_sums_their_metrics(

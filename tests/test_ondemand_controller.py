@@ -556,3 +556,41 @@ async def test_it_answers_a_removal_while_waiting_by_what_the_request_waited_for
     del deployer.rows[2]  # removed while the request only waited
     controller.notify()
     assert await code_of(waiter) == "not_found"
+
+
+async def test_it_waits_untold_for_a_start_another_process_makes(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """Another gateway process took the start-up gate first and is starting the model: this
+    process's requests wait for that start, with no memory notice, and start nothing."""
+    deployer.add(1, "shared", 2, state="starting")
+    told: list[int] = []
+    waiter = acquiring(controller, 1, on_queued=lambda: told.append(1))
+    await settle()
+    assert deployer.starts == [] and not waiter.done()
+    deployer.set_state(1, "ready")
+    controller.notify()
+    slot = await waiter
+    assert told == [] and deployer.starts == []
+    controller.release(slot)
+
+
+async def test_it_counts_a_stop_under_way_as_room_being_made(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """Another process is stopping a victim for the same start: this one stops nothing more
+    and waits for the memory to show."""
+    deployer.add(1, "being-stopped", 5, state="stopping")
+    deployer.add(2, "idle", 5, state="ready", idle_timeout_s=60.0)
+    controller.entry(2)  # its idle timer starts
+    await clock.advance(120)
+    deployer.add(3, "new", 5)
+    waiter = acquiring(controller, 3)
+    await settle()
+    assert deployer.stops == [] and deployer.starts == []
+    deployer.set_state(1, "stopped")
+    controller.notify()
+    await settle()
+    assert deployer.starts == ["new"]
+    deployer.finish(3)
+    controller.release(await waiter)
