@@ -87,7 +87,19 @@ class DeploymentAdmin(admin.ModelAdmin):
     )
     fieldsets = (
         (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
-        ("Engine", {"fields": ("image", "command", "config", "num_replicas", "responses")}),
+        (
+            "Engine",
+            {
+                "fields": (
+                    "image",
+                    "command",
+                    "config",
+                    "num_replicas",
+                    "autoscaling_config",
+                    "responses",
+                )
+            },
+        ),
         ("Memory", {"fields": ("memory_gib", "num_gpus", "ray_resources")}),
         (
             "Lifecycle",
@@ -329,7 +341,7 @@ class DeploymentAdmin(admin.ModelAdmin):
                 "buttons": [(op, button.label) for op, button in BUTTONS.items()],
                 "may_operate": self.has_change_permission(request, obj),
                 "tails": tails(obj, ADMIN_LOG_LINES),
-                "replicas": range(obj.num_replicas),
+                "replicas": range(obj.replica_count),
                 "mode": display.mode_label(obj),
                 "colour": display.colour(obj.state),
             }

@@ -214,7 +214,11 @@ def restart(
             return deployment
         placed = fit_or_refuse(deployment, actor)
         prior = deployment.state
-        if not transition(deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed):
+        # An autoscaled deployment starts again from its initial count (replicas=0).
+        started = transition(
+            deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed, replicas=0
+        )
+        if not started:
             return deployment
         return _bring_up(deployment, prior, actor, timeout)
 

@@ -26,7 +26,7 @@ def log_handles(deployment: Deployment) -> list[Handle]:
         return handles
     return [
         {"runtime": "process", "replica": i, "log": str(log_path(deployment.name, i))}
-        for i in range(deployment.num_replicas)
+        for i in range(deployment.replica_count)
     ]
 
 

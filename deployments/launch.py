@@ -53,9 +53,14 @@ def prepare_engine_env(deployment: Deployment) -> None:
     engine_envs.ensure(family, progress)
 
 
-def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) -> list[Handle]:
-    """Launch every replica on its GPUs (``placed``, else the row's); on a failure, stop the
-    ones already launched."""
+def launch_all(
+    deployment: Deployment,
+    placed: list[list[int]] | None = None,
+    indices: list[int] | None = None,
+) -> list[Handle]:
+    """Launch every replica (or those numbered ``indices``: a scale up) on its GPUs
+    (``placed``, one list per replica launched, else the row's); on a failure, stop the ones
+    already launched."""
     loader = get_loader(deployment.loader)
     spec = EngineSpec.of(deployment)
     gpus = {g.index: g.total_gib for g in gpu_inventory()}
@@ -72,9 +77,10 @@ def launch_all(deployment: Deployment, placed: list[list[int]] | None = None) ->
     mounts = [str(engine_envs.location(family))] if container and family else []
     handles: list[Handle] = []
     try:
-        for replica in range(deployment.num_replicas):
+        numbers = list(range(deployment.replica_count)) if indices is None else indices
+        for position, replica in enumerate(numbers):
             # On a GPU host each replica sees its own devices only (none: no GPU at all).
-            devices = (placed[replica] if replica < len(placed) else []) if gpus else None
+            devices = (placed[position] if position < len(placed) else []) if gpus else None
             if devices:
                 spec = dataclasses.replace(spec, device_gib=gpus[devices[0]])
             # The runtime fills in the address it chose; an operator's command may use both.

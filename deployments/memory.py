@@ -119,7 +119,10 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
     places on its own nodes by its own resources)."""
     if getattr(deployment, "runtime", None) == Runtime.RAY:
         return None
-    replicas = max(1, int(deployment.num_replicas or 1))
+    # A row knows its running count (autoscaling); a shape being validated, its setting.
+    replicas = max(
+        1, int(getattr(deployment, "replica_count", None) or deployment.num_replicas or 1)
+    )
     num_gpus = deployment.num_gpus
     if not on_gpus:
         if deployment.memory_gib is not None:
@@ -222,6 +225,22 @@ def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> list
     except NoRoom as exc:
         raise refusal(deployment, demand, now, exc) from exc
     return placed if on_gpus else []
+
+
+def check_fit_more(deployment: Deployment, replicas: int = 1) -> list[list[int]]:
+    """Place `replicas` more replicas of a running deployment beside what it runs (a scale
+    up); InsufficientMemory when they do not fit now."""
+    on_gpus = bool(gpu_inventory())
+    demand = demand_of(deployment, on_gpus)
+    if demand is None:
+        return [[] for _ in range(replicas)]
+    more = Demand(replicas=replicas, devices=demand.devices, gib=demand.gib, share=demand.share)
+    now = devices()
+    try:
+        placed = placement.place(more, now)
+    except NoRoom as exc:
+        raise refusal(deployment, more, now, exc) from exc
+    return placed if on_gpus else [[] for _ in range(replicas)]
 
 
 def check_fit_where(deployment: Deployment, placed: list[list[int]]) -> None:

@@ -31,11 +31,20 @@ class ControlPlaneCollector(Collector):
             "Engine replicas each deployment runs when up.",
             labels=["deployment", "mode"],
         )
-        rows = Deployment.objects.only("name", "state", "num_replicas", "mode", "pending_mode")
+        rows = Deployment.objects.only(
+            "name",
+            "state",
+            "num_replicas",
+            "autoscaling_config",
+            "replicas",
+            "mode",
+            "system",
+            "pending_mode",
+        )
         for row in rows:
             for each in State:
                 state.add_metric([row.name, each.value], 1.0 if row.state == each else 0.0)
-            replicas.add_metric([row.name, row.effective_mode], float(row.num_replicas))
+            replicas.add_metric([row.name, row.effective_mode], float(row.replica_count))
         yield state
         yield replicas
         yield from memory_families(host_summary())

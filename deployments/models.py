@@ -11,6 +11,7 @@ from django.db import models
 from common.json_shapes import command_line, json_object, list_of_names
 from common.versioned import Versioned, VersionedQuerySet
 from deployments import loaders
+from deployments.autoscaling import AutoscalingConfig
 from deployments.fingerprint import CONFIG_FIELDS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
@@ -111,6 +112,13 @@ class Deployment(Versioned):
     num_replicas = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
+    autoscaling_config = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Replicas that follow load, as Ray Serve's: min_replicas, max_replicas,"
+        " initial_replicas, target_ongoing_requests, upscale_delay_s, downscale_delay_s."
+        " min_replicas 0 is on demand.",
+    )
     # None: not set, the site's default (always on); the API and models.yaml send null.
     mode = models.CharField(  # noqa: DJ001
         max_length=16, choices=Mode.choices, null=True, blank=True
@@ -144,6 +152,8 @@ class Deployment(Versioned):
     # GPUs and for an engine that takes none. Kept while it sleeps: it wakes where it ran.
     gpus = models.JSONField(default=list, blank=True)
     runtime_handle = models.JSONField(default=dict, blank=True)
+    # Replicas running under autoscaling_config; 0: as a start brings up (its initial count).
+    replicas = models.PositiveIntegerField(default=0)
     running_fingerprint = models.CharField(max_length=64, blank=True, default="")
     # The on-demand lease: a gateway that holds or just released slots keeps this in the
     # future, and no stop of an on-demand deployment is approved before it passes. It is
@@ -169,9 +179,23 @@ class Deployment(Versioned):
 
     @property
     def effective_mode(self) -> str:
-        if self.system or not self.mode:
+        if self.system:
             return Mode.ALWAYS_ON
+        if not self.mode:
+            # Scaling to zero is on demand (the seed's min_replicas: 0).
+            scaling = AutoscalingConfig.of(self.autoscaling_config)
+            return Mode.ON_DEMAND if scaling and scaling.min_replicas == 0 else Mode.ALWAYS_ON
         return self.mode
+
+    @property
+    def replica_count(self) -> int:
+        """Replicas it runs (or a start brings up): num_replicas, or under autoscaling the
+        count the autoscaler reached while it runs, else its initial count."""
+        scaling = AutoscalingConfig.of(self.autoscaling_config)
+        if scaling is None:
+            return self.num_replicas
+        running = self.state in (State.STARTING, State.READY, State.ASLEEP, State.STOPPING)
+        return self.replicas if running and self.replicas else scaling.initial
 
     @property
     def is_on_demand(self) -> bool:
@@ -189,7 +213,11 @@ class Deployment(Versioned):
         """The audited view of a deployment: what an operator sets, plus its state."""
         data: dict[str, Any] = {field: getattr(self, field) for field in CONFIG_FIELDS}
         data.update(
-            mode=self.mode, idle_timeout_s=self.idle_timeout_s, system=self.system, state=self.state
+            mode=self.mode,
+            idle_timeout_s=self.idle_timeout_s,
+            system=self.system,
+            autoscaling_config=self.autoscaling_config,
+            state=self.state,
         )
         return data
 

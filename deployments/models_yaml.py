@@ -33,6 +33,7 @@ PLAIN_KEYS = {
     "system",
     "responses",
     "ray_resources",
+    "autoscaling_config",
 }
 # models.yaml keys stored under another field name.
 RENAMED = {"docker": "docker_options"}

@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 # What an operator sets on a deployment (the rest is its state).
-SETTABLE_FIELDS = (*CONFIG_FIELDS, "mode", "idle_timeout_s", "system", "responses")
+SETTABLE_FIELDS = (
+    *CONFIG_FIELDS,
+    "mode",
+    "idle_timeout_s",
+    "system",
+    "responses",
+    "autoscaling_config",
+)
 
 
 class Outcome(StrEnum):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from deployments import memory
+from deployments import autoscaling, memory
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Mode, ResponsesBy, Runtime
 from deployments.placement import Device, never_fits
@@ -63,6 +63,15 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
         add("docker_options", message)
     for field, message in ray_problems(values):
         add(field, message)
+    for message in autoscaling.problems(values.get("autoscaling_config")):
+        add("autoscaling_config", message)
+    scaling = values.get("autoscaling_config")
+    if isinstance(scaling, dict) and scaling:
+        if values.get("num_replicas") not in (None, 1):
+            add("num_replicas", "give num_replicas or autoscaling_config, not both")
+        to_zero = scaling.get("min_replicas") == 0
+        if to_zero and (values.get("mode") == Mode.ALWAYS_ON or values.get("system")):
+            add("autoscaling_config", "min_replicas 0 is on demand: not with always on")
     if values.get("responses") == ResponsesBy.ENGINE and not loader.native_responses:
         add("responses", f"the {loader.name} engine has no /v1/responses of its own")
     for message in loader.validate(spec):

@@ -258,6 +258,8 @@ MSHIP_DRAIN_GRACE_S = env_float("MSHIP_DRAIN_GRACE_S", 2)
 MSHIP_DRAIN_TIMEOUT_S = env_float("MSHIP_DRAIN_TIMEOUT_S", 60)
 # The watchdog restarts an always-on engine that died after serving at least this long.
 MSHIP_CRASH_RESTART_MIN_UPTIME_S = env_float("MSHIP_CRASH_RESTART_MIN_UPTIME_S", 60)
+# How often the autoscaler looks at the load of autoscaled deployments (serve's thread).
+MSHIP_AUTOSCALE_INTERVAL_S = env_float("MSHIP_AUTOSCALE_INTERVAL_S", 5)
 # Docker: the engines' bridge network, and this site's name on the daemon (container labels
 # and names), so that sites sharing a daemon never touch each other's containers.
 MSHIP_DOCKER_NETWORK = env_str("MSHIP_DOCKER_NETWORK", "modelship")

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
-LEASE_SLACK_S = 2.0  # a row's lease this close to the end of ours is ours
 
 
 class Controller:
@@ -446,16 +445,12 @@ class Controller:
         return True
 
     async def _victims(self, view: View, budget: Budget) -> list[View] | None:
-        """The idle deployments to stop for the view's start ([]: none needed beyond the
-        stops already under way)."""
         views = await self.deployer.views()
-        # A stop under way, this process's or another gateway process's, frees its memory
-        # already: counting it keeps two processes from each stopping a victim for the
-        # same start (the start itself still waits for the memory to show).
+        # A stop under way (any process's) is room being made already: two processes must
+        # not each stop a victim for one start. Each idle timer is learnt, so that a queued
+        # request wakes when one runs out, even of a model this process never served.
         stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
         for other in views:
-            # Known now even for one this process never served (another process did, or
-            # an operator started it): a queued request wakes when its idle timer runs out.
             self.entry(other.id).idle_timeout_s = other.idle_timeout_s
         idle = [
             (self.entry(other.id).idle_since, other)
@@ -485,20 +480,12 @@ class Controller:
             on_demand=view.on_demand,
             state=view.state,
             pending_mode=view.pending_mode,
-            busy=bool(entry.inflight or entry.waiting) or self._leased_elsewhere(view, entry),
+            busy=bool(entry.inflight or entry.waiting)
+            or policy.leased_elsewhere(view.lease_until, entry.lease_wall_until),
             idle_for_s=self.clock.now() - entry.idle_since,
             idle_timeout_s=view.idle_timeout_s,
         )
         return policy.is_idle(activity)
-
-    @staticmethod
-    def _leased_elsewhere(view: View, entry: Entry) -> bool:
-        """The row's lease runs beyond ours: another gateway process holds or just released
-        a slot, or the idle timer restarted outside this process (an operator's start, an
-        adoption after a restart, a switch to on demand)."""
-        if view.lease_until is None or view.lease_until <= time.time():
-            return False
-        return view.lease_until > entry.lease_wall_until + LEASE_SLACK_S
 
     # --- status ----------------------------------------------------------------------------
 

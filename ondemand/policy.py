@@ -9,6 +9,7 @@ controller and the cluster's reaper both decide with them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -130,6 +131,18 @@ def room_after(
         return free_gib + sum(c.need_gib for c in stopped) + EPSILON_GIB >= need_gib
     released = [held for c in stopped for held in c.held]
     return placement.fits(demand, placement.freed(devices, released))
+
+
+LEASE_SLACK_S = 2.0  # a row's lease this close to the end of ours is ours
+
+
+def leased_elsewhere(row_lease_until: float | None, ours_until: float) -> bool:
+    """The row's lease (wall time) runs beyond ours: another gateway process holds or just
+    released a slot, or the idle timer restarted outside this process (an operator's start,
+    an adoption after a restart, a switch to on demand)."""
+    if row_lease_until is None or row_lease_until <= time.time():
+        return False
+    return row_lease_until > ours_until + LEASE_SLACK_S
 
 
 def next_idle_expiry(timers: Iterable[tuple[float, float]], now: float) -> float | None:

@@ -333,3 +333,42 @@ def test_it_keeps_limiting_per_process_while_redis_fails(
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model="sim", messages=HI)
     assert "rate limits are per process while Redis fails" in caplog.text
+
+
+def test_it_leaves_the_engines_to_their_host_as_a_gateway_only_host(
+    gateway_url: str,
+    site: Any,
+    tmp_path: Path,
+    serving: Callable[..., Deployment],
+    make_deployment: Callable[..., Deployment],
+    api_key: Callable[..., str],
+) -> None:
+    sim = serving("sim", config={"reply": "from the engine host"})
+    elsewhere = make_deployment("starting-elsewhere", state=State.STARTING)
+    port = free_port("127.0.0.1")
+    serve = subprocess.Popen(
+        [*(sys.executable, "manage.py", "serve", "--port", str(port)), "--gateway-only"],
+        cwd=REPO,
+        env=env_for_subprocess(
+            MSHIP_VAR_DIR=str(tmp_path / "var"),
+            MSHIP_RUN_DIR=str(tmp_path / "other-host"),
+            MSHIP_ROUTE_REFRESH_S="0.05",
+        ),
+        stdout=(tmp_path / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: answers(url + "/health"), 60)
+        answer = sdk(url, api_key()).chat.completions.create(model="sim", messages=HI)
+        assert answer.choices[0].message.content == "from the engine host"
+    finally:
+        serve.terminate()
+        serve.wait(60)
+    printed = (tmp_path / "serve.log").read_text()
+    assert serve.returncode == 0, printed
+    assert "engines left running" in printed
+    # Neither adopted (a start elsewhere is not "interrupted") nor stopped at its shutdown.
+    assert Deployment.objects.get(pk=elsewhere.pk).state == State.STARTING
+    sim.refresh_from_db()
+    assert sim.state == State.READY and answers(sim.engine_urls[0] + "/health")

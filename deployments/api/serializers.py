@@ -15,6 +15,7 @@ STATE_FIELDS = (
     "state_reason",
     "state_changed_at",
     "engine_urls",
+    "replicas",
     "gpus",
     "pending_mode",
     "created",
@@ -47,6 +48,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         fields = (
             "id",
             *CONFIG_FIELDS,
+            "autoscaling_config",
             "mode",
             "effective_mode",
             "idle_timeout_s",

@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import tasks
 from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
+from deployments.autoscaler import Autoscaler
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
 from deployments.models import Deployment, Mode, State
 from deployments.site_hints import hints
@@ -61,6 +62,12 @@ class Command(BaseCommand):
             action="store_true",
             help="run no django-q cluster here (one runs beside it: compose.yaml's cluster)",
         )
+        parser.add_argument(
+            "--gateway-only",
+            action="store_true",
+            help="one more gateway host of a site: serve only, leaving the engines (adoption,"
+            " the cluster, the autoscaler, the stop at shutdown) to the host that runs them",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["workers"] < 1 or (options["workers"] > 1 and options["server"] != "uvicorn"):
@@ -75,11 +82,16 @@ class Command(BaseCommand):
         key_file = settings.MSHIP_ONDEMAND_KEY_FILE
         if ensure_key_file(key_file):
             self.stdout.write(f"made the on-demand gateway's key (for LiteLLM): {key_file}")
-        call_command("setup_schedules", stdout=self.stdout)
-        fresh_metrics()
-        outcome = adopt_all()
-        if outcome["adopted"]:
-            self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
+        gateway_only = bool(options.get("gateway_only"))
+        if gateway_only:
+            options["no_cluster"] = True
+        else:
+            call_command("setup_schedules", stdout=self.stdout)
+            fresh_metrics()
+            outcome = adopt_all()
+            if outcome["adopted"]:
+                self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
+            threading.Thread(target=Autoscaler().run, args=(stop_event,), daemon=True).start()
         children = self.start_children(options)
         exited: list[str] = []
         for name in list(children):
@@ -98,11 +110,12 @@ class Command(BaseCommand):
                 except CommandError as exc:
                     # A broken file changed nothing; Modelship still serves what it has.
                     self.stderr.write(str(exc))
-            self.resume_after_shutdown()
+            if not gateway_only:
+                self.resume_after_shutdown()
             self.stdout.write("Ctrl-C stops Modelship and every engine it started.")
             stop_event.wait()
         finally:
-            self.shutdown(children)
+            self.shutdown(children, stop_engines=not gateway_only)
         if exited:
             codes = ", ".join(f"the {n} exited with code {children[n].returncode}" for n in exited)
             raise CommandError(f"Modelship stopped: {codes}")
@@ -197,7 +210,9 @@ class Command(BaseCommand):
             if deployment.effective_mode == Mode.ALWAYS_ON:
                 enqueue(tasks.start, deployment.pk, "system")
 
-    def shutdown(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
+    def shutdown(
+        self, children: dict[str, subprocess.Popen[bytes]], *, stop_engines: bool = True
+    ) -> None:
         self.stdout.write("stopping the server and the cluster…")
         for child in children.values():
             if child.poll() is None:
@@ -208,5 +223,8 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+        if not stop_engines:
+            self.stdout.write("engines left running: they are the engine host's")
+            return
         stopped = stop_all()
         self.stdout.write(f"stopped engines: {', '.join(stopped) or 'none'}")
