@@ -11,6 +11,10 @@ per second per stream (a fast real engine: the proxy must not slow it), and time
 token.
 
     .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn,modelship]
+    .venv/bin/python bench/gateway.py --servers modelship,modelship-w2   # one process vs two
+
+`modelship-wN` is `serve --workers N --gateway-only`: its ratio against `modelship` (one
+process) is the several-processes figure; the load generator shares the machine's cores.
 """
 
 from __future__ import annotations
@@ -98,12 +102,22 @@ def simulated_site(tokens_per_second: float) -> Iterator[tuple[Path, dict[str, s
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU a process used so far, all its threads (Linux /proc)."""
+    """User and system CPU a process and its children used so far, all their threads
+    (Linux /proc): `serve --workers N`'s workers are its children."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(cpu_seconds(int(child)) for child in children)
 
 
 def server_argv(server: str, app: str, port: int) -> list[str]:
+    if server.startswith("modelship-w") and app == "modelship_site.asgi:application":
+        # `serve --workers N`: N gateway processes on one socket (the engines are not theirs).
+        workers = server.removeprefix("modelship-w")
+        serve = [sys.executable, "manage.py", "serve", "--port", str(port), "--gateway-only"]
+        return [*serve, "--workers", workers]
+    if server.startswith("modelship-w"):
+        server = "modelship"  # the yardstick: one process, as before
     if server == "modelship" and app == "modelship_site.asgi:application":
         # What `make run` serves: uvicorn with Modelship's connection limits.
         return [sys.executable, "-m", "modelship_site.server", "--port", str(port)]
@@ -303,6 +317,12 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
             for c in levels
         )
         direct = results["direct"]["stream"]["tokens_per_s"]
+        one = results.get("gateway/modelship")
+        if one is not None and server.startswith("modelship-w") and label != "gateway/modelship":
+            print(
+                f"gateway/{server} against one process (gateway/modelship): "
+                + ", ".join(f"c={c}: {gate[c]['rps'] / one[c]['rps']:.2f}x req/s" for c in levels)
+            )
         print(
             f"gateway/{server} against yardstick/{server}: {ratios}; streamed tokens "
             f"{gate['stream']['tokens_per_s'] / direct:.2f}x direct, TTFT +"

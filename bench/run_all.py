@@ -26,9 +26,19 @@ BENCH = REPO / "bench"
 # (title, script and arguments for the measurement, the same at smoke size)
 RUNS: list[tuple[str, list[str], list[str]]] = [
     (
+        "A simulated fleet: 10 nodes x 8 GPUs, 100 models, a day (the real controller)",
+        ["fleet.py"],
+        ["fleet.py", "--hours", "0.25", "--deployments", "10", "--nodes", "2"],
+    ),
+    (
         "The /v1 gateway against the engine and the yardstick (daphne, uvicorn, `make run`'s)",
         ["gateway.py", "--seconds", "4", "--servers", "daphne,uvicorn,modelship"],
         ["gateway.py", "--seconds", "0.5", "--servers", "modelship", "--concurrency", "1,4"],
+    ),
+    (
+        "One gateway process against two (`serve --workers 2`), the same machine's cores",
+        ["gateway.py", "--seconds", "4", "--servers", "modelship,modelship-w2"],
+        ["gateway.py", "--seconds", "0.5", "--servers", "modelship-w2", "--concurrency", "4"],
     ),
     (
         "On-demand cold start, the simulated engine",

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from deployments import adoption, deployer
+from deployments import adoption, deployer, scaling
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.ray_cluster import ray_runtime
 from deployments.runtimes import Launch
@@ -192,3 +192,23 @@ def test_it_serves_the_tiny_llama_model_from_a_worker_node(
     )
     assert answer.usage is not None
     assert answer.usage.completion_tokens > 0
+
+
+def test_it_scales_a_ray_deployment_by_ray_jobs(
+    on_ray: Cluster, make_deployment: Callable[..., Deployment], site: Any
+) -> None:
+    site.MSHIP_DRAIN_GRACE_S = 0.1
+    scaling_config = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1}
+    scaled = make_deployment(
+        "scaled-ray",
+        **ray_fields(ray_resources={"worker_a": 0.5}, autoscaling_config=scaling_config),
+    )
+    deployer.restart(scaled.pk)
+    assert scaling.add_replica(scaled.pk, "by hand")
+    scaled.refresh_from_db()
+    jobs = [h["job"] for h in scaled.runtime_handle["replicas"]]
+    assert len(jobs) == 2 and len(set(scaled.engine_urls)) == 2
+    assert {h["node_id"] for h in scaled.runtime_handle["replicas"]} == {on_ray.nodes["worker_a"]}
+    assert scaling.remove_replica(scaled.pk, "by hand")
+    running = [h["job"] for h in ray_runtime().managed() or [] if h["status"] == "running"]
+    assert running == jobs[:1]
