@@ -70,6 +70,23 @@ def sim_stats(deployment: Deployment, what: str) -> Any:
     return httpx.get(deployment.engine_urls[0] + what).json()
 
 
+def test_it_shows_a_route_change_in_every_process_within_the_refresh(
+    other: str,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Deployment],
+) -> None:
+    sim = serving("sim")
+    key = api_key()
+    Deployment.objects.filter(pk=sim.pk).update(aliases=["renamed"], version=sim.version + 1)
+
+    def listed(url: str) -> bool:
+        return "renamed" in {m.id for m in sdk(url, key).models.list()}
+
+    # MSHIP_ROUTE_REFRESH_S is 0.05 s in both: well within a second.
+    wait_until(lambda: listed(gateway_url) and listed(other), 5)
+
+
 def test_it_stops_a_background_run_cancelled_through_another_process(
     other: str,
     gateway_url: str,
