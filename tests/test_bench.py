@@ -29,6 +29,9 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr + out.read_text()
     report = out.read_text()
-    for script in ("gateway", "cold_start", "cold_burst", "soak", "responses_socket", "litellm"):
+    scripts = ("gateway", "cold_start", "cold_burst", "soak", "responses_socket", "litellm")
+    for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 7
+    assert report.count("(exit 0,") == 9
+    assert "gateway/modelship-w2" in report  # `serve --workers 2`
+    assert "GPU memory in use" in report  # the fleet's figures
