@@ -198,7 +198,9 @@ class Fleet:
     async def wake(self, deployment_id: int) -> None:
         await self.restart(deployment_id)
 
-    async def stop(self, deployment_id: int, precheck: Any, reason: str) -> bool:
+    async def stop(
+        self, deployment_id: int, precheck: Any, reason: str, room_for: int | None = None
+    ) -> bool:
         model = self.models[deployment_id]
         self.figures.decisions += 1
         if model.state != "ready" or not precheck(self.view_of(model)):

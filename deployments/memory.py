@@ -16,7 +16,14 @@ from django.conf import settings
 
 from deployments import nvml, placement
 from deployments.loaders import EngineSpec, get_loader
-from deployments.models import HOLDING_STATES, Deployment, Mode, Runtime
+from deployments.models import (
+    HOLDING_STATES,
+    STARTABLE_STATES,
+    Deployment,
+    Mode,
+    Runtime,
+    State,
+)
 from deployments.placement import Demand, Device, NoRoom, Shortfall
 from deployments.refusals import OperationRefused
 
@@ -241,6 +248,22 @@ def check_fit_more(deployment: Deployment, replicas: int = 1) -> list[list[int]]
     except NoRoom as exc:
         raise refusal(deployment, more, now, exc) from exc
     return placed if on_gpus else [[] for _ in range(replicas)]
+
+
+def short_of_room(deployment_id: int) -> bool:
+    """Whether a deployment that waits to start still would not fit once the stops under way
+    release their memory: make-room's check on fresh rows, before each victim's stop."""
+    row = Deployment.objects.filter(pk=deployment_id).first()
+    if row is None or row.state not in (*STARTABLE_STATES, State.ASLEEP):
+        return False  # gone, or started meanwhile (another process): no room to make
+    demand = demand_of(row, bool(gpu_inventory()))
+    if demand is None:
+        return False
+    _, held = holdings_by_device(exclude_id=row.pk)
+    leaving = [
+        (i, gib) for i, on in held.items() for other, gib in on if other.state == State.STOPPING
+    ]
+    return not placement.fits(demand, placement.freed(devices(exclude_id=row.pk), leaving))
 
 
 def check_fit_where(deployment: Deployment, placed: list[list[int]]) -> None:

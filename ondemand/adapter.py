@@ -19,6 +19,7 @@ from django.db import connection
 
 from deployments import audit, deployer, memory
 from deployments.engine_metrics import Load, replicas_load
+from deployments.gate import start_gate
 from deployments.loaders import get_loader
 from deployments.memory import need_gib
 from deployments.models import HOLDING_STATES, Deployment
@@ -120,10 +121,23 @@ def _sample(deployment_id: int) -> Load | None:
         return replicas_load(client, list(row.engine_urls), get_loader(row.loader))
 
 
-def _stop(deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
-    stopped = deployer.rest(
-        deployment_id, precheck=lambda row: precheck(view_of(row)), actor=ACTOR, reason=reason
-    )
+def _stop(
+    deployment_id: int, precheck: Callable[[View], bool], reason: str, room_for: int | None
+) -> bool:
+    def still_idle(row: Deployment) -> bool:
+        return precheck(view_of(row))
+
+    def still_short(row: Deployment) -> bool:
+        return still_idle(row) and memory.short_of_room(room_for or 0)
+
+    if room_for is None:
+        stopped = deployer.rest(deployment_id, precheck=still_idle, actor=ACTOR, reason=reason)
+    else:
+        # Make-room stops are decided one at a time across processes and hosts (the start-up
+        # gate), each only while the room is still short: another process's stop, or its
+        # start of the same model, may have made it meanwhile.
+        with start_gate():
+            stopped = deployer.rest(deployment_id, precheck=still_short, actor=ACTOR, reason=reason)
     if stopped:
         row = Deployment.objects.filter(pk=deployment_id).first()
         audit.record("ondemand_sleep", row, actor=ACTOR, text=reason)
@@ -155,8 +169,14 @@ class DjangoDeployer:
     async def wake(self, deployment_id: int) -> None:
         await in_engine_thread(_wake, deployment_id)
 
-    async def stop(self, deployment_id: int, precheck: Callable[[View], bool], reason: str) -> bool:
-        return await in_engine_thread(_stop, deployment_id, precheck, reason)
+    async def stop(
+        self,
+        deployment_id: int,
+        precheck: Callable[[View], bool],
+        reason: str,
+        room_for: int | None = None,
+    ) -> bool:
+        return await in_engine_thread(_stop, deployment_id, precheck, reason, room_for)
 
     async def budget(self) -> Budget:
         return await in_thread(_budget)

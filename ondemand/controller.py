@@ -21,7 +21,6 @@ from ondemand.policy import EPSILON_GIB, StartOutcome
 from ondemand.state import (
     LEASE_EXTRA_S,
     LEASE_RENEW_S,
-    Budget,
     Deployer,
     Entry,
     Slot,
@@ -421,14 +420,13 @@ class Controller:
         too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
         if too_big and not settling and not after_victim:
             raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
-        victims = await self._victims(view, budget)
+        victims = await self._victims(view)
         if victims is None:
             return False
         stopped = 0
         for victim in victims:
-            if await self.deployer.stop(
-                victim.id, self._still_idle, f"Put to sleep to make room for {view.name}"
-            ):
+            reason = f"Put to sleep to make room for {view.name}"
+            if await self.deployer.stop(victim.id, self._still_idle, reason, room_for=view.id):
                 stopped += 1
                 metrics.make_room_stops.labels(victim.name).inc()
                 self.last_stop_at = self.clock.now()
@@ -444,8 +442,13 @@ class Controller:
             await self.clock.wait(asyncio.Event(), 1.0)
         return True
 
-    async def _victims(self, view: View, budget: Budget) -> list[View] | None:
+    async def _victims(self, view: View) -> list[View] | None:
         views = await self.deployer.views()
+        # The budget read after the states: a stop seen ended is freed in it (one read
+        # before could count a stopped victim as held, and stop another for the same room).
+        budget = await self.deployer.budget()
+        if any(v.id == view.id and v.state in (State.STARTING, State.READY) for v in views):
+            return []  # started meanwhile by another process: no room to make for it
         # A stop under way (any process's) is room being made already: two processes must
         # not each stop a victim for one start. Each idle timer is learnt, so that a queued
         # request wakes when one runs out, even of a model this process never served.

@@ -67,8 +67,15 @@ class Deployer(Protocol):
     async def wake(self, deployment_id: int) -> None: ...
 
     async def stop(
-        self, deployment_id: int, precheck: Callable[[View], bool], reason: str
-    ) -> bool: ...
+        self,
+        deployment_id: int,
+        precheck: Callable[[View], bool],
+        reason: str,
+        room_for: int | None = None,
+    ) -> bool:
+        """Stop (or put to sleep) an idle deployment; `room_for`: to make room for that
+        deployment's start, which the stop must still be needed for."""
+        ...
 
     async def budget(self) -> Budget: ...
 

@@ -7,8 +7,14 @@ from typing import Any
 import pytest
 
 from deployments import deployer
-from deployments.memory import InsufficientMemory, check_fit, host_summary, need_gib
-from deployments.models import DeploymentEvent, State
+from deployments.memory import (
+    InsufficientMemory,
+    check_fit,
+    host_summary,
+    need_gib,
+    short_of_room,
+)
+from deployments.models import Deployment, DeploymentEvent, State
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -82,3 +88,17 @@ def test_it_reports_the_host_budget(make_deployment: Any) -> None:
         "lazy": 1.0,
     }
     check_fit(make_deployment("fits", memory_gib=5))
+
+
+def test_it_tells_make_room_whether_the_room_is_still_short(make_deployment: Any) -> None:
+    """The check before each make-room stop, on fresh rows: a stop under way counts as
+    room made, and a start made meanwhile (by another process) needs none."""
+    leaving = make_deployment("leaving", memory_gib=4.0, state=State.READY)
+    make_deployment("staying", memory_gib=4.0, state=State.READY)
+    waiting = make_deployment("waiting", memory_gib=4.0, state=State.STOPPED)
+    assert short_of_room(waiting.pk)  # 8 GiB held of 8
+    Deployment.objects.filter(pk=leaving.pk).update(state=State.STOPPING)
+    assert not short_of_room(waiting.pk)
+    Deployment.objects.filter(pk=leaving.pk).update(state=State.READY)
+    Deployment.objects.filter(pk=waiting.pk).update(state=State.STARTING)
+    assert not short_of_room(waiting.pk)

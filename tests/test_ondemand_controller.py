@@ -91,7 +91,9 @@ class FakeDeployer:
     def finish(self, deployment_id: int, outcome: str = "ready") -> None:
         self.gates.pop(deployment_id).set_result(outcome)
 
-    async def stop(self, deployment_id: int, precheck: Any, reason: str) -> bool:
+    async def stop(
+        self, deployment_id: int, precheck: Any, reason: str, room_for: int | None = None
+    ) -> bool:
         view = self.rows[deployment_id]
         if not precheck(view):
             return False

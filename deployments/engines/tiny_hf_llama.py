@@ -72,7 +72,7 @@ def write(out: Path, seed: int = 0) -> None:
         num_key_value_heads=2,
         vocab_size=len(words),
         # Room for a generation long enough that a hang-up reaches vLLM before it ends.
-        max_position_embeddings=2048,
+        max_position_embeddings=16384,
         bos_token_id=words.bos_token_id,
         eos_token_id=words.eos_token_id,
         tie_word_embeddings=False,
