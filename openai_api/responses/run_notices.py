@@ -14,7 +14,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from channels.layers import get_channel_layer
+from channels import DEFAULT_CHANNEL_LAYER
+from channels.layers import channel_layers, get_channel_layer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,9 +35,13 @@ class Notices:
             self.listener = asyncio.ensure_future(self._listen(on_cancel))
 
     async def _listen(self, on_cancel: Callable[[str], None]) -> None:
-        layer = get_channel_layer()
-        if layer is None:
+        if get_channel_layer() is None:
             return
+        # A layer of its own: channels_redis lets one event loop at a time receive on an
+        # instance, and the process's shared one is the live admin's (another loop where a
+        # test serves the gateway in a thread). Over Redis the group reaches it all the same;
+        # the in-memory layer has one process, where a cancel is local anyway.
+        layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
         while True:
             try:
                 channel = await layer.new_channel()
