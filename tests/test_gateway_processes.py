@@ -65,6 +65,22 @@ def sdk(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
+def burst(urls: list[str], key: str, model: str) -> list[str]:
+    """One chat request to each of `urls` at once; the answers' texts."""
+    results: list[str] = []
+
+    def ask(url: str) -> None:
+        answer = sdk(url, key).chat.completions.create(model=model, messages=HI)
+        results.append(str(answer.choices[0].message.content))
+
+    threads = [threading.Thread(target=ask, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
 def sim_stats(deployment: Deployment, what: str) -> Any:
     deployment.refresh_from_db()
     return httpx.get(deployment.engine_urls[0] + what).json()
@@ -202,18 +218,7 @@ def test_it_starts_an_on_demand_model_once_for_a_burst_through_both_processes(
         config={"reply": "up", "startup_delay_s": 1},
     )
     seen_by_gateway(lambda s: "lazy" in s.routes)
-    key = api_key()
-    results: list[str] = []
-
-    def ask(url: str) -> None:
-        answer = sdk(url, key).chat.completions.create(model="lazy", messages=HI)
-        results.append(str(answer.choices[0].message.content))
-
-    threads = [threading.Thread(target=ask, args=(u,)) for u in [gateway_url, other] * 8]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = burst([gateway_url, other] * 8, api_key(), "lazy")
     assert results == ["up"] * 16
     lazy.refresh_from_db()
     assert lazy.state == State.READY
@@ -230,8 +235,8 @@ def test_it_makes_room_once_for_a_burst_through_both_processes(
     site: Any,
 ) -> None:
     """Two idle models fill the 8 GiB; a burst for a third through both processes stops one
-    of them, once: the deployer's lock and the fresh-row precheck keep the two controllers
-    from both making room."""
+    of them, once: make-room stops are decided under the start-up gate, each only while the
+    room is still short (memory.short_of_room)."""
     site.MSHIP_ROUTE_REFRESH_S = 0.05
     idle = [
         make_deployment(name, mode="on_demand", idle_timeout_s=1, memory_gib=4.0)
@@ -244,18 +249,7 @@ def test_it_makes_room_once_for_a_burst_through_both_processes(
     # Past their idle timeout, and their leases lapsed: either may be stopped for it.
     Deployment.objects.filter(pk__in=[d.pk for d in idle]).update(lease_until=None)
     time.sleep(1.5)
-    key = api_key()
-    results: list[str] = []
-
-    def ask(url: str) -> None:
-        answer = sdk(url, key).chat.completions.create(model="new", messages=HI)
-        results.append(str(answer.choices[0].message.content))
-
-    threads = [threading.Thread(target=ask, args=(u,)) for u in [gateway_url, other] * 6]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    results = burst([gateway_url, other] * 6, api_key(), "new")
     # Each waited for memory, and was told so before its answer.
     assert len(results) == 12 and all(r.endswith("\n\nnew") for r in results), results
     made_room = DeploymentEvent.objects.filter(
