@@ -85,7 +85,9 @@ async def handle(exchange: Exchange) -> None:
         raise not_found(path)  # the engine's admin and helper endpoints stay unreachable
     body = await exchange.read_body() if kind == "traffic" else b""
     snapshot = await catalog.current()
-    route = snapshot.by_id(int(segments[0])) if segments[0].isdigit() else None
+    # isascii too: isdigit() is true of "²" and other Unicode digits, which int() refuses.
+    ident = segments[0]
+    route = snapshot.by_id(int(ident)) if ident.isascii() and ident.isdigit() else None
     if route is None:
         raise not_found(path)
     exchange.record.model = route.name

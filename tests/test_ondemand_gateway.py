@@ -247,6 +247,9 @@ def test_it_refuses_unknown_and_system_deployments_and_unknown_routes(
             f"{ondemand_site.url}/ondemand/od-routes/v1/chat/completions", json=CHAT
         )
         assert error_of(named) == (404, "not_found")
+        for ident in ("%C2%B2", "%D9%A3", "%EF%BC%91"):  # superscript two, Arabic 3, fullwidth 1
+            unicode_digit = client.get(f"{ondemand_site.url}/ondemand/{ident}/v1/models")
+            assert error_of(unicode_digit) == (404, "not_found"), ident
         for method, tail in [
             ("POST", "/tokenize"),
             ("POST", "/messages/count_tokens"),
