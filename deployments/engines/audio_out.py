@@ -76,6 +76,8 @@ async def through_ffmpeg(fmt: str, rate: int, pcm: AsyncIterator[bytes]) -> Asyn
     process = await asyncio.create_subprocess_exec(
         "ffmpeg",
         *("-hide_banner", "-loglevel", "error", "-nostdin"),
+        # Raw samples in, the encoded audio out: pipes only, as for decoding (whisper_server).
+        *("-protocol_whitelist", "pipe"),
         *("-f", "s16le", "-ar", str(rate), "-ac", "1", "-i", "pipe:0"),
         *FFMPEG_OUTPUT[fmt],
         "pipe:1",

@@ -2,11 +2,14 @@
 /v1/audio/translations, on whisper.cpp through `pywhispercpp` (the whisper engine
 environment's), for a ggml Whisper model.
 
-Audio in any format ffmpeg reads (decoded to 16 kHz mono; undecodable audio is a 400 in
-ffmpeg's words; on a host without ffmpeg, 16-bit WAV). `response_format` json (the
-default), text, srt, vtt or verbose_json (segments with times, the language, the
-duration); `language`, `prompt`, `temperature`. The model file is checked before
-whisper.cpp loads it (deployments/engines/whisper_ggml.py): whisper.cpp aborts the process
+Audio in any format ffmpeg reads (decoded to 16 kHz mono; on a host without ffmpeg, 16-bit
+WAV). ffmpeg reads the upload from a pipe and may open no other protocol: an upload is the
+caller's, and a playlist (HLS `#EXTM3U`, concat, SDP) would have ffmpeg fetch its URLs from
+inside the engine's network. Undecodable audio is a 400 in the engine's own words; ffmpeg's
+are logged for the operator, never sent back (they name what a playlist pointed at).
+`response_format` json (the default), text, srt, vtt or verbose_json (segments with times,
+the language, the duration); `language`, `prompt`, `temperature`. The model file is checked
+before whisper.cpp loads it (deployments/engines/whisper_ggml.py): whisper.cpp aborts the process
 on a wrong tensor size. One transcription at a time; a client that leaves stops whisper.cpp
 at its next check.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import math
 import shutil
 import subprocess
@@ -33,6 +37,12 @@ from deployments.engines.whisper_ggml import problems
 
 SAMPLE_RATE = 16000
 MAX_TEMPERATURE = 1.0
+# The upload comes in on stdin and the samples go out on stdout: no other protocol (file,
+# http, tcp, udp, rtp...) is needed, so none is allowed to anything the input names.
+PIPE_ONLY = ("-protocol_whitelist", "pipe")
+UNDECODABLE = "the audio could not be decoded (not audio in a format this engine reads)"
+
+log = logging.getLogger("modelship.engine.whisper")
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -66,7 +76,8 @@ def from_wav(data: bytes) -> np.ndarray:
 def from_ffmpeg(data: bytes) -> np.ndarray:
     done = subprocess.run(
         [
-            *("ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-i", "pipe:0"),
+            *("ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin"),
+            *(*PIPE_ONLY, "-i", "pipe:0"),
             *("-f", "f32le", "-ac", "1", "-ar", str(SAMPLE_RATE), "pipe:1"),
         ],
         input=data,
@@ -75,8 +86,9 @@ def from_ffmpeg(data: bytes) -> np.ndarray:
         timeout=300,
     )
     if done.returncode != 0:
-        words = done.stderr.decode(errors="replace").strip().splitlines() or ["ffmpeg failed"]
-        raise ValueError(f"the audio could not be decoded: {words[-1]}")
+        words = done.stderr.decode(errors="replace").strip()[-2000:] or "no reason given"
+        log.warning("ffmpeg could not decode an upload: %s", words)
+        raise ValueError(UNDECODABLE)
     return np.frombuffer(done.stdout, dtype="<f4")
 
 
