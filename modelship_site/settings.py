@@ -38,6 +38,8 @@ VAR_DIR = env_path("MSHIP_VAR_DIR", BASE_DIR / "var").resolve()
 MSHIP_METRICS_DIR = env_path("PROMETHEUS_MULTIPROC_DIR", VAR_DIR / "metrics").resolve()
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(MSHIP_METRICS_DIR))
 with contextlib.suppress(OSError):
+    VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # secrets live here (common/var_dir.py)
+with contextlib.suppress(OSError):
     MSHIP_METRICS_DIR.mkdir(parents=True, exist_ok=True)
 
 _secret = os.environ.get("MSHIP_SECRET_KEY", "")

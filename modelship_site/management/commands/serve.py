@@ -33,6 +33,7 @@ from deployments.models import Deployment, Mode, State
 from deployments.site_hints import hints
 from deployments.task_queue import enqueue
 from modelship_site.metrics import fresh_metrics, process_gone
+from modelship_site.var_check import secure_var
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
@@ -78,6 +79,8 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop_event.set())
 
+        for warning in secure_var():  # before a secret is written to var/
+            self.stderr.write(f"warning: {warning}")
         login = ensure_admin()
         key_file = settings.MSHIP_ONDEMAND_KEY_FILE
         if ensure_key_file(key_file):
