@@ -364,5 +364,10 @@ MSHIP_HF_HOME = env_path(
     "MSHIP_HF_HOME", os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
 )
 MSHIP_ENGINE_LOG_DIR = env_path("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs"))
+# Images a Responses input names by URL are fetched by the gateway under the same egress
+# policy (openai_api/responses/remote_images.py) and given to the engine as data: URLs: at
+# most this many bytes in all for one request, within this many seconds.
+MSHIP_INPUT_IMAGE_MAX_BYTES = env_int("MSHIP_INPUT_IMAGE_MAX_BYTES", 20 * 2**20)
+MSHIP_INPUT_IMAGE_TIMEOUT_S = env_float("MSHIP_INPUT_IMAGE_TIMEOUT_S", 10)
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))

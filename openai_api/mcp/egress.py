@@ -33,7 +33,7 @@ from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -117,31 +117,34 @@ async def resolve(host: str, port: int) -> list[Address]:
     return [normalise(str(info[4][0])) for info in found]
 
 
-async def check(url: str, policy: Policy | None = None) -> None:
-    """400 `mcp_egress_refused` unless the policy allows connecting to `url`."""
+async def check(
+    url: str, policy: Policy | None = None, refuse: Callable[[str, str], Exception] = refused
+) -> None:
+    """400 `mcp_egress_refused` unless the policy allows connecting to `url` (another
+    refusal where `refuse` makes one: an input image's URL is no MCP server)."""
     policy = policy or current_policy()
     parts = urlsplit(url)
     try:
         host = (parts.hostname or "").lower().rstrip(".")
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        raise refused(url, "its port is not a number") from exc
+        raise refuse(url, "its port is not a number") from exc
     if parts.scheme not in ("http", "https") or not host:
-        raise refused(url, "it must be an http(s) URL with a host")
+        raise refuse(url, "it must be an http(s) URL with a host")
     if policy.require_https and parts.scheme != "https":
-        raise refused(url, "this site requires https (MSHIP_MCP_REQUIRE_HTTPS)")
+        raise refuse(url, "this site requires https (MSHIP_MCP_REQUIRE_HTTPS)")
     if host in METADATA_HOSTS:
-        raise refused(url, "cloud metadata endpoints are never reachable")
+        raise refuse(url, "cloud metadata endpoints are never reachable")
     if policy.has_allow_list and not policy.listed(host, literal(host)):
-        raise refused(url, "its host is not in MSHIP_MCP_ALLOWED_HOSTS")
+        raise refuse(url, "its host is not in MSHIP_MCP_ALLOWED_HOSTS")
     try:
         addresses = await resolve(host, port)
     except OSError as exc:
-        raise refused(url, "its host does not resolve") from exc
+        raise refuse(url, "its host does not resolve") from exc
     for ip in addresses:
         why = policy.verdict(host, ip)
         if why is not None:
-            raise refused(url, why)
+            raise refuse(url, why)
 
 
 def literal(host: str) -> Address | None:

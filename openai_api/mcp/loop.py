@@ -19,6 +19,7 @@ from openai_api.mcp import egress
 from openai_api.mcp.client import Connection, McpFailure, McpServer, McpTool
 from openai_api.responses import protocol
 from openai_api.responses.engine_turn import Emit, generate
+from openai_api.responses.image_urls import inlined
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -96,7 +97,7 @@ async def run(
         name for name, (server, tool) in offered.items() if server.needs_approval(tool)
     }
     items = [i for i in request.input_items if i.get("type") != "mcp_approval_response"]
-    messages = protocol.messages(request.instructions, [*history, *items])
+    messages = protocol.messages(request.instructions, inlined([*history, *items], request.images))
     asked = {i["id"]: i for i in history if i.get("type") == "mcp_approval_request"}
     for approval in approvals_of(request):
         asked_item = asked[approval["approval_request_id"]]

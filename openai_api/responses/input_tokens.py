@@ -17,6 +17,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_error_of, forwarder, unreachable
 from openai_api.responses import protocol, store
+from openai_api.responses.remote_images import fetch_images
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -37,7 +38,10 @@ async def count(exchange: Exchange, route: Route, identity: str, data: dict[str,
     if tokenizer is None or "chat/completions" not in route.endpoints:
         raise no_tokenizer(route)
     request = protocol.parse(data)
-    chat = protocol.chat_request(request, await store.earlier_items(identity, request))
+    history = await store.earlier_items(identity, request)
+    earlier = "conversation" if request.conversation else "previous_response_id"
+    request.images = await fetch_images(request.input_items, history, earlier)
+    chat = protocol.chat_request(request, history)
     async with dispatcher.slot(route) as base_url:
         tokens = await engine_count(base_url, route.name, tokenizer, chat)
     body = {"object": "response.input_tokens", "input_tokens": tokens}

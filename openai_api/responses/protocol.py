@@ -18,6 +18,7 @@ from openai_api.responses.fields import (
     is_number,
     metadata_of,
 )
+from openai_api.responses.image_urls import inlined
 from openai_api.responses.input_items import input_items
 
 HOSTED_TOOLS = frozenset(
@@ -79,6 +80,8 @@ class ResponsesRequest:
     metadata: dict[str, str]
     user: str | None
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    # The remote images of its context, fetched by the gateway (remote_images.py), by URL.
+    images: dict[str, str] = field(repr=False, default_factory=dict)
 
     @property
     def uses_mcp(self) -> bool:
@@ -317,7 +320,9 @@ def chat_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> di
     """The engine's chat completion request, always streamed (with usage)."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": messages(request.instructions, [*history, *request.input_items]),
+        "messages": messages(
+            request.instructions, inlined([*history, *request.input_items], request.images)
+        ),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -14,6 +14,7 @@ from openai_api.responses import protocol, store
 from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.fields import bad, new_id
 from openai_api.responses.input_items import image_parts
+from openai_api.responses.remote_images import fetch_images
 from openai_api.responses.translator import StreamTranslator
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ async def prepare(
         raise bad(
             f"The model {route.name!r} does not take images; earlier turns hold some.", earlier
         )
+    earlier = "conversation" if request.conversation else "previous_response_id"
+    request.images = await fetch_images(request.input_items, history, earlier)
     response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
     if route.responses_by_engine:
         if request.uses_mcp:
