@@ -26,6 +26,25 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def env_secret(name: str, default: str) -> str:
+    """A value that holds a secret (a URL with a password): from the file NAME_FILE names
+    where that is set (a Docker secret, compose.yaml's generated ones), so the secret is in
+    no container's environment; else NAME. Both set, or a file that cannot be read, stops the
+    start, naming the variable."""
+    path = raw(f"{name}_FILE")
+    if path is None:
+        return env_str(name, default)
+    if raw(name) is not None:
+        raise ImproperlyConfigured(f"{name} and {name}_FILE are both set: set one")
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}_FILE: {path} cannot be read ({exc.strerror})") from exc
+    if not value:
+        raise ImproperlyConfigured(f"{name}_FILE: {path} is empty")
+    return value
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """One of `choices`; anything else stops the start, naming the variable."""
     value = raw(name) or default

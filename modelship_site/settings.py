@@ -24,6 +24,7 @@ from common.env import (
     env_list,
     env_networks,
     env_path,
+    env_secret,
     env_str,
 )
 
@@ -127,7 +128,8 @@ TEMPLATES = [
 ]
 
 # --- database -----------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'modelship.sqlite3'}")
+# DATABASE_URL_FILE / REDIS_URL_FILE: the URL (with its password) read from a file instead.
+DATABASE_URL = env_secret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'modelship.sqlite3'}")
 DATABASES: dict[str, dict[str, Any]] = {
     "default": dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0)),
 }
@@ -143,7 +145,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: django-q broker and channel layer ----------------------------------------------
-REDIS_URL = env_str("REDIS_URL", "")
+REDIS_URL = env_secret("REDIS_URL", "")
 
 # Read here once: the cluster's task timeouts follow it.
 MSHIP_START_TIMEOUT_S = env_float("MSHIP_START_TIMEOUT_S", 600)

@@ -60,16 +60,17 @@ def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
     """compose.yaml, read as Docker Compose reads it (no compose plugin on this machine)."""
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"web", "cluster", "postgres", "redis"}
+    assert set(services) == {"secrets", "web", "cluster", "postgres", "redis"}
     web, cluster = services["web"], services["cluster"]
     assert web["command"][-1] == "web" and cluster["command"][-1] == "cluster"
     for service in (web, cluster):
         env = service["environment"]
-        assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:" in env["DATABASE_URL"]
-        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        # The URLs, with their generated passwords, come from files (tests/test_compose_secrets.py).
+        assert env["DATABASE_URL_FILE"] == "/run/modelship/secrets/database_url"
+        assert env["REDIS_URL_FILE"] == "/run/modelship/secrets/redis_url"
         # The engines' network is Modelship's own: `auto` admits its peers, and LiteLLM is
         # told the service's name.
-        assert env["MSHIP_DOCKER_NETWORK"] == "modelship"
+        assert env["MSHIP_DOCKER_NETWORK"] == "modelship-engines"
         assert env["MSHIP_ONDEMAND_ALLOWED_CIDRS"] == "auto"
         assert env["MSHIP_INTERNAL_URL"] == "http://modelship:8000"
         assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
@@ -81,6 +82,7 @@ def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
         assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
         assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
     assert "modelship" in web["networks"]["modelship"]["aliases"]
+    assert "modelship" in web["networks"]["engines"]["aliases"]
     assert compose["networks"]["modelship"]["name"] == "modelship"
     assert web["ports"] == ["127.0.0.1:8000:8000"]  # TLS goes in front
 
