@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from deployments.engines import engine_errors
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -65,7 +67,7 @@ async def health(request: web.Request) -> web.Response:
 async def json_body(request: web.Request) -> dict[str, Any] | web.Response:
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, LookupError):  # LookupError: a charset Python has no codec for
         return error(400, "The body must be a JSON object.", "invalid_json")
     if not isinstance(body, dict):
         return error(400, "The body must be a JSON object.", "invalid_json")
@@ -77,6 +79,7 @@ def engine_app(
 ) -> web.Application:
     """An engine's app: its own routes plus /v1/models (and one model's card) and /health."""
     app = web.Application(**options)
+    engine_errors.install(app)  # every answer JSON, a body it cannot read a 400
     app.add_routes(
         [
             *routes,

@@ -35,8 +35,15 @@ def is_message(value: Any) -> bool:
     return (
         content is None
         or isinstance(content, str)
-        or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
+        or (isinstance(content, list) and all(is_part(p) for p in content))
     )
+
+
+def is_part(value: Any) -> bool:
+    """A content part: an object with a type; a text part's text is a string."""
+    if not isinstance(value, dict) or not isinstance(value.get("type", ""), str):
+        return False
+    return value.get("type") != "text" or isinstance(value.get("text"), str)
 
 
 def is_tool(value: Any) -> bool:
@@ -90,13 +97,19 @@ BY_PATH: dict[str, dict[str, tuple[Check, str]]] = {
         ),
     },
 }
-REQUIRED = {"/v1/chat/completions": "messages", "/v1/messages": "messages"}
+# Required, and not null: vLLM refuses `prompt: null` as it refuses a missing prompt.
+REQUIRED = {
+    "/v1/chat/completions": "messages",
+    "/v1/messages": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+}
 
 
 def problem(path: str, body: dict[str, Any]) -> tuple[str, str] | None:
     """(the field, what is wrong with it) for a request a real engine would refuse."""
     required = REQUIRED.get(path)
-    if required is not None and required not in body:
+    if required is not None and body.get(required) is None:
         return required, f"'{required}' is required."
     for name, (check, expected) in {**COMMON, **BY_PATH.get(path, {})}.items():
         if name in body and body[name] is not None and not check(body[name]):
