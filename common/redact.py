@@ -56,3 +56,31 @@ def redact_argv(argv: list[str]) -> list[str]:
             continue
         out.append(part)
     return out
+
+
+# A URL's user information (`redis://:pw@host`, `http://user:pass@ray:8265`) and its
+# secret-named query parameters (`?token=…`), wherever a URL appears in a text: an
+# address a setting names, or an error message quoting it.
+URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@?#]+@")
+URL_PARAM = re.compile(r"(?P<lead>[?&](?P<name>[^=&#\s]+)=)[^&#\s]+")
+URL_SECRET_PARAMS = frozenset({"key", "sig", "signature", "code"})
+
+
+def _masked_param(match: re.Match[str]) -> str:
+    name = match["name"]
+    if SECRET_NAME.search(name) or name.lower() in URL_SECRET_PARAMS:
+        return f"{match['lead']}{MASK}"
+    return match[0]
+
+
+def redact_urls(value: Any) -> Any:
+    """A copy of `value` (a text, or lists and dicts of them) with every URL's credentials
+    masked; the rest of each URL stays, so an operator still sees where it points."""
+    if isinstance(value, str):
+        value = URL_USERINFO.sub(rf"\g<scheme>{MASK}@", value)
+        return URL_PARAM.sub(_masked_param, value) if "://" in value else value
+    if isinstance(value, dict):
+        return {k: redact_urls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_urls(v) for v in value]
+    return value

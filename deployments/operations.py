@@ -23,7 +23,7 @@ from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, Mode, State
-from deployments.refusals import CannotSleep, InvalidConfiguration, InvalidState
+from deployments.refusals import CannotSleep, Gone, InvalidConfiguration, InvalidState
 from deployments.task_queue import Work, enqueue
 from deployments.validation import cross_field_problems, name_clashes
 
@@ -111,7 +111,9 @@ def update(
     set_mode, audited as ondemand_mode; a new configuration forgives past start failures.
     """
     with transaction.atomic():
-        current = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        current = Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+        if current is None:  # removed since the caller read it
+            raise Gone(deployment.pk)
         wanted, had = settable(deployment), settable(current)
         changes = {field: value for field, value in wanted.items() if value != had[field]}
         check(current, changes, user, check_names=check_names)
@@ -178,13 +180,15 @@ def set_mode(
     start = needs_start(deployment, mode)
     with transaction.atomic():
         if start and old == Mode.ON_DEMAND:
-            Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
+            updated = Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
         else:
             changes: dict[str, Any] = {"mode": mode, "pending_mode": None}
             if mode == Mode.ON_DEMAND:
                 idle = deployment.effective_idle_timeout_s
                 changes["lease_until"] = timezone.now() + timedelta(seconds=idle)
-            Deployment.objects.filter(pk=deployment.pk).update(**changes)
+            updated = Deployment.objects.filter(pk=deployment.pk).update(**changes)
+        if not updated:  # removed since the caller read it: no audit row for nothing
+            raise Gone(deployment.pk)
         deployment.refresh_from_db()
         hooks.forgive_start_failures(deployment.pk)
         audit.record(

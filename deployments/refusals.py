@@ -61,3 +61,14 @@ class EngineDidNotAnswer(OperationRefused):
 
     status = 502
     code = "engine_unreachable"
+
+
+class Gone(OperationRefused):
+    """The deployment was removed while the action was on its way (a DELETE racing a
+    PATCH): the action has nothing left to act on."""
+
+    status = 404
+    code = "not_found"
+
+    def __init__(self, pk: Any) -> None:
+        super().__init__(f"Deployment {pk} no longer exists.")

@@ -198,6 +198,12 @@ REST_FRAMEWORK = {
         *(["rest_framework.authentication.BasicAuthentication"] if MSHIP_API_BASIC_AUTH else []),
     ],
     "DEFAULT_PERMISSION_CLASSES": ["deployments.api.permissions.ModelPermissions"],
+    # DRF's three, with a depth limit on JSON (a body nested 10,000 deep was a 500).
+    "DEFAULT_PARSER_CLASSES": [
+        "deployments.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "deployments.api.pagination.Pagination",
     "PAGE_SIZE": 100,

@@ -19,3 +19,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
+
+# /api answers a path no route matches, and an error outside its views, in JSON.
+handler404 = "modelship_site.api_errors.not_found"
+handler500 = "modelship_site.api_errors.server_error"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
+from django.core.exceptions import ObjectDoesNotExist
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from deployments.refusals import OperationRefused
@@ -34,6 +35,10 @@ def as_api_exception(exc: OperationRefused) -> APIException:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, OperationRefused):
         exc = as_api_exception(exc)
+    elif isinstance(exc, ObjectDoesNotExist):
+        # A row read again after another request removed it (a DELETE racing an action):
+        # the object is gone, which is a 404, not an error of the server.
+        exc = NotFound()
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(exc, Refused):
         response.data = {"detail": str(exc.detail), **exc.extra}

@@ -5,6 +5,9 @@ from typing import Any, cast
 from rest_framework import serializers
 
 from deployments import hooks
+from deployments.api.fields import StrictIntegerField, StrictNumbers
+from deployments.api.masking import MASKED_FIELDS, masked, may_see_secrets, unmasked
+from deployments.engine_logs import MAX_TAIL
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import need_gib
@@ -23,7 +26,10 @@ STATE_FIELDS = (
 )
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+MAX_REPLICA = 1000
+
+
+class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
     """Single-field checks only: those that span fields, clashing names and host access
     are the operations' own (deployments/operations.py), so the admin refuses the same."""
 
@@ -62,6 +68,26 @@ class DeploymentSerializer(serializers.ModelSerializer):
             *STATE_FIELDS,
         )
         read_only_fields = STATE_FIELDS
+        extra_kwargs = {
+            # What operations.validate refuses, said where a client reads it.
+            "name": {"help_text": "Served model name; unique among the names and aliases."},
+        }
+
+    def shows_secrets(self) -> bool:
+        request = self.context.get("request")
+        return may_see_secrets(getattr(request, "user", None))
+
+    def to_representation(self, instance: Deployment) -> dict[str, Any]:
+        shown = dict(super().to_representation(instance))
+        return shown if self.shows_secrets() else masked(shown)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A masked value sent back (deployments/api/masking.py) keeps what is stored.
+        if self.instance is not None and not self.shows_secrets():
+            for field in MASKED_FIELDS:
+                if field in attrs:
+                    attrs[field] = unmasked(attrs[field], getattr(self.instance, field))
+        return attrs
 
     def get_need_gib(self, obj: Deployment) -> float:
         return round(need_gib(obj), 3)
@@ -88,13 +114,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
 
 class LogParams(serializers.Serializer):
-    tail = serializers.IntegerField(min_value=1, max_value=10_000, default=100)
+    tail = StrictIntegerField(min_value=1, max_value=MAX_TAIL, default=100)
     follow = serializers.BooleanField(default=False)
-    replica = serializers.IntegerField(min_value=0, default=0)
+    replica = StrictIntegerField(min_value=0, max_value=MAX_REPLICA, default=0)
 
 
 class ReplicaParams(serializers.Serializer):
-    replica = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+    replica = StrictIntegerField(min_value=0, max_value=MAX_REPLICA, default=0)
 
 
 class ModeSerializer(serializers.Serializer):

@@ -1,17 +1,12 @@
 from __future__ import annotations
 
-import datetime
 from typing import TYPE_CHECKING, Any
 
-import django_filters
-from django import forms
 from django.http import HttpResponse, StreamingHttpResponse
-from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
-    extend_schema_field,
     extend_schema_view,
 )
 from rest_framework import status, viewsets
@@ -19,7 +14,14 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from common.redact import redact_urls
 from deployments import hooks, operations
+from deployments.api.filters import (
+    IdFilter,
+    StrictFilterSet,
+    UtcDateTimeFilter,
+    strict_boolean,
+)
 from deployments.api.renderers import EventStreamRenderer
 from deployments.api.schema import (
     SERVER_SENT_EVENT,
@@ -30,6 +32,7 @@ from deployments.api.schema import (
     TargetsAnswer,
 )
 from deployments.api.serializers import (
+    MAX_REPLICA,
     AuditEntrySerializer,
     DeploymentEventSerializer,
     DeploymentSerializer,
@@ -52,45 +55,16 @@ def accepted(deployment: Deployment, outcome: str) -> Response:
     return Response({"id": deployment.pk, "name": deployment.name, "status": outcome}, status=code)
 
 
-@extend_schema_field(OpenApiTypes.INT)
-class IdFilter(django_filters.Filter):
-    """An object's id: an integer (else 400); an id that matches nothing finds nothing."""
-
-    field_class = forms.IntegerField
-
-    def __init__(self, field_name: str) -> None:
-        super().__init__(field_name=field_name, min_value=1, max_value=2**63 - 1)
-
-
-class UtcDateTimeField(IsoDateTimeField):
-    """An ISO 8601 time as UTC: databases take only some offsets (PostgreSQL ±15:59)."""
-
-    def clean(self, value: Any) -> Any:
-        parsed = super().clean(value)
-        if parsed is None:
-            return None
-        try:
-            return parsed.astimezone(datetime.UTC)
-        except (OverflowError, ValueError) as exc:
-            raise forms.ValidationError("The time is out of range.", code="invalid") from exc
-
-
-class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
-    field_class = UtcDateTimeField
-
-
 OPERATION_RESPONSES = {200: OperationAnswer, 202: OperationAnswer, 409: ConflictAnswer}
-TRUE_FALSE = (("true", "true"), ("false", "false"))
+# The limits LogParams and ReplicaParams enforce, stated in the schema.
+REPLICA = OpenApiParameter(
+    "replica",
+    {"type": "integer", "minimum": 0, "maximum": MAX_REPLICA},
+    description="the replica (default 0)",
+)
 
 
-def strict_boolean(field_name: str) -> django_filters.TypedChoiceFilter:
-    """A boolean filter that refuses what is not true or false (instead of ignoring it)."""
-    return django_filters.TypedChoiceFilter(
-        field_name=field_name, choices=TRUE_FALSE, coerce=lambda value: value == "true"
-    )
-
-
-class DeploymentFilter(django_filters.FilterSet):
+class DeploymentFilter(StrictFilterSet):
     system = strict_boolean("system")
 
     class Meta:
@@ -148,9 +122,13 @@ class DeploymentViewSet(viewsets.ModelViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("tail", int, description=f"last lines (at most {MAX_TAIL})"),
+            OpenApiParameter(
+                "tail",
+                {"type": "integer", "minimum": 1, "maximum": MAX_TAIL},
+                description=f"last lines (at most {MAX_TAIL})",
+            ),
             OpenApiParameter("follow", bool, description="stream new lines as server-sent events"),
-            OpenApiParameter("replica", int, description="the replica to follow (default 0)"),
+            REPLICA,
         ],
         responses={
             (200, "application/json"): LogsAnswer,
@@ -180,7 +158,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         )
 
     @extend_schema(
-        parameters=[OpenApiParameter("replica", int, description="the replica (default 0)")],
+        parameters=[REPLICA],
         responses={(200, "text/plain"): OpenApiTypes.STR, 409: ConflictAnswer},
     )
     @action(detail=True, methods=["get"])
@@ -201,10 +179,10 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         mode = body.validated_data["mode"]
         deployment = operations.set_mode(self.get_object(), mode, request.user)
-        return Response(DeploymentSerializer(deployment).data)
+        return Response(self.get_serializer(deployment).data)
 
 
-class AuditFilter(django_filters.FilterSet):
+class AuditFilter(StrictFilterSet):
     # By id, as the schema says: an id with no deployment finds nothing (not a 400).
     deployment = IdFilter("deployment_id")
     user = IdFilter("user_id")
@@ -222,7 +200,7 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AuditFilter
 
 
-class EventFilter(django_filters.FilterSet):
+class EventFilter(StrictFilterSet):
     deployment = IdFilter("deployment_id")
     since = UtcDateTimeFilter(field_name="time", lookup_expr="gte")
 
@@ -247,10 +225,13 @@ def prometheus_targets(request: Request) -> Response:
 @extend_schema(responses={200: HostAnswer})
 @api_view(["GET"])
 def host(request: Request) -> Response:
+    # No URL's credentials: a Ray address or a LiteLLM error may quote user:pass@.
     return Response(
-        {
-            **host_summary(),
-            "ray": cluster_summary(),
-            "ondemand": hooks.reports.litellm_site_status(),
-        }
+        redact_urls(
+            {
+                **host_summary(),
+                "ray": cluster_summary(),
+                "ondemand": hooks.reports.litellm_site_status(),
+            }
+        )
     )

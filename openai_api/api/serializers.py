@@ -2,15 +2,18 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from deployments.api.fields import StrictNumbers
+from deployments.models import name_validator
 from openai_api.models import ApiKey, shown_prefix
 
 
-class ApiKeySerializer(serializers.ModelSerializer):
+class ApiKeySerializer(StrictNumbers, serializers.ModelSerializer):
     """A key as /api shows it: its visible prefix, never its secret or hash."""
 
     prefix = serializers.SerializerMethodField(help_text="How the key begins (msk-…).")
     allowed_models = serializers.ListField(
-        child=serializers.CharField(max_length=200),
+        # Names as a deployment's: a form's `allowed_models={}` is not a model called "{}".
+        child=serializers.CharField(max_length=200, validators=[name_validator]),
         required=False,
         help_text="Served names or aliases this key may call; empty: all.",
     )
@@ -28,6 +31,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
             "last_used",
         )
         read_only_fields = ("revoked", "created", "last_used")
+        extra_kwargs = {"name": {"min_length": 1}}  # as the server refuses a blank one
 
     def get_prefix(self, key: ApiKey) -> str:
         return shown_prefix(key.prefix)

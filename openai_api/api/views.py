@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import DjangoModelPermissions
 from rest_framework.response import Response
 
+from deployments.api.filters import StrictFilterSet, strict_boolean
 from openai_api import keys
 from openai_api.api.serializers import ApiKeySerializer, IssuedKeySerializer
 from openai_api.models import ApiKey
@@ -39,6 +40,14 @@ class KeyPermissions(DjangoModelPermissions):
         return super().has_permission(request, view)
 
 
+class KeyFilter(StrictFilterSet):
+    revoked = strict_boolean("revoked")  # `?revoked=null` is a 400, not every key
+
+    class Meta:
+        model = ApiKey
+        fields = ("revoked", "name")
+
+
 class ApiKeyViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -49,7 +58,7 @@ class ApiKeyViewSet(
     queryset = ApiKey.objects.all()
     serializer_class = ApiKeySerializer
     permission_classes = [KeyPermissions]
-    filterset_fields = ("revoked", "name")
+    filterset_class = KeyFilter
 
     @extend_schema(request=ApiKeySerializer, responses={201: IssuedKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
