@@ -88,7 +88,9 @@ class LlamaServerLoader(Loader):
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         if spec.usecase == "embed":
-            return ("embeddings", "rerank")
+            # llama-server answers /rerank only when started for it; any other embedding
+            # server answers 501, which the gateway turns into 404 unsupported_endpoint.
+            return ("embeddings", "rerank") if reranks(spec.config) else ("embeddings",)
         return ("chat/completions", "completions", "messages")
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
@@ -97,3 +99,20 @@ class LlamaServerLoader(Loader):
             return None
         n_ctx = int(spec.config.get("n_ctx", 4096))
         return round(weights * 1.1 + self.context_gib_per_1k * n_ctx / 1024, 3)
+
+
+def reranks(cfg: dict[str, object]) -> bool:
+    """Whether llama-server is started for reranking: `pooling: rank`, or --reranking (or
+    --rerank, or --pooling rank) among its extra_args, the last word on pooling winning as it
+    does on llama-server's command line."""
+    ranked = cfg.get("pooling") == "rank"
+    extra = cfg.get("extra_args")
+    args = [str(a) for a in extra] if isinstance(extra, list) else []
+    for i, arg in enumerate(args):
+        if arg in ("--reranking", "--rerank"):
+            ranked = True
+        elif arg == "--pooling" and i + 1 < len(args):
+            ranked = args[i + 1] == "rank"
+        elif arg.startswith("--pooling="):
+            ranked = arg.partition("=")[2] == "rank"
+    return ranked
