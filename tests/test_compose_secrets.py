@@ -134,7 +134,7 @@ def test_it_reads_a_url_from_its_file(tmp_path: Path, monkeypatch: pytest.Monkey
     assert env_secret("REDIS_URL", "") == ""
 
 
-def test_the_settings_take_the_database_and_redis_from_their_files(tmp_path: Path) -> None:
+def test_it_takes_the_database_and_redis_urls_from_their_files(tmp_path: Path) -> None:
     (tmp_path / "database_url").write_text("postgres://modelship:pw1@postgres:5432/modelship\n")
     (tmp_path / "redis_url").write_text("redis://:pw2@redis:6379/0\n")
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")} | {

@@ -152,11 +152,21 @@ class DockerRuntime:
         # Inside a container on the engines' network, Modelship reaches them by address; else
         # through a port published on the loopback interface only.
         inside = settings.MSHIP_DOCKER_NETWORK in own_network_names(self.client)
+        env = launch.env
+        if network.attrs.get("Internal"):
+            # No route out (compose.yaml's engines network): nothing can be published from
+            # it, and a model comes from the cache, the Hub being out of reach.
+            if not inside:
+                raise RuntimeError_(
+                    f"the engines' network {network.name!r} is internal: only a Modelship "
+                    "running in a container on it can reach its engines (MSHIP_DOCKER_NETWORK)"
+                )
+            env = {"HF_HUB_OFFLINE": "1", **env}
         kwargs = create_kwargs(
             launch.options,
             num_gpus=launch.num_gpus,
             model=launch.model,
-            env=launch.env,
+            env=env,
             mounts=launch.mounts,
             placed=launch.gpus,
             cache=launch.cache,
