@@ -23,6 +23,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from common.networks import networks
 from deployments.metrics_collector import ControlPlaneCollector
+from modelship_site.metrics_token import has_metrics_token
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -33,11 +34,13 @@ VIEW_DEPLOYMENTS = "deployments.view_deployment"
 def metrics(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return refusal(405, f"{request.method} is not allowed on /metrics.")
-    if not from_allowed_address(request) and not may_view(request):
+    allowed = from_allowed_address(request) or has_metrics_token(request)
+    if not allowed and not may_view(request):
         return refusal(
             401,
-            "Metrics need an /api token (Authorization: Token …) of a user who may view"
-            " deployments, or a request from an address in MSHIP_METRICS_ALLOW.",
+            "Metrics need MSHIP_METRICS_TOKEN (Authorization: Bearer …), an /api token"
+            " (Authorization: Token …) of a user who may view deployments, or a request from"
+            " an address in MSHIP_METRICS_ALLOW.",
         )
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(settings.MSHIP_METRICS_DIR))  # type: ignore[no-untyped-call]

@@ -249,6 +249,11 @@ MSHIP_ACCESS_LOG = env_choice("MSHIP_ACCESS_LOG", "json", ("json", "off"))
 # /metrics: open to these addresses (CIDRs); from elsewhere, an /api token of a user who may
 # view deployments.
 MSHIP_METRICS_ALLOW = env_networks("MSHIP_METRICS_ALLOW", ["127.0.0.1/32", "::1/128"])
+# A bearer token a scraper off those addresses may read /metrics with (empty: none), and
+# whether API key prefixes label the request counts (off: one series per key is a lot of
+# series, and it tells whoever reads the metrics who the callers are).
+MSHIP_METRICS_TOKEN = env_str("MSHIP_METRICS_TOKEN", "")
+MSHIP_METRICS_KEY_PREFIXES = env_bool("MSHIP_METRICS_KEY_PREFIXES", False)
 
 # --- Modelship ------------------------------------------------------------------------------
 # Memory budget. A GPU host's is per device: the ones MSHIP_GPU_INVENTORY declares ("80,80,80,80"

@@ -106,7 +106,7 @@ def finish(record: RequestRecord) -> None:
     tokens_in, tokens_out = record.usage() if record.status == 200 else (None, None)
     # Nothing went out: the caller left first (nginx's 499).
     status = record.status or CLIENT_GONE
-    series = _series(record.model, endpoint_label(record.endpoint), status, record.key)
+    series = _series(record.model, endpoint_label(record.endpoint), status, key_label(record.key))
     series.requests.inc()
     series.duration.observe(duration)
     if ttfb is not None:
@@ -129,6 +129,15 @@ class Series:
     ttfb: Any
     tokens_in: Any
     tokens_out: Any
+
+
+def key_label(key: str) -> str:
+    """The key label of the request counts: a key's visible prefix only where the site asks
+    for it (MSHIP_METRICS_KEY_PREFIXES), since it names the callers to whoever reads /metrics;
+    the on-demand gateway's one key (LiteLLM's) is named either way. The access log keeps it."""
+    if settings.MSHIP_METRICS_KEY_PREFIXES or key == "ondemand":
+        return key
+    return ""
 
 
 @functools.lru_cache(maxsize=4096)

@@ -65,6 +65,7 @@ def server(tmp_path: Path, site: Any, name: str, metrics_dir: Path) -> tuple[str
         MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
         MSHIP_MEMORY_CAPACITY_GIB="8",
         MSHIP_ROUTE_REFRESH_S="0.2",
+        MSHIP_METRICS_KEY_PREFIXES="1",  # the counts by key are checked below
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
