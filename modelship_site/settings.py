@@ -316,6 +316,11 @@ MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
 MSHIP_ENGINE_CONNECTIONS = env_int("MSHIP_ENGINE_CONNECTIONS", 4096)
 # Requests per minute of a key that sets no limit of its own (0: none).
 MSHIP_DEFAULT_RPM = env_int("MSHIP_DEFAULT_RPM", 6000)
+# The most tokens a request may ask a deployment to generate where neither its engine's
+# context length nor its max_output_tokens option says (openai_api/output_tokens.py).
+MSHIP_MAX_OUTPUT_TOKENS = env_int("MSHIP_MAX_OUTPUT_TOKENS", 32768)
+if MSHIP_MAX_OUTPUT_TOKENS < 1:
+    raise ImproperlyConfigured("MSHIP_MAX_OUTPUT_TOKENS must be at least 1")
 MSHIP_CORS_ORIGINS = env_list("MSHIP_CORS_ORIGINS", [])
 MSHIP_ROUTE_REFRESH_S = env_float("MSHIP_ROUTE_REFRESH_S", 0.5)
 # A route table not refreshed for this long (the database is down) fails requests closed.

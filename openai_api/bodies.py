@@ -4,14 +4,22 @@ A body nested a thousand levels deep makes Python's JSON reader (and every recur
 after it) raise RecursionError; such a body is refused with a 400 before it is parsed.
 MAX_DEPTH is far beyond any OpenAI request (a tool's JSON schema is the deepest part, and
 OpenAI itself caps those at 10 levels).
+
+Every reading here is linear in the body's size, whatever the body: a caller must not be able
+to buy seconds of the event loop with a few kilobytes (the depth scan's first pattern retried
+from every quote of an unterminated string, 3 s for 32 KB; a form part in punycode decodes in
+quadratic time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import encodings
+import encodings.aliases
 import json
 import re
 from email.message import Message
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from openai_api.errors import GatewayError
@@ -21,9 +29,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 MAX_DEPTH = 64
-INLINE_PARSE_BYTES = 256 * 1024  # parsed on the event loop up to this size, else in a thread
-# A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
-_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+INLINE_PARSE_BYTES = 64 * 1024  # parsed on the event loop up to this size, else in a thread
+# A JSON string, closed or not (an unterminated one runs to the end of the body). It cannot
+# fail once it starts at a quote and never gives back what it took, so removing every string
+# is one pass over the body.
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
+# What is left once strings are gone: brackets as signed steps (+1 opens, -1 closes), the
+# rest deleted.
+_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 async def parsed(
@@ -37,23 +51,27 @@ async def parsed(
 
 
 def too_deep(body: bytes, limit: int = MAX_DEPTH) -> bool:
-    """Whether JSON text nests deeper than `limit` (read without parsing it)."""
+    """Whether JSON text nests deeper than `limit` (read without parsing it, in time
+    linear in its size: a few passes in C, no Python bytecode per byte)."""
     if body.count(b"[") + body.count(b"{") <= limit:
         return False  # the usual case, answered by two C-speed counts
-    depth = 0
-    for match in _TOKENS.finditer(body):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > limit:
-                return True
-        elif token in (b"]", b"}"):
-            depth -= 1
-    return False
+    steps = _STRING.sub(b"", body).translate(_STEPS, _NOT_BRACKETS)
+    if steps.count(1) <= limit:
+        return False  # the brackets were inside strings
+    # The depth after each bracket is the running sum of the steps.
+    return max(accumulate(memoryview(steps).cast("b"))) > limit
 
 
 def json_value(body: bytes) -> Any:
     """The body's JSON value; 400 invalid_json when it is not JSON or nests too deep."""
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        # Read as the parser reads it: in UTF-16 or UTF-32 a character's bytes may hold a
+        # quote or a backslash (U+5C41 is 41 5C), and the scan would lose track of strings.
+        try:
+            body = body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+        except UnicodeError as exc:
+            raise GatewayError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from exc
     if too_deep(body):
         raise GatewayError(
             400, f"The JSON body nests deeper than {MAX_DEPTH} levels.", "invalid_json"
@@ -95,15 +113,37 @@ def form_field(content_type: str, body: bytes, name: str) -> str | None:
                 part_type = headers.get("content-type", "text/plain")
                 if part_type.lower().startswith("multipart/"):
                     raise invalid
-                charset = header_params(part_type).get("charset", "utf-8")
+                codec = form_codec(header_params(part_type).get("charset", "utf-8"), name)
                 try:
-                    return body[headers_end + 4 : following].decode(charset)
-                except (LookupError, UnicodeError) as exc:
+                    return body[headers_end + 4 : following].decode(codec)
+                except UnicodeError as exc:
                     raise invalid from exc
         pos = following + 2
     raise GatewayError(
         400, f"The form has more than {MAX_PARTS} parts before its '{name}'.", "invalid_form"
     )
+
+
+# The charsets clients send a form's text in (the SDKs, curl and browsers send UTF-8, or no
+# charset), as Python names their codecs. Any other is refused unread: some codecs decode in
+# quadratic time (punycode: 200 KB took 13 s), and none is needed for a model's name.
+FORM_CODECS = frozenset({"utf_8", "ascii", "latin_1"})
+
+
+def form_codec(charset: str, field: str) -> str:
+    """The codec of a part's charset, under any of its spellings (UTF8, us-ascii,
+    ISO_8859-1...); 400 invalid_form for any other charset."""
+    normalized = encodings.normalize_encoding(charset.strip().lower())
+    codec = encodings.aliases.aliases.get(normalized, normalized)
+    if codec not in FORM_CODECS:
+        raise GatewayError(
+            400,
+            f"The form's '{field}' is in charset {charset[:40]!r}; send it in utf-8,"
+            " us-ascii or iso-8859-1.",
+            "invalid_form",
+            param=field,
+        )
+    return codec
 
 
 MAX_PART_HEADER_BYTES = 8192

@@ -50,6 +50,9 @@ class Route:
     networks: tuple[str, ...] = ()  # the engines' Docker networks (subnets)
     sees_images: bool = False  # its chat takes image parts
     responses_by_engine: bool = False  # /v1/responses passed to the engine's own
+    # The most tokens a request may ask for (Loader.output_token_limit); None: the site's
+    # MSHIP_MAX_OUTPUT_TOKENS.
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def route_of(d: Deployment) -> Route:
         networks=tuple(str(subnet) for h in handles for subnet in h.get("subnets", ())),
         sees_images=loader.sees_images(spec) if loader else False,
         responses_by_engine=d.responses == ResponsesBy.ENGINE,
+        max_output_tokens=loader.output_token_limit(spec) if loader else None,
     )
 
 

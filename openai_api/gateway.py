@@ -12,6 +12,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+from deployments.models import Deployment
 from openai_api.auth import Caller, authenticate, last_used
 from openai_api.bodies import form_field, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
@@ -20,6 +21,7 @@ from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.models import shown_prefix
+from openai_api.output_tokens import check_output_tokens
 from openai_api.rate_limits import rate_limiter
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, conversation_api, input_tokens, store
@@ -43,6 +45,10 @@ async def handle(exchange: Exchange) -> None:
     record.identity = caller.identity
     if caller.key is not None:
         record.key = shown_prefix(caller.key.prefix)
+        # Every route, before its body is read or parsed: a caller over its rate costs
+        # nothing more (conversations and stored responses too).
+        await rate_limiter.check(caller.key)
+        last_used.touch(caller.key)
     if endpoint == "models" or endpoint.startswith("models/"):
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
@@ -62,10 +68,6 @@ async def handle(exchange: Exchange) -> None:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
-    if caller.key is not None:
-        # Before the body is read or parsed: a caller over its rate costs nothing more.
-        await rate_limiter.check(caller.key)
-        last_used.touch(caller.key)
     body = await exchange.read_body()
     content_type = exchange.headers.get("content-type", "")
     name, streaming, data = await parsed(
@@ -73,6 +75,7 @@ async def handle(exchange: Exchange) -> None:
     )
     route = route_for(snapshot, caller, name)
     record.model = route.name
+    check_output_tokens(route, data)
     previous = (data or {}).get("previous_response_id")
     if endpoint in ("responses", COUNT_TOKENS) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)
@@ -94,8 +97,19 @@ def route_for(snapshot: Snapshot, caller: Caller, name: str) -> Route:
     route = snapshot.routes.get(name)
     if route is None or (caller.key is not None and not caller.key.may_use(route)):
         # As if it did not exist: a restricted key learns nothing of other models.
-        raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
+        raise GatewayError(404, f"The model {shown(name)} does not exist.", "model_not_found")
     return route
+
+
+NAME_LENGTH = Deployment._meta.get_field("name").max_length or 200
+
+
+def shown(name: str) -> str:
+    """A requested name as an error quotes it: never longer than a deployment's name can be
+    (a caller's megabyte of name is not echoed back to it)."""
+    if len(name) <= NAME_LENGTH:
+        return repr(name)
+    return f"{name[:NAME_LENGTH]!r}... ({len(name)} characters)"
 
 
 def responses_route(snapshot: Snapshot, caller: Caller, name: str) -> Route:
@@ -184,7 +198,7 @@ async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) 
     if wanted:
         route = snapshot.routes.get(wanted)
         if route is None or route not in visible:
-            raise GatewayError(404, f"The model {wanted!r} does not exist.", "model_not_found")
+            raise GatewayError(404, f"The model {shown(wanted)} does not exist.", "model_not_found")
         body = card(route, wanted)
     else:
         data = [card(r, served) for r in visible for served in (r.name, *r.aliases)]

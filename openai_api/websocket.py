@@ -36,6 +36,7 @@ from openai_api.catalog import catalog
 from openai_api.errors import TYPES, GatewayError
 from openai_api.exchange import cors_allowed, json_headers
 from openai_api.gateway import check_response_scope, responses_route
+from openai_api.output_tokens import check_output_tokens
 from openai_api.rate_limits import rate_limiter
 from openai_api.responses.fields import bad
 from openai_api.responses.foreground import Opening, run
@@ -212,6 +213,7 @@ class Socket:
         if not isinstance(data.get("model"), str):
             raise bad("'model' is required.", "model")
         route = responses_route(snapshot, caller, data["model"])
+        check_output_tokens(route, data)
         previous = data.get("previous_response_id")
         if isinstance(previous, str) and previous not in self.known:
             await check_response_scope(caller, snapshot, previous)

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,9 @@ class SimConfig:
     reply: str = DEFAULT_REPLY
     echo: bool = False
     max_tokens: int | None = None
+    # The most tokens a request may ask for: more is a 400, as vLLM answers a request past
+    # its context length.
+    max_output_tokens: int = 32768
     reasoning: str | None = None
     tool_call: bool = False
     tool_name: str | None = None  # the tool to call when it is offered (else the first)
@@ -78,13 +81,46 @@ class SimState:
 STATE = web.AppKey("state", SimState)
 
 
-def tokens_for(state: SimState, body: dict[str, Any], prompt: str) -> list[str]:
+def tokens_for(state: SimState, body: dict[str, Any], prompt: str) -> Reply:
     """The words to emit: the fixed reply or the echoed prompt, cycled up to max_tokens."""
     text = prompt if state.config.echo and prompt else state.config.reply
     words = text.split() or ["."]
     limit = body.get("max_tokens") or body.get("max_completion_tokens") or state.config.max_tokens
     count = len(words) if limit is None else max(0, int(limit))
-    return [(" " if i else "") + words[i % len(words)] for i in range(count)]
+    return Reply(words, min(count, state.config.max_output_tokens))
+
+
+class Reply(Collection[str]):
+    """An answer's tokens, each made as it is sent: a long answer is never held whole
+    (a request for 2**31 tokens once grew the engine until the OOM killer stopped it)."""
+
+    def __init__(self, words: list[str], count: int) -> None:
+        self.words = words
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        words = self.words
+        for i in range(self.count):
+            yield (" " if i else "") + words[i % len(words)]
+
+    def __contains__(self, token: object) -> bool:
+        return any(token == t for t in self)
+
+
+def over_the_cap(config: SimConfig, body: dict[str, Any]) -> str | None:
+    """Why a request asks for more tokens than the engine makes, or None."""
+    cap = config.max_output_tokens
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+            return (
+                f"{name} is too large: {value}. This model supports at most {cap} completion"
+                f" tokens, whereas you provided {value}."
+            )
+    return None
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -167,6 +203,8 @@ def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.Str
         if found is not None:
             return error(400, found[1], "invalid_request")
         state = request.app[STATE]
+        if (too_many := over_the_cap(state.config, body)) is not None:
+            return error(400, too_many, "invalid_value")
         if state.config.fail_status is not None:
             async with Inflight(state, request):
                 message = "The simulated engine failed as it was told to."
@@ -193,7 +231,7 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{prefix}data: {payload}\n\n".encode()
 
 
-def usage(prompt: str, tokens: list[str]) -> dict[str, int]:
+def usage(prompt: str, tokens: Collection[str]) -> dict[str, int]:
     prompt_tokens = max(1, len(prompt.split()))
     return {
         "prompt_tokens": prompt_tokens,

@@ -36,6 +36,7 @@ from deployments.engines.common import (
 from deployments.engines.sim_core import (
     STATE,
     Inflight,
+    Reply,
     SimConfig,
     SimState,
     guard,
@@ -65,7 +66,7 @@ async def chat_completions(
     if tool_result is not None:
         # A tool's answer came back: say it, in words.
         words = f"The tool said: {tool_result}".split()
-        tokens = [(" " if i else "") + w for i, w in enumerate(words)]
+        tokens = Reply(words, len(words))
     state.last_chat_request = body
     state.last_chat_headers = dict(request.headers)
     async with Inflight(state, request):

@@ -79,6 +79,10 @@ class Loader:
     binary_name: ClassVar[str] = ""
     binary_env: ClassVar[str] = ""
     container_binary: ClassVar[str] = ""
+    # The option that sets the engine's context length in tokens, and the engine's own default
+    # for it where it has one: no request may ask it for more output than that.
+    context_option: ClassVar[str | None] = None
+    context_default: ClassVar[int | None] = None
 
     @property
     def serves_metrics(self) -> bool:
@@ -126,6 +130,18 @@ class Loader:
         400 naming the part where it does not)."""
         return False
 
+    def output_token_limit(self, spec: EngineSpec) -> int | None:
+        """The most tokens one request may ask the engine to generate: its context length
+        where its configuration says it, else its `max_output_tokens` option where it has
+        one; None: not known here (the gateway's site default applies)."""
+        if self.context_option:
+            context = whole_number(spec.config.get(self.context_option)) or self.context_default
+            if context:
+                return context
+        if "max_output_tokens" in self.config_options:
+            return whole_number(spec.config.get("max_output_tokens"))
+        return None
+
     def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         """The engine environment (deployments/engine_envs.py) its process runs on (in a
         container too, mounted from the host); None: Modelship's own Python, or a program of
@@ -159,6 +175,15 @@ class Loader:
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         """Memory the engine will hold, where it can be known without starting it."""
         return None
+
+
+def whole_number(value: Any) -> int | None:
+    """A positive whole number given as a number or as digits; None for anything else."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def file_size_gib(path: str) -> float | None:

@@ -39,6 +39,8 @@ class LlamaServerLoader(Loader):
     binary_name = "llama-server"
     binary_env = "MSHIP_LLAMA_SERVER_BIN"
     container_binary = "/app/llama-server"
+    context_option = "n_ctx"
+    context_default = 4096  # llama-server's -c, as argv() passes it
     # KV cache and compute buffers on top of the weights, per 1k tokens of context (rough).
     context_gib_per_1k: ClassVar[float] = 0.02
 

@@ -72,6 +72,7 @@ class SimulatedLoader(ShippedEngineLoader):
         "reply": "what it answers",
         "echo": "answer with the prompt instead",
         "max_tokens": "the longest answer, in tokens",
+        "max_output_tokens": "the most tokens a request may ask for (32768; more is a 400)",
         "reasoning": "reasoning text sent before the answer",
         "tool_call": "call a tool the request offers",
         "memory_claim_gib": "the memory it says it needs (GiB)",

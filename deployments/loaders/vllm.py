@@ -35,6 +35,7 @@ class VllmLoader(Loader):
     can_sleep_mode = True
     native_responses = True
     tokenizer = "vllm"
+    context_option = "max_model_len"  # else the model's own, not known here
 
     # vLLM has hundreds of engine arguments; any is passed through as a flag.
     def validate(self, spec: EngineSpec) -> list[str]:

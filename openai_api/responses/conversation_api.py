@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from openai_api.bodies import json_value
+from openai_api.bodies import json_value, parsed
 from openai_api.errors import GatewayError
 from openai_api.responses import conversations, fields, store
 from openai_api.responses.input_items import input_items
@@ -69,6 +69,11 @@ async def answer(exchange: Exchange, fn: Any, *args: Any) -> None:
 
 async def body_of(exchange: Exchange) -> dict[str, Any]:
     body = await exchange.read_body()
+    return await parsed(json_object, exchange.headers.get("content-type", ""), body)
+
+
+def json_object(content_type: str, body: bytes) -> dict[str, Any]:
+    """A body's JSON object ({} for none), read as every /v1 body is (bodies.parsed)."""
     data = json_value(body) if body.strip() else {}
     if not isinstance(data, dict):
         raise GatewayError(400, "The body must be a JSON object.", "invalid_request")
