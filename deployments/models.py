@@ -11,6 +11,7 @@ from django.db import models
 from common.json_shapes import command_line, json_object, list_of_names
 from common.versioned import Versioned, VersionedQuerySet
 from deployments import loaders
+from deployments.auth_models import ApiToken, LoginFailure  # noqa: F401  (registered here)
 from deployments.autoscaling import AutoscalingConfig
 from deployments.fingerprint import CONFIG_FIELDS
 

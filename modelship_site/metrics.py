@@ -12,16 +12,15 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
-from rest_framework.authentication import TokenAuthentication
-from rest_framework.exceptions import AuthenticationFailed
 
 from common.networks import networks
+from deployments.api.tokens import user_of_token
 from deployments.metrics_collector import ControlPlaneCollector
 from modelship_site.metrics_token import has_metrics_token
 
@@ -69,15 +68,11 @@ def from_allowed_address(request: HttpRequest) -> bool:
 
 
 def may_view(request: HttpRequest) -> bool:
-    user = request.user
+    user: Any = request.user
     if not user.is_authenticated:
-        try:
-            found = TokenAuthentication().authenticate(request)  # type: ignore[arg-type]
-        except AuthenticationFailed:
+        user = user_of_token(request)  # the /api token, hashed and throttled as there
+        if user is None:
             return False
-        if found is None:
-            return False
-        user = found[0]
     return bool(user.is_active and user.is_staff and user.has_perm(VIEW_DEPLOYMENTS))
 
 

@@ -71,8 +71,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "rest_framework",
-    "rest_framework.authtoken",
+    "rest_framework",  # its tokens are deployments.ApiToken, kept hashed (not authtoken's)
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's assets served from here: /api/docs/ offline
@@ -190,10 +189,20 @@ WHITENOISE_USE_FINDERS = True
 
 # Basic auth sends the admin's password with every call: off unless a site asks for it.
 MSHIP_API_BASIC_AUTH = env_bool("MSHIP_API_BASIC_AUTH", False)
+# Every password sign-in (the admin, /api's Basic auth) and every /api token is throttled:
+# after MSHIP_LOGIN_MAX_FAILURES failures within MSHIP_LOGIN_WINDOW_S for one user name or
+# from one address, further tries are refused until the window passes
+# (deployments/login_throttle.py).
+AUTHENTICATION_BACKENDS = ["deployments.sign_in.ThrottledModelBackend"]
+MSHIP_LOGIN_MAX_FAILURES = env_int("MSHIP_LOGIN_MAX_FAILURES", 10)
+MSHIP_LOGIN_WINDOW_S = env_float("MSHIP_LOGIN_WINDOW_S", 900)
+if MSHIP_LOGIN_MAX_FAILURES < 1 or MSHIP_LOGIN_WINDOW_S <= 0:
+    raise ImproperlyConfigured("MSHIP_LOGIN_MAX_FAILURES and MSHIP_LOGIN_WINDOW_S must be > 0")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # The first class names the challenge of a 401: a token, for scripts.
-        "rest_framework.authentication.TokenAuthentication",
+        "deployments.api.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
         *(["rest_framework.authentication.BasicAuthentication"] if MSHIP_API_BASIC_AUTH else []),
     ],

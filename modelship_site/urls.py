@@ -2,12 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from deployments.sign_in import ThrottledAdminLoginForm
 from modelship_site.health import health, readyz
 from modelship_site.metrics import metrics
 
 admin.site.site_header = "Modelship"
 admin.site.site_title = "Modelship"
 admin.site.index_title = "Control plane"
+# Says so when failed sign-ins have throttled a login (deployments/login_throttle.py).
+admin.site.login_form = ThrottledAdminLoginForm
 
 urlpatterns = [
     path("health", health, name="health"),

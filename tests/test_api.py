@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 from django_q.brokers import get_broker
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from deployments import deployer
+from deployments.api.tokens import issue_token
 from deployments.models import AuditEntry, Deployment, State
 
 SIM = {"name": "sim", "model": "simulated", "loader": "simulated", "memory_gib": 1}
@@ -37,9 +37,9 @@ def test_it_refuses_anonymous_and_non_staff_callers(transactional_db: None) -> N
 
 def test_it_accepts_a_token(transactional_db: None) -> None:
     user = User.objects.create_superuser("tok", "t@example.com", "pw-123456")
-    token = Token.objects.create(user=user)
+    token = issue_token(user)
     client = APIClient()
-    answer = client.get("/api/deployments/", HTTP_AUTHORIZATION=f"Token {token.key}")
+    answer = client.get("/api/deployments/", HTTP_AUTHORIZATION=f"Token {token}")
     assert answer.status_code == 200
 
 

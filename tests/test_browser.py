@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from deployments.api.tokens import issue_token
 from deployments.models import Deployment
 from tests.conftest import REPO, chat
 
@@ -100,7 +100,7 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
     assert text_of(browser, f'[data-live="activity"][data-id="{napper.pk}"]').startswith("sleeping")
 
     # Started by someone else (the CLI, a script): the list shows it as it happens.
-    token = Token.objects.create(user=User.objects.get(username="ops")).key
+    token = issue_token(User.objects.get(username="ops"))
     started = httpx.post(
         f"{url}/api/deployments/{talker.pk}/start/", headers={"Authorization": f"Token {token}"}
     )

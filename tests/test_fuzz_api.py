@@ -11,9 +11,9 @@ import schemathesis
 from django.contrib.auth.models import User
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import positive_data_acceptance
 
+from deployments.api.tokens import issue_token
 from deployments.models import Deployment
 
 EXAMPLES = int(os.environ.get("MSHIP_FUZZ_API_EXAMPLES", "25"))
@@ -30,7 +30,7 @@ def token(transactional_db: None) -> str:
     user = User.objects.create_superuser("fuzz", "f@example.com", "pw-123456")
     for name in ("a", "b", "c"):  # so that some generated ids name a real deployment
         Deployment.objects.create(name=name, model="simulated", loader="simulated")
-    return Token.objects.create(user=user).key
+    return issue_token(user)
 
 
 FUZZ = settings(

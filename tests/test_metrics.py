@@ -18,11 +18,11 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from common import metrics
 from deployments import deployer
+from deployments.api.tokens import issue_token
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
 from openai_api.access import writer
@@ -242,11 +242,11 @@ def test_it_refuses_metrics_outside_the_allow_list_without_a_token(
     assert refused.status_code == 401 and "MSHIP_METRICS_ALLOW" in refused.json()["detail"]
     viewer = User.objects.create_user("viewer", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_deployment"))
-    token = Token.objects.create(user=viewer).key
+    token = issue_token(viewer)
     allowed = client.get("/metrics", HTTP_AUTHORIZATION=f"Token {token}")
     assert allowed.status_code == 200 and "modelship_deployment_state" in allowed.text
-    outsider = Token.objects.create(user=User.objects.create_user("outsider", is_staff=True))
-    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Token {outsider.key}").status_code == 401
+    outsider = issue_token(User.objects.create_user("outsider", is_staff=True))
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Token {outsider}").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Token wrong").status_code == 401
     assert client.post("/metrics").status_code == 405
 

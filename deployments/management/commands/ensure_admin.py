@@ -14,9 +14,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils.crypto import get_random_string
-from rest_framework.authtoken.models import Token
 
 from common.secret_files import write_secret
+from deployments.api.tokens import issue_token
+from deployments.auth_models import ApiToken
 
 
 def password_file() -> Path:
@@ -45,8 +46,8 @@ def ensure_admin(username: str = "admin") -> AdminLogin:
         write_secret(password_file(), password)
     admin = users.objects.filter(username=username, is_superuser=True).first()
     token = None
-    if admin is not None and not Token.objects.filter(user=admin).exists():
-        token = Token.objects.create(user=admin).key
+    if admin is not None and not ApiToken.objects.filter(user=admin).exists():
+        token = issue_token(admin)  # the database keeps only its digest: this file has it
         write_secret(token_file(), token)
     return AdminLogin(username, password, token)
 
