@@ -1,7 +1,8 @@
 """Property-based fuzzing of every /v1 and /ondemand route of the in-process gateway, in front
 of the simulated engine: random and mutated bodies, headers, paths, queries and multipart
-forms. Whatever comes in, the answer is JSON or SSE, never a 5xx other than 502/503/504 (and
-those OpenAI-shaped), never a hang; and once it is over, nothing is left in flight.
+forms (in any charset Python has a codec for), token counts far past any limit. Whatever
+comes in, the answer is JSON or SSE, never a 5xx other than 502/503/504 (and those
+OpenAI-shaped), never a hang; and once it is over, nothing is left in flight.
 
 MSHIP_FUZZ_EXAMPLES sets the examples per test (default 300, derandomized so CI sees the same
 inputs every run); MSHIP_FUZZ_SEED=random draws new ones (for a long hunt).
@@ -9,6 +10,7 @@ inputs every run); MSHIP_FUZZ_SEED=random draws new ones (for a long hunt).
 
 from __future__ import annotations
 
+import encodings.aliases
 import json
 import os
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from deployments import deployer
 from deployments.models import Deployment, State
 from ondemand.registry import controllers
+from openai_api.bodies import FORM_CODECS
 from openai_api.catalog import catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC
@@ -85,6 +88,10 @@ json_value = st.recursive(
     max_leaves=20,
 )
 models = st.sampled_from(["sim", "emb", "od", "missing", "", "sim" * 100])
+# What a request may ask an engine to make: within the deployment's limit, just past it, and
+# far past it (2**31 once grew the simulated engine until the OOM killer stopped it).
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+token_counts = st.sampled_from([0, 1, 32768, 32769, 2**31, 2**63, 10**30, 1e308, -1, 2.5])
 
 
 @st.composite
@@ -93,7 +100,7 @@ def mutated(draw: st.DrawFn, endpoint: str) -> dict[str, Any]:
     body = json.loads(json.dumps(TEMPLATES.get(endpoint, TEMPLATES["chat/completions"])))
     body["model"] = draw(models)
     for _ in range(draw(st.integers(0, 3))):
-        keys = [*body, "stream", "stream_options", "max_tokens", "tools", "background", "store"]
+        keys = [*body, "stream", "stream_options", *TOKEN_FIELDS, "tools", "background", "store"]
         key = draw(st.sampled_from(keys))
         action = draw(st.sampled_from(["replace", "drop", "deepen"]))
         if action == "drop":
@@ -104,6 +111,8 @@ def mutated(draw: st.DrawFn, endpoint: str) -> dict[str, Any]:
                 container[draw(st.integers(0, len(container) - 1))] = draw(json_value)
             elif isinstance(container, dict) and container:
                 container[draw(st.sampled_from(sorted(container)))] = draw(json_value)
+        elif key in TOKEN_FIELDS:
+            body[key] = draw(token_counts | json_value)
         else:
             body[key] = draw(json_value | st.booleans())
     return body
@@ -120,6 +129,16 @@ def form(draw: st.DrawFn) -> tuple[bytes, str]:
                     "",
                     "text/plain; charset=utf-8",
                     "text/plain; charset=x-nope",
+                    # Codecs Python has but a form is not read in (punycode and idna decode in
+                    # quadratic time), and spellings of the ones it is.
+                    "text/plain; charset=punycode",
+                    "text/plain; charset=idna",
+                    "text/plain; charset=utf-7",
+                    "text/plain; charset=utf-16",
+                    "text/plain; charset=rot13",
+                    'text/plain; charset="UTF8"',
+                    "text/plain; charset=latin1",
+                    "text/plain; charset=us-ascii",
                     "multipart/mixed; boundary=c",
                     "audio/wav",
                 ]
@@ -326,6 +345,47 @@ def test_it_answers_any_ondemand_request_in_shape(
     path = f"/ondemand/{deployment}/v1/{tail}"
     content = json.dumps(body).encode() if method == "POST" else b""
     send(fuzz_site.ondemand, method, path, content, {"content-type": "application/json"})
+
+
+@FUZZ
+@given(
+    endpoint=st.sampled_from(["chat/completions", "completions", "messages", "responses"]),
+    field=st.sampled_from(TOKEN_FIELDS),
+    count=token_counts | st.integers(min_value=32769, max_value=2**64),
+    stream=st.booleans(),
+)
+def test_it_refuses_any_token_count_past_the_limit_in_shape(
+    fuzz_site: Site, endpoint: str, field: str, count: float, stream: bool
+) -> None:
+    body = {**TEMPLATES[endpoint], field: count, "stream": stream}
+    answer = fuzz_site.v1.post(f"/v1/{endpoint}", json=body)
+    check(answer)
+    if count > 32768:  # the site's default: the simulated engine names no limit of its own
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"], error["param"]) == (400, "invalid_value", field)
+
+
+CODECS = sorted(set(encodings.aliases.aliases.values()) | {"punycode", "idna", "rot13"})
+
+
+@FUZZ
+@given(
+    charset=st.sampled_from(CODECS) | st.text(max_size=20),
+    value=st.sampled_from([b"sim", b"sim-" + b"a" * 4096, b"\xff\xfe"]),
+)
+def test_it_reads_a_form_only_in_the_charsets_clients_send(
+    fuzz_site: Site, charset: str, value: bytes
+) -> None:
+    head = '--b\r\nContent-Disposition: form-data; name="model"\r\n'
+    head += f'Content-Type: text/plain; charset="{charset}"\r\n\r\n'
+    answer = fuzz_site.v1.post(
+        "/v1/audio/transcriptions",
+        content=head.encode() + value + b"\r\n--b--\r\n",
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    check(answer)
+    if charset in CODECS and charset not in FORM_CODECS:  # refused unread
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_form"
 
 
 def test_it_leaves_the_engines_as_it_found_them(fuzz_site: Site) -> None:
