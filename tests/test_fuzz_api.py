@@ -1,20 +1,26 @@
 """schemathesis against /api/, from the API's own OpenAPI schema, with a superuser's token:
-no 5xx, and every answer matches the schema (status codes, shapes, content types)."""
+no 5xx, and every answer matches the schema (status codes, shapes, content types). Beyond
+the schema: every {id} route with ids that are not ids, and every body with JSON nested
+far too deep, always answered in JSON, never a 5xx."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 import schemathesis
 from django.contrib.auth.models import User
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import positive_data_acceptance
 
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment
+from openai_api.models import ApiKey
 
 EXAMPLES = int(os.environ.get("MSHIP_FUZZ_API_EXAMPLES", "25"))
 
@@ -64,3 +70,68 @@ def test_it_answers_every_api_operation_as_its_schema_says(
         except (Exception, BaseExceptionGroup) as exc:  # every operation is tried, all reported
             failed.append(f"{operation.label}: {exc}")
     assert not failed, "\n\n".join(failed)
+
+
+# Path segments an id must not be: numbers the router does not take, text, Unicode digits,
+# dots and encoded slashes that no route matches.
+NOT_AN_ID = st.one_of(
+    st.sampled_from(["1.5", "-1", "0x1", "1e3", "\u00b2", "a/b", "..", "\x00", "1 ", "\u0663"]),
+    st.text(min_size=1, max_size=20).filter(lambda s: s not in (".", "..") and not s.isdecimal()),
+)
+
+
+def id_routes(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (method.upper(), path)
+        for path, operations in raw["paths"].items()
+        if "{id}" in path
+        for method in operations
+    ]
+
+
+def deep(depth: int) -> bytes:
+    return b'{"name": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_it_answers_every_id_route_in_json_whatever_the_id(token: str, live_server: Any) -> None:
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    routes = id_routes(raw)
+    assert len(routes) >= 12
+    headers = {"Authorization": f"Token {token}"}
+    with httpx.Client(base_url=live_server.url, headers=headers) as client:
+
+        @FUZZ
+        @given(route=st.sampled_from(routes), id_=NOT_AN_ID)
+        def answers_json(route: tuple[str, str], id_: str) -> None:
+            method, path = route
+            answer = client.request(method, path.replace("{id}", quote(id_, safe="")))
+            assert answer.status_code < 500, (method, path, id_, answer.text[:200])
+            assert answer.headers["content-type"].startswith("application/json"), (
+                method,
+                path,
+                id_,
+                answer.text[:200],
+            )
+
+        answers_json()
+
+
+def test_it_answers_deep_json_on_every_operation_with_a_body_in_json(
+    token: str, live_server: Any
+) -> None:
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    ids = {"deployments": Deployment.objects.get(name="a").pk, "keys": ApiKey.issue("k")[0].pk}
+    operations = [
+        (method.upper(), path.replace("{id}", str(ids.get(path.split("/")[2], 0))))
+        for path, methods in raw["paths"].items()
+        for method, operation in methods.items()
+        if "requestBody" in operation
+    ]
+    assert len(operations) >= 6
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=live_server.url, headers=headers) as client:
+        for method, path in operations:
+            for depth in (65, 1_000, 10_000, 100_000):
+                answer = client.request(method, path, content=deep(depth))
+                assert answer.status_code == 400, (method, path, depth, answer.text[:200])
+                assert "nests deeper" in answer.json()["detail"]
