@@ -291,6 +291,9 @@ MSHIP_DOCKER_NETWORK = env_str("MSHIP_DOCKER_NETWORK", "modelship")
 MSHIP_DOCKER_HOST = env_str("MSHIP_DOCKER_HOST", "")
 # The Ray dashboard (http://<head>:8265) the ray runtime submits its engines to.
 MSHIP_RAY_ADDRESS = env_str("MSHIP_RAY_ADDRESS", "")
+# Where the ray runtime writes each engine's environment (HF_TOKEN among it) for its job to
+# read, readable by Modelship's user only; Ray nodes on other hosts need it at the same path.
+MSHIP_RAY_SECRETS_DIR = env_path("MSHIP_RAY_SECRETS_DIR", VAR_DIR / "ray-env")
 MSHIP_SITE = env_str("MSHIP_SITE", "modelship")
 # The image and Python of the engines Modelship ships (simulated, tts, diffusers) when they
 # run as containers: an image with Modelship installed.
@@ -354,6 +357,11 @@ MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
+# A Responses socket runs at most this many responses (lanes) at once, each beyond the first
+# counted as a connection against MSHIP_MAX_CONNECTIONS (openai_api/ws_lanes.py); it keeps
+# at most this many bytes of the contexts it can continue from memory, the oldest going first.
+MSHIP_WS_MAX_LANES = env_int("MSHIP_WS_MAX_LANES", 8)
+MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # Per caller (a key, or the trusted identity): stored-response bytes, and background runs at
 # once (0: no limit).

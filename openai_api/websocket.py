@@ -9,9 +9,13 @@ response whose events go out as text frames, the same protocol as the SSE stream
 is checked again as a request is (the key still valid, its rate, its models).
 
 One response at a time on a lane: the default lane, or the one a create's `stream_id` names
-(events then carry it); lanes run side by side. A create for a busy lane is an `error`
-event, and so is any refusal: the socket stays open. Responses made on the socket, stored or
-not, can be continued from it by `previous_response_id` (the last MAX_REMEMBERED, in memory).
+(events then carry it); lanes run side by side, at most MSHIP_WS_MAX_LANES on a socket, each
+beyond the first counted as a connection of its own against the server's cap (ws_lanes.py).
+A create for a busy lane is an `error` event, and so is any refusal: the socket stays open.
+Each message is read as a request body is (bodies.json_value: the same depth limit).
+Responses made on the socket, stored or not, can be continued from it by
+`previous_response_id` (the last MAX_REMEMBERED, at most MSHIP_WS_CONTEXT_BYTES of their
+context in all, in memory; the oldest go first).
 A close cancels the responses under way, as a hang-up cancels a request: their engines see
 the request closed.
 
@@ -29,9 +33,12 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from django.conf import settings
 
 from common.request_id import make_request_id
+from openai_api import ws_lanes
 from openai_api.auth import authenticate, last_used
+from openai_api.bodies import json_value
 from openai_api.catalog import catalog
 from openai_api.errors import TYPES, GatewayError
 from openai_api.exchange import cors_allowed, json_headers
@@ -66,6 +73,7 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         return await deny(scope, send, exc, request_id)
     await send({"type": "websocket.accept", "headers": [(b"x-request-id", request_id.encode())]})
     socket = Socket(send, headers, peer)
+    ws_lanes.socket_opened()
     try:
         while True:
             message = await receive()
@@ -76,6 +84,7 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
     except ClientGone:
         pass
     finally:
+        ws_lanes.socket_closed()
         await socket.closed()
 
 
@@ -115,6 +124,26 @@ def error_event(exc: GatewayError, lane: str) -> dict[str, Any]:
     return {**event, "stream_id": lane} if lane else event
 
 
+def json_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # an integer past 64 bits, which orjson does not write
+        return len(json.dumps(value))
+
+
+def too_many_lanes(full: str) -> GatewayError:
+    if full == "socket":
+        return GatewayError(
+            429,
+            f"This socket already has {settings.MSHIP_WS_MAX_LANES} responses in progress;"
+            " send the next one when one ends.",
+            "too_many_streams",
+        )
+    return GatewayError(
+        503, "The server is at its connection limit; try again shortly.", "server_busy"
+    )
+
+
 class ClientGone(Exception):
     """The client closed the socket while something was being sent to it."""
 
@@ -128,6 +157,7 @@ class Socket:
         self.peer = peer
         self.lanes: dict[str, asyncio.Task[None]] = {}
         self.known: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self.known_bytes: dict[str, int] = {}  # each remembered context's size, as JSON
         self._sending = asyncio.Lock()
 
     async def send(self, event: dict[str, Any], lane: str = DEFAULT_LANE) -> None:
@@ -144,10 +174,11 @@ class Socket:
     async def received(self, raw: str | bytes) -> None:
         lane = DEFAULT_LANE
         try:
-            event = json.loads(raw)
-            if not isinstance(event, dict):
-                raise ValueError
-        except ValueError:
+            # As a request body is read: the depth limit, one pass whatever the text.
+            event = json_value(raw.encode() if isinstance(raw, str) else raw)
+        except GatewayError as exc:
+            return await self.send(error_event(exc, lane))
+        if not isinstance(event, dict):
             return await self.send(error_event(bad("A client event is a JSON object."), lane))
         stream_id = event.get("stream_id")
         if stream_id is not None and (not isinstance(stream_id, str) or not stream_id):
@@ -168,6 +199,9 @@ class Socket:
                 "response_already_in_flight",
             )
             return await self.send(error_event(busy, lane))
+        if (full := ws_lanes.may_open(len(self.lanes))) is not None:
+            return await self.send(error_event(too_many_lanes(full), lane))
+        ws_lanes.lane_started(len(self.lanes))
         self.lanes[lane] = asyncio.create_task(self.create(event, lane))
 
     async def create(self, event: dict[str, Any], lane: str) -> None:
@@ -201,6 +235,7 @@ class Socket:
                     await self.send(error_event(GatewayError(500, message, "internal_error"), lane))
         finally:
             # Before the task ends: the lane is free the moment its terminal event is out.
+            ws_lanes.lane_ended(len(self.lanes))
             self.lanes.pop(lane, None)
 
     async def prepare(self, data: dict[str, Any]) -> Turn:
@@ -221,9 +256,18 @@ class Socket:
 
     def remember(self, turn: Turn) -> None:
         response = turn.translator.response
-        self.known[response["id"]] = [*turn.context, *response["output"]]
-        while len(self.known) > MAX_REMEMBERED:
-            self.known.popitem(last=False)
+        context = [*turn.context, *response["output"]]
+        size = json_size(context)
+        if size > settings.MSHIP_WS_CONTEXT_BYTES:
+            return  # alone over the bound: continued from the store, if it was stored
+        self.known[response["id"]] = context
+        self.known_bytes[response["id"]] = size
+        while (
+            len(self.known) > MAX_REMEMBERED
+            or sum(self.known_bytes.values()) > settings.MSHIP_WS_CONTEXT_BYTES
+        ):
+            oldest, _ = self.known.popitem(last=False)
+            self.known_bytes.pop(oldest, None)
 
     async def closed(self) -> None:
         """The client went away: its responses under way end as a hang-up ends a request."""

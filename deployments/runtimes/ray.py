@@ -8,21 +8,33 @@ drives the cluster's dashboard over HTTP (MSHIP_RAY_ADDRESS), the Jobs REST API 
 engines and the state API for the nodes. A job is named `mship-<site>-<deployment id>-
 <replica>-<random>` and carries the site in its metadata, so a restarted Modelship finds its
 own jobs (`managed`). The jobs outlive Modelship: stopping them is the deployer's stop.
+
+What the dashboard shows of a job (its entrypoint, its runtime_env) anyone who reaches the
+dashboard can read, so the engine's environment (HF_TOKEN among it) is not in it: it goes in
+a file readable by Modelship's user only (MSHIP_RAY_SECRETS_DIR, under var/ by default), whose
+path the entrypoint names and which ray_entry reads and removes. A node reads it where it
+shares that folder: the nodes of a cluster on this host do; remote nodes need the folder
+mounted at the same path, as Modelship's user (README: Engines across a Ray cluster). The
+engine listens on its node's own address (of the cluster's node addresses, the one the node
+has), never on every interface.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.conf import settings
 
-from deployments.engines.ray_entry import PORT_LINE
+from common.secret_files import write_secret
+from deployments.engines.ray_entry import HOST_LINE, PORT_LINE
 from deployments.runtimes.base import EngineUnreachable, Handle, Launch, RuntimeError_
 
 if TYPE_CHECKING:
@@ -87,11 +99,19 @@ class RayRuntime:
     def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
         """Nothing to fetch ahead: the nodes run the engine's own command."""
 
+    def env_file(self, job: str) -> Path:
+        return Path(settings.MSHIP_RAY_SECRETS_DIR) / f"{job}.json"
+
     def launch(self, launch: Launch) -> Handle:
         site = settings.MSHIP_SITE
         job = f"mship-{site}-{launch.deployment_id}-{launch.replica}-{secrets.token_hex(4)}"
         grace = f"{settings.MSHIP_STOP_GRACE_S:g}"
+        node_ips = ",".join(sorted({str(node["node_ip"]) for node in self.nodes()}))
+        env_file = self.env_file(job)
+        Path(settings.MSHIP_RAY_SECRETS_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_secret(env_file, json.dumps(launch.env))
         entry = [sys.executable, "-m", "deployments.engines.ray_entry", "--grace", grace]
+        entry += ["--node-ips", node_ips, "--env-file", str(env_file)]
         entry += ["--", *launch.argv]
         body: dict[str, Any] = {
             # exec: the entry leads the job's process group (see ray_entry).
@@ -109,7 +129,6 @@ class RayRuntime:
                     "PYTHONPATH": str(settings.BASE_DIR),
                     # Ray's own SIGKILL comes after the entry's, which kills the engine.
                     "RAY_JOB_STOP_WAIT_TIME_S": str(int(settings.MSHIP_STOP_GRACE_S) + 5),
-                    **launch.env,
                 }
             },
             "entrypoint_num_gpus": launch.num_gpus or 0,
@@ -119,8 +138,13 @@ class RayRuntime:
             body["entrypoint_memory"] = int(launch.memory_gib * 2**30)
         if launch.resources:
             body["entrypoint_resources"] = launch.resources
-        answer = self._call("POST", "/api/jobs/", json=body)
+        try:
+            answer = self._call("POST", "/api/jobs/", json=body)
+        except BaseException:
+            env_file.unlink(missing_ok=True)
+            raise
         if answer.status_code != 200:
+            env_file.unlink(missing_ok=True)
             raise RuntimeError_(f"Ray refused the job: {answer.text[:300]}")
         handle: Handle = {
             "runtime": self.name,
@@ -134,14 +158,14 @@ class RayRuntime:
         deadline = time.monotonic() + settings.MSHIP_START_TIMEOUT_S
         try:
             info = self._until_running(job, deadline)
-            port = self._reported_port(job, deadline)
+            host, port = self._reported_address(job, deadline)
             node = self._node(info.get("driver_node_id") or "")
         except BaseException:
             with contextlib.suppress(RuntimeError_):  # the reason it failed is what matters
                 self.stop(handle, 0)
             raise
         handle.update(node_id=node["node_id"], node_ip=node["node_ip"], port=port)
-        handle["url"] = f"http://{node['node_ip']}:{port}"
+        handle["url"] = f"http://{host}:{port}"
         return handle
 
     def _until_running(self, job: str, deadline: float) -> dict[str, Any]:
@@ -163,13 +187,17 @@ class RayRuntime:
                 )
             time.sleep(POLL_S)
 
-    def _reported_port(self, job: str, deadline: float) -> int:
-        """The port ray_entry printed, read from the job's log."""
+    def _reported_address(self, job: str, deadline: float) -> tuple[str, int]:
+        """The address and port ray_entry printed (in one write), read from the job's log."""
         timeout = settings.MSHIP_START_TIMEOUT_S
         while time.monotonic() < deadline:
-            for line in self._logs(job).splitlines():
-                if line.startswith(PORT_LINE):
-                    return int(line[len(PORT_LINE) :])
+            said = dict(
+                line.split(": ", 1)
+                for line in self._logs(job).splitlines()
+                if line.startswith((PORT_LINE, HOST_LINE))
+            )
+            if PORT_LINE[:-2] in said and HOST_LINE[:-2] in said:
+                return said[HOST_LINE[:-2]], int(said[PORT_LINE[:-2]])
             info = self._job(job)
             if info is None or info["status"] not in LIVE:
                 message = info.get("message") if info else "gone"
@@ -202,6 +230,8 @@ class RayRuntime:
 
     def stop(self, handle: Handle, grace_s: float) -> None:
         job = handle["job"]
+        # Read and removed by ray_entry at its start; here where the job never started.
+        self.env_file(job).unlink(missing_ok=True)
         answer = self._call("POST", f"/api/jobs/{job}/stop")
         if answer.status_code not in (200, 404):
             raise RuntimeError_(f"Ray refused to stop job {job}: {answer.text[:300]}")
@@ -248,6 +278,7 @@ class RayRuntime:
 
     def remove(self, handle: Handle) -> None:
         """Stop a job no deployment owns and forget it (Ray deletes only ended jobs)."""
+        self.env_file(handle["job"]).unlink(missing_ok=True)
         if handle.get("status") in ("pending", "running"):
             try:
                 self.stop(handle, settings.MSHIP_STOP_GRACE_S)
