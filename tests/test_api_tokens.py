@@ -4,11 +4,12 @@ still signs the admin in (issue 35, item 5)."""
 
 from __future__ import annotations
 
+import io
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
@@ -92,3 +93,16 @@ def test_it_answers_a_malformed_token_with_401(transactional_db: None, header: s
     answer = APIClient().get("/api/deployments/", HTTP_AUTHORIZATION=header)
     assert answer.status_code == 401
     assert answer.json()["detail"]
+
+
+def test_it_makes_a_users_token_from_the_command_line(transactional_db: None) -> None:
+    User.objects.create_superuser("ops", "o@example.com", "pw-123456")
+    out = io.StringIO()
+    call_command("api_token", "ops", stdout=out)
+    token = out.getvalue().strip()
+    assert get_as(token).status_code == 200
+    with pytest.raises(CommandError, match="has a token already"):
+        call_command("api_token", "ops", "--keep", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="No user"):
+        call_command("api_token", "nobody", stdout=io.StringIO())
+    assert get_as(token).status_code == 200
