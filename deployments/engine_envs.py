@@ -34,6 +34,8 @@ REQUIREMENTS_DIR = Path(__file__).resolve().parent / "engines" / "requirements"
 PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
 PLUGIN_PREFIX = "plugin-"
 PLUGIN_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+# An entry of MSHIP_PLUGINS: a name, and maybe `==version`.
+PLUGIN_REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63})\s*(==\s*[A-Za-z0-9.!+*_-]+)?")
 # What every plugin's environment has besides the plugin: the engine server's own needs.
 PLUGIN_BASE = ("aiohttp==3.14.5", "numpy==2.4.6", "pillow==13.0.0")
 LOG_TAIL_LINES = 15
@@ -61,6 +63,18 @@ def plugin_family(plugin: str) -> str:
     return PLUGIN_PREFIX + name
 
 
+def allowed_plugins() -> dict[str, str]:
+    """MSHIP_PLUGINS (the plugins from the package index an administrator allowed) as
+    plugin names to the requirement installed for each; an entry that is no requirement
+    of that shape is ignored."""
+    allowed = {}
+    for entry in settings.MSHIP_PLUGINS:
+        matched = PLUGIN_REQUIREMENT.fullmatch(entry.strip())
+        if matched:
+            allowed[matched.group(1).lower()] = re.sub(r"\s+", "", entry)
+    return allowed
+
+
 def requirements(family: str) -> str:
     """What the family's environment installs, as a requirements file's text."""
     path = REQUIREMENTS_DIR / f"{family}.txt"
@@ -69,7 +83,8 @@ def requirements(family: str) -> str:
     if family.startswith(PLUGIN_PREFIX):
         name = family.removeprefix(PLUGIN_PREFIX)
         folder = PLUGINS_DIR / name
-        source = str(folder) if folder.is_dir() else name
+        # From the index: the version an administrator allowed, where one did.
+        source = str(folder) if folder.is_dir() else allowed_plugins().get(name, name)
         return "\n".join([*PLUGIN_BASE, source]) + "\n"
     raise EnvFailed(f"no engine family {family!r} (known: {', '.join(families())})")
 

@@ -2,15 +2,32 @@
 
 A deployment's command, image, engine binary and container options (volumes, devices, user,
 privileges, network, environment) choose a program and what it can reach: whoever sets them
-runs code as Modelship. Changing them takes the `deployments.run_arbitrary_engine`
-permission (superusers have every permission), through every door: the admin, /api and
-`manage.py deploy --user`. Everything else about a deployment needs only `change`.
+runs code as Modelship. So do, less plainly, an engine flag that loads code or names a path
+(vLLM's `trust_remote_code` or `tool_parser_plugin`, llama-server's `--log-file`), a plugin
+from the package index (pip installs it, the engine imports it), and a model path outside
+the model folders (the docker runtime bind-mounts it: `/var/run/docker.sock`). Setting any
+of them takes the `deployments.run_arbitrary_engine` permission (superusers have every
+permission), through every door: the admin, /api and `manage.py deploy --user`. Everything
+else about a deployment needs only `change`: each loader lists the engine flags that are
+safe for such a user (`Loader.operator_flags`), and the plugins an administrator allowed are
+in MSHIP_PLUGINS.
+
+This module is the one place that decides. What it compares is a deployment's *reach*: the
+settings that need the permission, each with its value. A change is refused when it gives
+the deployment reach it did not have, so a user with `change` may still edit the idle
+timeout of a deployment an administrator gave a custom command.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
+from deployments.engine_envs import PLUGIN_NAME, PLUGINS_DIR, allowed_plugins
+from deployments.loaders import LOADERS, Loader
 from deployments.refusals import OperationRefused
 
 if TYPE_CHECKING:
@@ -20,34 +37,148 @@ RUN_ARBITRARY_ENGINE = "deployments.run_arbitrary_engine"
 # The model fields that choose what runs; a loader's `binary` option counts too.
 HOST_FIELDS = ("command", "image", "docker_options")
 HOST_CONFIG_KEYS = ("binary",)
+NEGATIVE_NUMBER = re.compile(r"-\d[\d.eE+-]*")
 
 
 class HostAccessDenied(OperationRefused):
     status = 403
     code = "permission_denied"
 
-    def __init__(self, fields: list[str]) -> None:
-        message = (
-            f"Setting {', '.join(fields)} decides what runs on the host: it needs the"
-            f" {RUN_ARBITRARY_ENGINE} permission."
-        )
-        super().__init__(message, {field: [message] for field in fields})
+    def __init__(self, reach: dict[str, str]) -> None:
+        fields = {
+            field: [
+                f"{what} decides what runs on the host: it needs the {RUN_ARBITRARY_ENGINE}"
+                " permission."
+            ]
+            for field, what in reach.items()
+        }
+        message = "; ".join(f"{field}: {texts[0]}" for field, texts in fields.items())
+        super().__init__(message, fields)
 
 
-def host_settings(values: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The settings that choose what runs, empty ones as their defaults."""
+def reach(values: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
+    """The settings of a deployment that need the permission, by field: what to call each
+    in a refusal, and the value compared between before and after (None: not set)."""
     values = values or {}
-    found: dict[str, Any] = {field: values.get(field) or None for field in HOST_FIELDS}
+    found: dict[str, tuple[str, Any]] = {}
+    for field in HOST_FIELDS:
+        if values.get(field):
+            found[field] = (f"Setting {field}", values[field])
     config = values.get("config") or {}
+    config = config if isinstance(config, dict) else {}
     for key in HOST_CONFIG_KEYS:
-        found[f"config.{key}"] = config.get(key) if isinstance(config, dict) else None
+        if config.get(key):
+            found[f"config.{key}"] = (f"Setting config.{key}", config[key])
+    model = values.get("model")
+    if isinstance(model, str) and (outside := outside_model_dirs(model)):
+        found["model"] = (f"A model at {outside} (outside MSHIP_MODEL_DIRS)", outside)
+    loader = LOADERS.get(str(values.get("loader") or ""))
+    if loader is not None:
+        found.update(loader_reach(loader, config))
     return found
 
 
-def changed_host_fields(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
-    """Which of those settings a change sets (before None: a new deployment)."""
-    old, new = host_settings(before), host_settings(after)
-    return [name for name, value in new.items() if value != old[name]]
+def loader_reach(loader: Loader, config: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """What of a loader's block reaches the host: unsafe engine flags, paths outside the
+    model folders, a plugin no administrator allowed. Values carry the loader's name: the
+    same option means another thing to another engine."""
+    found: dict[str, tuple[str, Any]] = {}
+    if loader.config_is_flags:  # vLLM: each key is an engine argument
+        for key, value in config.items():
+            if key not in HOST_CONFIG_KEYS and not safe_flag_value(loader, key, value):
+                flag = "--" + key.replace("_", "-")
+                found[f"config.{key}"] = (f"The engine flag {flag}", (loader.name, value))
+    extra = config.get("extra_args")
+    if isinstance(extra, list):
+        unsafe = unsafe_flags(loader, [str(arg) for arg in extra])
+        if unsafe:
+            named = ", ".join(unsafe)
+            found["config.extra_args"] = (
+                f"extra_args {named}",
+                (loader.name, tuple(unsafe)),
+            )
+    for option in loader.path_options:
+        path = config.get(option)
+        if isinstance(path, str) and (outside := outside_model_dirs(path, always_path=True)):
+            found[f"config.{option}"] = (
+                f"{option} at {outside} (outside MSHIP_MODEL_DIRS)",
+                (loader.name, outside),
+            )
+    plugin = config.get("plugin")
+    if loader.takes_plugins and isinstance(plugin, str) and not plugin_allowed(plugin):
+        found["config.plugin"] = (
+            f"The plugin {plugin!r} (not under plugins/ nor in MSHIP_PLUGINS)",
+            (loader.name, plugin),
+        )
+    return found
+
+
+def safe_flag_value(loader: Loader, key: str, value: Any) -> bool:
+    """A vLLM argument an operator may pass: one on the loader's list, with a value that
+    cannot be read as another flag."""
+    if key.replace("_", "-") not in loader.operator_flags:
+        return False
+    return not (isinstance(value, str) and value.startswith("-"))
+
+
+def unsafe_flags(loader: Loader, argv: list[str]) -> list[str]:
+    """The flags of an extra_args list that are not on the loader's list (`--flag=value`
+    is read as `--flag`; a negative number is a value)."""
+    unsafe = []
+    for arg in argv:
+        if not arg.startswith("-") or NEGATIVE_NUMBER.fullmatch(arg):
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag.lstrip("-") not in loader.operator_flags and flag not in unsafe:
+            unsafe.append(flag)
+    return unsafe
+
+
+def is_path(value: str) -> bool:
+    """Whether a model value names a host path rather than a hub id (org/name): absolute,
+    relative with dots, deeper than one slash, or present on disk."""
+    return (
+        value.startswith(("/", ".", "~"))
+        or value.count("/") > 1
+        or "\\" in value
+        or os.path.exists(value)
+    )
+
+
+def outside_model_dirs(value: str, *, always_path: bool = False) -> str | None:
+    """The resolved path a value names where it lies outside MSHIP_MODEL_DIRS; None for a
+    hub id or a path inside them."""
+    if not value or not (always_path or is_path(value)):
+        return None
+    resolved = os.path.realpath(value)
+    for folder in settings.MSHIP_MODEL_DIRS:
+        if resolved == folder or resolved.startswith(folder.rstrip("/") + "/"):
+            return None
+    return resolved
+
+
+def plugin_allowed(plugin: str) -> bool:
+    """A plugin shipped under plugins/, or one an administrator allowed."""
+    name = plugin.strip().lower()
+    if not PLUGIN_NAME.fullmatch(name):
+        return False
+    return (PLUGINS_DIR / name).is_dir() or name in allowed_plugins()
+
+
+def changed_reach(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> dict[str, str]:
+    """The reach a change gives (before None: a new deployment), by field, as named in a
+    refusal. Clearing a command, image or binary counts: the engine it ran changes."""
+    old, new = reach(before), reach(after)
+    changed = {
+        field: what
+        for field, (what, value) in new.items()
+        if old.get(field, ("", None))[1] != value
+    }
+    for field, (what, _) in old.items():
+        cleared = field in HOST_FIELDS or field.removeprefix("config.") in HOST_CONFIG_KEYS
+        if cleared and field not in new:
+            changed[field] = what
+    return changed
 
 
 def may_run_anything(user: Any) -> bool:
@@ -55,10 +186,11 @@ def may_run_anything(user: Any) -> bool:
 
 
 def check(user: Any, before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> None:
-    """HostAccessDenied when `user` changes a host setting without the permission. No user
-    (a system actor, or the shell's operator) is trusted: they run as Modelship already."""
+    """HostAccessDenied when `user` gives a deployment reach without the permission. No
+    user (a system actor, or the shell's operator) is trusted: they run as Modelship
+    already."""
     if may_run_anything(user):
         return
-    fields = changed_host_fields(before, after)
-    if fields:
-        raise HostAccessDenied(fields)
+    changed = changed_reach(before, after)
+    if changed:
+        raise HostAccessDenied(changed)

@@ -16,10 +16,8 @@ from deployments.autoscaling import AutoscalingConfig
 from deployments.fingerprint import CONFIG_FIELDS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
-name_validator = RegexValidator(
-    NAME_PATTERN,
-    "Use letters, digits and . _ : / @ + - (start with a letter or digit, at most 200).",
-)
+NAME_RULE = "Use letters, digits and . _ : / @ + - (start with a letter or digit, at most 200)."
+name_validator = RegexValidator(NAME_PATTERN, NAME_RULE)
 
 
 class Usecase(models.TextChoices):

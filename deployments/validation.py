@@ -5,6 +5,7 @@ Single-field rules live on the model's fields; these are the ones a field cannot
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from django.conf import settings
 
 from deployments import autoscaling, memory
 from deployments.loaders import LOADERS, EngineSpec
-from deployments.models import Mode, ResponsesBy, Runtime
+from deployments.models import NAME_PATTERN, NAME_RULE, Mode, ResponsesBy, Runtime
 from deployments.placement import Device, never_fits
 from deployments.runtimes.docker_options import problems as docker_problems
 
@@ -41,6 +42,14 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
         aliases = []
     elif values.get("name") in aliases or len(set(aliases)) != len(aliases):
         add("aliases", "repeats a name")
+    for alias in aliases:
+        # Served names follow --served-model-name on an engine's command line: one that
+        # reads as a flag (--trust-remote-code) would be one.
+        if not re.fullmatch(NAME_PATTERN, alias):
+            add("aliases", f"{alias[:80]!r} is not a name: {NAME_RULE}")
+    model = values.get("model")
+    if isinstance(model, str) and (model.startswith("-") or not model.isprintable()):
+        add("model", "a path or id: it starts with no '-' and holds no control characters")
     config = values.get("config") or {}
     if not isinstance(config, dict):
         add("config", f"{loader.config_key} must be a mapping")

@@ -323,6 +323,17 @@ MSHIP_HEADER_TIMEOUT_S = env_float("MSHIP_HEADER_TIMEOUT_S", 10)
 MSHIP_BODY_IDLE_TIMEOUT_S = env_float("MSHIP_BODY_IDLE_TIMEOUT_S", 30)
 MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
 MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
+# A whole request body must be in within this, however steadily it trickles (every path).
+MSHIP_BODY_TOTAL_TIMEOUT_S = env_float("MSHIP_BODY_TOTAL_TIMEOUT_S", 60)
+# Connections from one client address at once (the socket's peer; 0: no cap): a quarter of
+# the total by default, so that one address never holds every slot.
+MSHIP_MAX_CONNECTIONS_PER_CLIENT = env_int(
+    "MSHIP_MAX_CONNECTIONS_PER_CLIENT", MSHIP_MAX_CONNECTIONS // 4
+)
+# The body limit of /api and the admin (modelship_site/body_limits.py); every other path
+# Django serves takes no body. Under Django's in-memory spool size (2.5 MiB), so a body
+# Django reads never goes to disk.
+MSHIP_MAX_DJANGO_BODY_BYTES = env_int("MSHIP_MAX_DJANGO_BODY_BYTES", 2 * 2**20)
 # Connections the gateway keeps to one engine at once (0: no limit): as many as it takes
 # requests by default, so a stream never waits for another's connection to its engine.
 MSHIP_ENGINE_CONNECTIONS = env_int("MSHIP_ENGINE_CONNECTIONS", 4096)
@@ -343,6 +354,11 @@ MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 # WebSocket pings (the Responses socket): one this often, and a client that does not answer
 # one within as long is closed. They keep a socket alive while a response waits for its slot.
 MSHIP_WS_PING_S = env_float("MSHIP_WS_PING_S", 15)
+# A Responses socket runs at most this many responses (lanes) at once, each beyond the first
+# counted as a connection against MSHIP_MAX_CONNECTIONS (openai_api/ws_lanes.py); it keeps
+# at most this many bytes of the contexts it can continue from memory, the oldest going first.
+MSHIP_WS_MAX_LANES = env_int("MSHIP_WS_MAX_LANES", 8)
+MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
 # Engine families' own virtualenvs (deployments/engine_envs.py), and how long one install
 # may take (pip resolving and downloading torch can take minutes).
 MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", VAR_DIR / "engines")
@@ -357,11 +373,6 @@ MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)
 # Stored Responses API answers are kept this long (a django-q sweep deletes them after).
-# A Responses socket runs at most this many responses (lanes) at once, each beyond the first
-# counted as a connection against MSHIP_MAX_CONNECTIONS (openai_api/ws_lanes.py); it keeps
-# at most this many bytes of the contexts it can continue from memory, the oldest going first.
-MSHIP_WS_MAX_LANES = env_int("MSHIP_WS_MAX_LANES", 8)
-MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
 MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # Per caller (a key, or the trusted identity): stored-response bytes, and background runs at
 # once (0: no limit).
@@ -377,6 +388,11 @@ MSHIP_RESPONSES_HEARTBEAT_STALE_S = env_float("MSHIP_RESPONSES_HEARTBEAT_STALE_S
 # metadata endpoints), and whether they must use https.
 MSHIP_MCP_ALLOWED_HOSTS = env_list("MSHIP_MCP_ALLOWED_HOSTS", [])
 MSHIP_MCP_REQUIRE_HTTPS = env_bool("MSHIP_MCP_REQUIRE_HTTPS", False)
+# Images a Responses input names by URL are fetched by the gateway under the same egress
+# policy (openai_api/responses/remote_images.py) and given to the engine as data: URLs: at
+# most this many bytes in all for one request, within this many seconds.
+MSHIP_INPUT_IMAGE_MAX_BYTES = env_int("MSHIP_INPUT_IMAGE_MAX_BYTES", 20 * 2**20)
+MSHIP_INPUT_IMAGE_TIMEOUT_S = env_float("MSHIP_INPUT_IMAGE_TIMEOUT_S", 10)
 # A site's LiteLLM proxy, where every deployment is registered (empty: none), its master key
 # (read from a file), and the URL at which LiteLLM reaches Modelship.
 MSHIP_LITELLM_URL = env_str("MSHIP_LITELLM_URL", "")
@@ -399,10 +415,16 @@ MSHIP_HF_HOME = env_path(
     "MSHIP_HF_HOME", os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
 )
 MSHIP_ENGINE_LOG_DIR = env_path("MSHIP_ENGINE_LOG_DIR", str(VAR_DIR / "logs"))
-# Images a Responses input names by URL are fetched by the gateway under the same egress
-# policy (openai_api/responses/remote_images.py) and given to the engine as data: URLs: at
-# most this many bytes in all for one request, within this many seconds.
-MSHIP_INPUT_IMAGE_MAX_BYTES = env_int("MSHIP_INPUT_IMAGE_MAX_BYTES", 20 * 2**20)
-MSHIP_INPUT_IMAGE_TIMEOUT_S = env_float("MSHIP_INPUT_IMAGE_TIMEOUT_S", 10)
+# Where a model (and a loader's file options) may lie for a user who may change deployments
+# but not run code on the host (deployments/host_access.py): anything else needs
+# run_arbitrary_engine. Resolved (symlinks, ..) before the check.
+MSHIP_MODEL_DIRS = [
+    str(Path(p).resolve())
+    for p in env_list("MSHIP_MODEL_DIRS", [str(VAR_DIR / "models"), str(MSHIP_HF_HOME)])
+]
+# Engine plugins (loader: custom) from the package index that such a user may deploy, as
+# requirements an administrator chose: "name==version" (a bare name takes the newest).
+# Plugins under plugins/ ship with Modelship and need no entry.
+MSHIP_PLUGINS = env_list("MSHIP_PLUGINS", [])
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))

@@ -83,6 +83,18 @@ class Loader:
     # for it where it has one: no request may ask it for more output than that.
     context_option: ClassVar[str | None] = None
     context_default: ClassVar[int | None] = None
+    # What a user who may change deployments but not run code on the host may pass to the
+    # engine (deployments/host_access.py): flags, without their dashes, in `extra_args` (or
+    # each key of the block where it is made of flags, vLLM's); none of them loads code,
+    # reads or writes a path it is given, or moves the listening address. Anything else
+    # needs run_arbitrary_engine.
+    operator_flags: ClassVar[frozenset[str]] = frozenset()
+    # Every key of the loader's block is an engine flag (vLLM's engine arguments).
+    config_is_flags: ClassVar[bool] = False
+    # Options whose values are host paths: confined to MSHIP_MODEL_DIRS like the model.
+    path_options: ClassVar[tuple[str, ...]] = ()
+    # `plugin:` names the engine's code (loader: custom).
+    takes_plugins: ClassVar[bool] = False
 
     @property
     def serves_metrics(self) -> bool:
@@ -195,6 +207,28 @@ def file_size_gib(path: str) -> float | None:
         return os.path.getsize(path) / 2**30
     except OSError:
         return None
+
+
+def whole_number_problems(loader: Loader, spec: EngineSpec, *options: str) -> list[str]:
+    """Options that become an engine flag's value must be whole numbers: a string there
+    could read as another flag."""
+    return [
+        f"{loader.config_key}: {option} is a whole number from 0 to 2^31"
+        for option in options
+        if option in spec.config
+        and not (
+            isinstance(spec.config[option], int)
+            and not isinstance(spec.config[option], bool)
+            and 0 <= spec.config[option] < 2**31
+        )
+    ]
+
+
+def extra_args_problems(loader: Loader, spec: EngineSpec) -> list[str]:
+    extra = spec.config.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        return [f"{loader.config_key}: 'extra_args' must be a list of strings"]
+    return []
 
 
 def cli_flags(options: dict[str, Any]) -> list[str]:

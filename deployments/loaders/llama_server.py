@@ -13,9 +13,16 @@ from typing import ClassVar
 from django.conf import settings
 
 from deployments import programs
-from deployments.loaders.base import EngineSpec, Loader, file_size_gib
+from deployments.loaders.base import (
+    EngineSpec,
+    Loader,
+    extra_args_problems,
+    file_size_gib,
+    whole_number_problems,
+)
 
 LAUNCHER = "xllamacpp"
+POOLINGS = ("mean", "cls", "last", "none", "rank")
 
 
 class LlamaServerLoader(Loader):
@@ -41,6 +48,33 @@ class LlamaServerLoader(Loader):
     container_binary = "/app/llama-server"
     context_option = "n_ctx"
     context_default = 4096  # llama-server's -c, as argv() passes it
+    # Tuning and sampling defaults. Not here: anything naming a file (--log-file,
+    # --slot-save-path, --lora, --chat-template-file, --path, --api-key-file, -md…), a URL
+    # (-mu, --hf-*, --rpc), the address (--host, --port), --props (clients would change the
+    # server's settings) and --verbose (it logs every prompt).
+    operator_flags = frozenset(
+        {
+            "c", "ctx-size", "t", "threads", "tb", "threads-batch", "b", "batch-size", "ub",
+            "ubatch-size", "np", "parallel", "cb", "cont-batching", "nocb", "no-cont-batching",
+            "fa", "flash-attn", "ctk", "cache-type-k", "ctv", "cache-type-v", "ngl",
+            "gpu-layers", "n-gpu-layers", "sm", "split-mode", "ts", "tensor-split", "mg",
+            "main-gpu", "dev", "device", "ot", "override-tensor", "cpu-moe", "ncmoe",
+            "n-cpu-moe", "mlock", "no-mmap", "numa", "n", "predict", "n-predict", "keep",
+            "temp", "top-k", "top-p", "min-p", "typical", "repeat-penalty", "repeat-last-n",
+            "presence-penalty", "frequency-penalty", "dry-multiplier", "dry-base",
+            "dry-allowed-length", "dry-penalty-last-n", "s", "seed", "mirostat", "mirostat-lr",
+            "mirostat-ent", "rope-scaling", "rope-scale", "rope-freq-base", "rope-freq-scale",
+            "yarn-orig-ctx", "yarn-ext-factor", "yarn-attn-factor", "yarn-beta-slow",
+            "yarn-beta-fast", "context-shift", "no-context-shift", "cache-reuse", "dt",
+            "defrag-thold", "reasoning-format", "reasoning-budget", "chat-template", "no-webui",
+            "to", "timeout", "threads-http", "swa-full", "kvu", "kv-unified", "nkvo",
+            "no-kv-offload", "jinja", "no-warmup", "no-cache-prompt", "sps",
+            "slot-prompt-similarity", "override-kv", "rerank", "reranking", "pooling", "sp",
+            "special", "spm-infill", "no-perf", "log-disable", "log-colors", "log-prefix",
+            "log-timestamps", "slots", "no-slots",
+        }
+    )  # fmt: skip
+    path_options = ("mmproj",)
     # KV cache and compute buffers on top of the weights, per 1k tokens of context (rough).
     context_gib_per_1k: ClassVar[float] = 0.02
 
@@ -48,10 +82,12 @@ class LlamaServerLoader(Loader):
         problems = super().validate(spec)
         if spec.num_gpus and spec.num_gpus != int(spec.num_gpus):
             problems.append("num_gpus must be a whole number for llama_server")
-        extra = spec.config.get("extra_args", [])
-        if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-            problems.append(f"{self.config_key}: 'extra_args' must be a list of strings")
-        return problems
+        problems += whole_number_problems(self, spec, "n_ctx", "parallel", "threads")
+        if "n_gpu_layers" in spec.config and spec.config["n_gpu_layers"] != -1:
+            problems += whole_number_problems(self, spec, "n_gpu_layers")
+        if spec.config.get("pooling", "mean") not in POOLINGS:
+            problems.append(f"{self.config_key}: pooling is one of {', '.join(POOLINGS)}")
+        return problems + extra_args_problems(self, spec)
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         cfg = spec.config

@@ -153,6 +153,7 @@ class TtsLoader(ShippedEngineLoader):
         "lang": "Kokoro's phoneme language (default en-us)",
     }
     usecases = frozenset({"tts"})
+    path_options = ("voices",)
     # The backends whose dependencies live in an engine environment of their own.
     families: ClassVar[dict[str, str]] = {"piper": "piper", "kokoro": "kokoro"}
 
@@ -190,6 +191,7 @@ class CustomLoader(ShippedEngineLoader):
         "voices_allowed": "the only voices a request may ask for, as a list",
     }
     usecases = frozenset({"tts", "transcription", "translation", "embed", "image"})
+    takes_plugins = True
 
     def validate(self, spec: EngineSpec) -> list[str]:
         problems = super().validate(spec)

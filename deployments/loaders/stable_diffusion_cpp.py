@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from deployments.loaders.base import EngineSpec, file_size_gib
+from deployments.loaders.base import (
+    EngineSpec,
+    extra_args_problems,
+    file_size_gib,
+    whole_number_problems,
+)
 from deployments.loaders.shipped import ProgramOrShippedLoader
 
 
@@ -33,12 +38,27 @@ class StableDiffusionCppLoader(ProgramOrShippedLoader):
     # stable-diffusion.cpp publishes no server image: a container runs the sd-server of the
     # image the deployment names.
     default_image = ""
+    # Sampling and memory placement; every option that names a file (models, LoRA and
+    # embedding folders, images, output) or the address needs run_arbitrary_engine.
+    operator_flags = frozenset(
+        {
+            "t", "threads", "steps", "cfg-scale", "sampling-method", "scheduler", "s", "seed",
+            "clip-skip", "vae-tiling", "vae-on-cpu", "clip-on-cpu", "control-net-cpu",
+            "diffusion-fa", "W", "width", "H", "height", "b", "batch-count", "guidance",
+            "rng", "type", "strength", "style-ratio", "slg-scale", "skip-layers",
+            "skip-layer-start", "skip-layer-end", "eta", "offload-to-cpu", "color", "v",
+            "verbose",
+        }
+    )  # fmt: skip
+    path_options = ("diffusion_model", "vae")
     health_path = "/"  # sd-server's page; Modelship's engines answer it too
     running_gauge = "modelship_image_requests_running"
     waiting_gauge = "modelship_image_requests_waiting"
 
     def validate(self, spec: EngineSpec) -> list[str]:
         found = super().validate(spec)
+        found += whole_number_problems(self, spec, "threads")
+        found += extra_args_problems(self, spec)
         steps = spec.config.get("sample_steps", 20)
         if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 999:
             found.append(f"{self.config_key}: sample_steps is 1 to 999")

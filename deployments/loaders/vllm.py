@@ -36,6 +36,34 @@ class VllmLoader(Loader):
     native_responses = True
     tokenizer = "vllm"
     context_option = "max_model_len"  # else the model's own, not known here
+    config_is_flags = True
+    # Tuning that loads no code and names no path: trust_remote_code, the *_plugin and
+    # *_cls arguments, tokenizer, download_dir, chat_template (a file), generation_config,
+    # hf_overrides, load_format, lora_modules, speculative_config, ssl_*, middleware,
+    # allowed_local_media_path, api_key and the like need run_arbitrary_engine.
+    operator_flags = frozenset(
+        {
+            "max-model-len", "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization",
+            "tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size",
+            "enable-expert-parallel", "dtype", "quantization", "kv-cache-dtype",
+            "calculate-kv-scales", "enable-prefix-caching", "no-enable-prefix-caching",
+            "enable-chunked-prefill", "no-enable-chunked-prefill", "enable-sleep-mode",
+            "enforce-eager", "swap-space", "cpu-offload-gb", "block-size", "seed",
+            "max-logprobs", "disable-log-stats", "disable-log-requests", "enable-log-requests",
+            "tokenizer-mode", "revision", "enable-auto-tool-choice", "tool-call-parser",
+            "reasoning-parser", "limit-mm-per-prompt", "max-num-partial-prefills",
+            "max-long-partial-prefills", "long-prefill-token-threshold",
+            "num-gpu-blocks-override", "max-seq-len-to-capture", "max-cudagraph-capture-size",
+            "disable-custom-all-reduce", "disable-sliding-window", "disable-cascade-attn",
+            "runner", "convert", "task", "rope-scaling", "rope-theta", "scheduling-policy",
+            "async-scheduling", "max-parallel-loading-workers", "enable-lora", "max-loras",
+            "max-lora-rank", "max-cpu-loras", "override-generation-config",
+            "override-pooler-config", "pooler-config", "chat-template-content-format",
+            "response-role", "enable-prompt-tokens-details", "return-tokens-as-token-ids",
+            "max-log-len", "uvicorn-log-level", "disable-uvicorn-access-log",
+            "disable-fastapi-docs", "enable-server-load-tracking", "guided-decoding-backend",
+        }
+    )  # fmt: skip
 
     # vLLM has hundreds of engine arguments; any is passed through as a flag.
     def validate(self, spec: EngineSpec) -> list[str]:

@@ -6,10 +6,16 @@ which serves translations and every response format too."""
 from __future__ import annotations
 
 import os
+import re
 from typing import ClassVar
 
 from deployments.engines.whisper_ggml import problems
-from deployments.loaders.base import EngineSpec, file_size_gib
+from deployments.loaders.base import (
+    EngineSpec,
+    extra_args_problems,
+    file_size_gib,
+    whole_number_problems,
+)
 from deployments.loaders.shipped import ProgramOrShippedLoader
 
 
@@ -28,9 +34,27 @@ class WhisperCppLoader(ProgramOrShippedLoader):
     default_image = "ghcr.io/ggml-org/whisper.cpp:main"
     binary_name = "whisper-server"
     binary_env = "MSHIP_WHISPER_SERVER_BIN"
+    # Decoding; not the address, the served paths (--public, --request-path), a VAD model
+    # file or a temporary folder.
+    operator_flags = frozenset(
+        {
+            "t", "threads", "p", "processors", "ot", "offset-t", "on", "offset-n", "d",
+            "duration", "mc", "max-context", "ml", "max-len", "sow", "split-on-word", "bo",
+            "best-of", "bs", "beam-size", "ac", "audio-ctx", "wt", "word-thold", "et",
+            "entropy-thold", "lpt", "logprob-thold", "tr", "translate", "nf", "no-fallback",
+            "nt", "no-timestamps", "l", "language", "dl", "detect-language", "prompt", "ng",
+            "no-gpu", "fa", "flash-attn", "nfa", "no-flash-attn", "sns", "suppress-nst",
+            "nth", "no-speech-thold", "no-context", "di", "diarize", "tdrz", "tinydiarize",
+        }
+    )  # fmt: skip
 
     def validate(self, spec: EngineSpec) -> list[str]:
         found = super().validate(spec)
+        found += whole_number_problems(self, spec, "threads")
+        found += extra_args_problems(self, spec)
+        language = spec.config.get("language", "auto")
+        if not (isinstance(language, str) and re.fullmatch(r"[a-z]{2,3}|auto", language)):
+            found.append(f"{self.config_key}: language is an ISO 639-1 code (en) or auto")
         if self.program(spec) is None and os.path.isfile(spec.model):
             found += [f"model: {issue}" for issue in problems(spec.model)[:5]]
         return found
