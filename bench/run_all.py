@@ -78,6 +78,11 @@ RUNS: list[tuple[str, list[str], list[str]]] = [
         ["responses_socket.py", "--rounds", "1"],
     ),
     (
+        "The worst bodies the gateway reads: the depth scan and a punycode form field",
+        ["body_scans.py", "--old"],
+        ["body_scans.py", "--smoke"],
+    ),
+    (
         "The anchor: a LiteLLM proxy on the same engine",
         ["litellm_anchor.py", "--seconds", "8", "--rounds", "2"],
         ["litellm_anchor.py", "--seconds", "0.5", "--rounds", "1", "--concurrency", "4"],
