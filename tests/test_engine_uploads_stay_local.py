@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import shutil
 import socket
-import threading
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -15,8 +14,10 @@ import pytest
 from aiohttp import web
 
 from deployments.engines.whisper_server import UNDECODABLE, make_app
+from tests.local_http import local_http
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import AsyncIterator, Iterator
 
     import numpy as np
@@ -56,15 +57,8 @@ def metadata_lookalike() -> Iterator[tuple[str, list[str]]]:
     """A local HTTP server standing where a cloud's metadata endpoint would: its URL, and
     the paths anyone asked it for."""
     visits: list[str] = []
-    handler = type("Handler", (Recorder,), {"visits": visits})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", visits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http(type("Handler", (Recorder,), {"visits": visits})) as url:
+        yield url, visits
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import base64
 import http.server
-import threading
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
 
+from tests.local_http import local_http
 from tests.open_responses_schema import conforming_sdk
 
 if TYPE_CHECKING:
@@ -59,15 +59,8 @@ class ImageHost(http.server.BaseHTTPRequestHandler):
 def image_host() -> Iterator[tuple[str, list[str]]]:
     """An image server on this machine: its URL and the paths it was asked for."""
     visits: list[str] = []
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), type("Handler", (ImageHost,), {"visits": visits})
-    )
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", visits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http(type("Handler", (ImageHost,), {"visits": visits})) as url:
+        yield url, visits
 
 
 @pytest.fixture
