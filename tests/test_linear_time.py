@@ -122,6 +122,10 @@ def test_it_refuses_any_other_charset_unread(charset: str) -> None:
         ("llama_server", {"n_ctx": 2048}, 2048),
         ("vllm", {"max_model_len": 16384}, 16384),
         ("vllm", {"max_model_len": "8192"}, 8192),
+        ("vllm", {"max_model_len": "16k"}, 16000),  # vLLM's own spellings
+        ("vllm", {"max_model_len": "128K"}, 131072),
+        ("vllm", {"max_model_len": "25.6k"}, 25600),
+        ("vllm", {"max_model_len": "lots"}, None),
         ("vllm", {}, None),  # the model's own: the site's default stands in
         ("simulated", {"max_output_tokens": 100}, 100),
         ("simulated", {}, None),

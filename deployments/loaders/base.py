@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, ClassVar
 
 from deployments import programs
@@ -189,10 +191,16 @@ class Loader:
         return None
 
 
+# vLLM's suffixes for a size in tokens: 16k is 16,000, 16K is 16,384.
+SCALES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+COUNT = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)([kmgKMG]?)")
+
+
 def whole_number(value: Any) -> int | None:
-    """A positive whole number given as a number or as digits; None for anything else."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
-        value = int(value)
+    """A positive whole number given as a number or as digits (with vLLM's suffixes);
+    None for anything else."""
+    if isinstance(value, str) and (match := COUNT.fullmatch(value.strip())):
+        value = int(Decimal(match[1]) * SCALES[match[2]])
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
