@@ -20,6 +20,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from modelship_site.body_limits import guarded  # noqa: E402
 from ondemand.gateway import application as ondemand_gateway  # noqa: E402
 from ondemand.live import LiveDeployments  # noqa: E402
 from openai_api.gateway import application as openai_gateway  # noqa: E402
@@ -30,7 +31,8 @@ routes = [
     re_path(r"^v1(/|$)", openai_gateway),  # type: ignore[arg-type]
     re_path(r"^(rerank|score)$", openai_gateway),  # type: ignore[arg-type]
     re_path(r"^ondemand(/|$)", ondemand_gateway),  # type: ignore[arg-type]
-    re_path(r"", django_asgi_app),  # type: ignore[arg-type]
+    # Behind the body limits: Django reads a whole body before any view runs.
+    re_path(r"", guarded(django_asgi_app)),  # type: ignore[arg-type]
 ]
 live_admin = AllowedHostsOriginValidator(AuthMiddlewareStack(LiveDeployments.as_asgi()))
 sockets = [

@@ -12,7 +12,11 @@ Limits (each an MSHIP_* setting, see README):
 - a connection must finish its request headers within MSHIP_HEADER_TIMEOUT_S (uvicorn has no
   such timeout of its own: a client trickling headers would hold a connection forever);
 - an idle keep-alive connection is closed after MSHIP_KEEPALIVE_TIMEOUT_S;
-- at most MSHIP_MAX_CONNECTIONS connections and requests at once (past it: 503);
+- a request's body must be in within MSHIP_BODY_TOTAL_TIMEOUT_S (the applications answer
+  408 first: openai_api/exchange.py, modelship_site/body_limits.py; this closes a connection
+  whose application neither reads nor answers);
+- at most MSHIP_MAX_CONNECTIONS connections and requests at once, and at most
+  MSHIP_MAX_CONNECTIONS_PER_CLIENT from one address (past either: 503, admission.py);
 - request headers of at most 64 KiB;
 - a WebSocket message of at most MSHIP_MAX_BODY_BYTES (a request body's limit), and a ping
   every MSHIP_WS_PING_S that the client must answer within as long.
@@ -33,7 +37,9 @@ import uvicorn
 from django.conf import settings
 from django.urls import get_resolver
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
+from modelship_site.admission import ClientCounts, too_many_from_client, too_many_in_all
 from openai_api.sweeps import Sweep, quarter
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -43,18 +49,44 @@ def header_timeout() -> float:
     return float(settings.MSHIP_HEADER_TIMEOUT_S)
 
 
+def body_timeout() -> float:
+    """How long after its headers a connection's request body must be in: the body's total
+    deadline, and the headers' again as a margin for the application's own 408 to go first."""
+    return float(settings.MSHIP_BODY_TOTAL_TIMEOUT_S) + header_timeout()
+
+
+REFUSED_UPGRADE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 0\r\nretry-after: 5\r\nconnection: close\r\n\r\n"
+)
+
+# httptools (a dependency) calls on_headers_complete; under h11 uvicorn's own cap stays.
+ADMITS = hasattr(AutoHTTPProtocol, "on_headers_complete")
+
+
 class HeadersTooLarge(Exception):
     pass
 
 
 class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     """uvicorn's HTTP protocol with a deadline for each request's headers: from the
-    connection's start, and again from the end of each response (the next request's). One
-    sweep per event loop looks over every connection's deadline (openai_api/sweeps.py)."""
+    connection's start, and again from the end of each response (the next request's); and,
+    once the headers are in, for its body. One sweep per event loop looks over every
+    connection's deadline (openai_api/sweeps.py). It admits requests within the caps."""
 
     _since = 0.0
     _armed_for: Any = None
     _header_bytes = 0
+    _body_since = 0.0
+    _body_pending = False
+    _host = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clients = ClientCounts.of(self.server_state)
+        self._total_cap: int | None = self.config.limit_concurrency
+        if ADMITS:
+            self.limit_concurrency = None  # counted here, answered as admission.py does
 
     # httptools (h11 has its own limit, h11_max_incomplete_event_size): the request line
     # and headers counted as they are parsed; past MAX_HEADER_BYTES the parser is stopped,
@@ -76,8 +108,42 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         if self._header_bytes > MAX_HEADER_BYTES:
             raise HeadersTooLarge(f"request headers over {MAX_HEADER_BYTES} bytes")
 
+    def on_headers_complete(self) -> None:
+        self._body_since = self.loop.time()
+        self._body_pending = True  # until on_message_complete: at once when there is none
+        if self.parser.should_upgrade() and self._should_upgrade():
+            super().on_headers_complete()  # a WebSocket: admitted at the upgrade
+            return
+        refusal = self._refusal()
+        if refusal is None:
+            super().on_headers_complete()
+            return
+        app: Any = getattr(self, "app")  # noqa: B009 - uvicorn starts the task with self.app
+        self.app = refusal
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
+
+    def on_message_complete(self) -> None:
+        self._body_pending = False
+        super().on_message_complete()
+
+    def _refusal(self) -> Any:
+        """The answer to a request past a cap, counted as uvicorn counts its own (this
+        connection among the open ones, the tasks before this request's)."""
+        cap = self._total_cap
+        if ADMITS and cap is not None and (len(self.connections) >= cap or len(self.tasks) >= cap):
+            self.logger.warning("Exceeded concurrency limit.")
+            return too_many_in_all
+        if self._clients.over_cap(self._host):
+            return too_many_from_client
+        return None
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._host = self.client[0] if self.client else ""
+        self._clients.opened(self._host)
         self._arm()
         self._deadlines().add(self)
 
@@ -87,12 +153,18 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         # The connection is a WebSocket from here on, handed to its own protocol: no request
-        # headers to wait for any more.
+        # headers to wait for any more, and counted by that protocol (as uvicorn counts it).
         self._deadlines().discard(self)
+        if self._clients.over_cap(self._host):
+            self.transport.write(REFUSED_UPGRADE)
+            self.transport.close()
+            return
+        self._clients.closed(self._host)
         super().handle_websocket_upgrade(*args)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadlines().discard(self)
+        self._clients.closed(self._host)
         super().connection_lost(exc)
 
     def _deadlines(self) -> Sweep:
@@ -103,12 +175,45 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         self._since = self.loop.time()
 
     def sweep(self, now: float) -> bool:
-        if self.cycle is not self._armed_for or now - self._since < header_timeout():
+        if self.cycle is not self._armed_for:
+            # A request is under way. Its body must come in time too (not while uvicorn
+            # stopped reading because the application has not taken what came: that wait
+            # is the server's); a connection whose application waits on something else
+            # with the body never sent would otherwise hold its slot for good.
+            if (
+                self._body_pending
+                and not self.flow.read_paused
+                and now - self._body_since >= body_timeout()
+                and not self.transport.is_closing()
+            ):
+                self.transport.close()
+            return False
+        if now - self._since < header_timeout():
             return False
         if not self.transport.is_closing():
             # No request began since the deadline was set: headers that never finish.
             self.transport.close()
         return True
+
+
+class GuardedWebSocketProtocol(AutoWebSocketsProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's WebSocket protocol, its connection counted against its address's cap like
+    an HTTP one (its upgrade request was admitted as one)."""
+
+    _host = ""
+
+    def __init__(self, config: Any, server_state: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, server_state, *args, **kwargs)
+        self._clients = ClientCounts.of(server_state)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._host = self.client[0] if self.client else ""
+        self._clients.opened(self._host)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._clients.closed(self._host)
+        super().connection_lost(exc)
 
 
 def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
@@ -117,6 +222,7 @@ def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
         host=host,
         port=port,
         http=GuardedHTTPProtocol,
+        ws=GuardedWebSocketProtocol,
         lifespan="off",
         access_log=False,
         timeout_keep_alive=int(settings.MSHIP_KEEPALIVE_TIMEOUT_S),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -141,10 +142,9 @@ class Exchange:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks, size = [], 0
-        idle = settings.MSHIP_BODY_IDLE_TIMEOUT_S
         loop = asyncio.get_running_loop()
-        watch = BodyDeadline(idle, loop.time())
-        sweep = Sweep.of(loop, "body", lambda: quarter(settings.MSHIP_BODY_IDLE_TIMEOUT_S))
+        watch = BodyDeadline.for_body(loop)
+        sweep = body_sweep(loop)
         sweep.add(watch)
         try:
             while True:
@@ -166,36 +166,65 @@ class Exchange:
             if not watch.expired:
                 raise
             watch.task.uncancel()
-            raise GatewayError(
-                408, f"The request body stalled for {idle:g} s.", "request_timeout"
-            ) from exc
+            raise GatewayError(408, watch.reason(), "request_timeout") from exc
         finally:
             sweep.discard(watch)
 
 
 class BodyDeadline:
-    """A body read's idle deadline: the reading task is cancelled when it waited for the
-    next chunk `timeout` seconds (`expired` tells the reader why)."""
+    """A body read's deadlines: the reading task is cancelled when it waited `timeout`
+    seconds for the next chunk, or when the whole body is not in by `deadline` however
+    steadily it trickles (`expired` tells the reader which: "idle" or "total")."""
 
-    __slots__ = ("expired", "last", "task", "timeout", "waiting")
+    __slots__ = ("deadline", "expired", "last", "task", "timeout", "total", "waiting")
 
-    def __init__(self, timeout: float, now: float) -> None:
+    def __init__(self, timeout: float, now: float, total: float = math.inf) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
         self.timeout = timeout
+        self.total = total
         self.last = now
-        self.expired = False
+        self.deadline = now + total
+        self.expired = ""
         # Set only around the read's own await: the cancellation lands there, in the
         # reader's hands, never at a later await of the task.
         self.waiting = False
 
+    @classmethod
+    def for_body(cls, loop: asyncio.AbstractEventLoop) -> BodyDeadline:
+        """The site's deadlines for a body read starting now."""
+        return cls(
+            settings.MSHIP_BODY_IDLE_TIMEOUT_S, loop.time(), settings.MSHIP_BODY_TOTAL_TIMEOUT_S
+        )
+
     def sweep(self, now: float) -> bool:
-        if self.waiting and now - self.last >= self.timeout:
-            self.expired = True
-            self.task.cancel()
-            return True
-        return False
+        if not self.waiting:
+            return False  # between chunks the reader is busy: looked at again next sweep
+        if now >= self.deadline:
+            self.expired = "total"
+        elif now - self.last >= self.timeout:
+            self.expired = "idle"
+        else:
+            return False
+        self.task.cancel()
+        return True
+
+    def reason(self) -> str:
+        if self.expired == "total":
+            return f"The request body was not in within {self.total:g} s."
+        return f"The request body stalled for {self.timeout:g} s."
+
+
+def body_sweep(loop: asyncio.AbstractEventLoop) -> Sweep:
+    """The one sweep of this loop's body deadlines, at a quarter of the shorter one."""
+    return Sweep.of(
+        loop,
+        "body",
+        lambda: quarter(
+            min(settings.MSHIP_BODY_IDLE_TIMEOUT_S, settings.MSHIP_BODY_TOTAL_TIMEOUT_S)
+        ),
+    )
 
 
 def asgi(
