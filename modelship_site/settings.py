@@ -378,6 +378,10 @@ MSHIP_RESPONSES_TTL_S = env_float("MSHIP_RESPONSES_TTL_S", 30 * 86400)
 # once (0: no limit).
 MSHIP_RESPONSES_QUOTA_BYTES = env_int("MSHIP_RESPONSES_QUOTA_BYTES", 2**30)
 MSHIP_MAX_BACKGROUND_RUNS = env_int("MSHIP_MAX_BACKGROUND_RUNS", 16)
+# Per caller: conversations it keeps, and items in one conversation (0: no limit). Checked
+# with the write, so concurrent requests cannot pass them (openai_api/responses/quotas.py).
+MSHIP_MAX_CONVERSATIONS = env_int("MSHIP_MAX_CONVERSATIONS", 10_000)
+MSHIP_MAX_CONVERSATION_ITEMS = env_int("MSHIP_MAX_CONVERSATION_ITEMS", 10_000)
 # A streamed background run's replay log is kept at most this long; its heartbeat is written
 # this often, and a running response whose last beat is older than the limit is reported
 # failed by the next poll.

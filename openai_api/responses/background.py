@@ -47,8 +47,7 @@ async def start(exchange: Exchange, turn: Turn) -> None:
     queued = {**copy.deepcopy(response), "status": "queued"}
     # Everything the run needs is checked before the engine is called: a store or a log
     # that cannot be reached is a 503 now.
-    await store.run(store.save, identity, queued, turn.context)
-    await store.run(store.beat, rid)
+    await store.run(store.admit_background, identity, queued, turn.context)
     replay = replay_log() if turn.request.stream else None
     if replay is not None:
         try:

@@ -25,7 +25,6 @@ async def handle(
         data = await body_of(exchange)
         metadata = fields.metadata_of(data.get("metadata"))
         items = items_of(data, required=False)
-        await store.run(store.check_quota, identity, False)
         return await answer(exchange, conversations.create, identity, metadata, items)
     if not conversation_id or len(rest) > 2 or (rest and rest[0] != "items"):
         raise GatewayError(404, f"Unknown path {exchange.scope['path']}.", "not_found")
@@ -48,7 +47,6 @@ async def handle(
             )
         if method == "POST":
             items = items_of(await body_of(exchange), required=True)
-            await store.run(store.check_quota, identity, False)
             return await answer(exchange, conversations.add_items, identity, conversation_id, items)
     else:
         item_id = rest[1]

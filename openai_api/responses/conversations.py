@@ -11,11 +11,16 @@ import json
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 
 from openai_api.errors import GatewayError
 from openai_api.models import Conversation, ConversationItem
 from openai_api.responses.fields import bad, new_id
+from openai_api.responses.quotas import (
+    caller_transaction,
+    check_items,
+    check_new_conversation,
+    check_storage,
+)
 
 MAX_ITEMS_PER_ADD = 20  # OpenAI's limit for one create or add
 
@@ -60,19 +65,30 @@ def public_of(identity: str, conversation_id: str) -> dict[str, Any]:
 
 def create(identity: str, metadata: dict[str, str], items: list[dict[str, Any]]) -> dict[str, Any]:
     _check_count(items)
-    with transaction.atomic():
-        conversation = Conversation.objects.create(
-            id=new_id("conv"), identity=identity, metadata=metadata
-        )
-        _add(conversation, items, skip_known=False)
+    # The caps and the quota checked with the write, alone among this caller's (quotas.py).
+    with caller_transaction(identity):
+        check_new_conversation(identity)
+        conversation = Conversation(id=new_id("conv"), identity=identity, metadata=metadata)
+        check_items(conversation, len(items))
+        rows, _ = _rows(conversation, items, skip_known=False, known=set())
+        check_storage(identity, metadata_size(metadata) + sum(row.size for row in rows))
+        conversation.save(force_insert=True)
+        _write(rows)
     return public(conversation)
 
 
 def update(identity: str, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any]:
-    conversation = get(identity, conversation_id)
-    conversation.metadata = metadata
-    conversation.save(update_fields=["metadata"])
+    with caller_transaction(identity):
+        conversation = get(identity, conversation_id)
+        check_storage(identity, metadata_size(metadata) - metadata_size(conversation.metadata))
+        conversation.metadata = metadata
+        conversation.save(update_fields=["metadata"])
     return public(conversation)
+
+
+def metadata_size(metadata: dict[str, str]) -> int:
+    """Metadata's bytes as the quota counts them (its JSON text in the database)."""
+    return len(json.dumps(metadata)) if metadata else 2
 
 
 def delete(identity: str, conversation_id: str) -> dict[str, Any]:
@@ -91,19 +107,28 @@ def items_of(identity: str, conversation_id: str) -> list[dict[str, Any]]:
 def add_items(identity: str, conversation_id: str, items: list[dict[str, Any]]) -> dict[str, Any]:
     """POST .../items: the items added, as a list page."""
     _check_count(items)
-    with transaction.atomic():
+    with caller_transaction(identity):
         conversation = get(identity, conversation_id)
-        added = _add(conversation, items, skip_known=False)
+        check_items(conversation, len(items))
+        known = set(conversation.items.values_list("item_id", flat=True))
+        rows, added = _rows(conversation, items, skip_known=False, known=known)
+        check_storage(identity, sum(row.size for row in rows))
+        _write(rows)
     return _page(added, has_more=False)
 
 
 def append(identity: str, conversation_id: str, items: list[dict[str, Any]]) -> None:
     """A completed response's input and output, added to its conversation. An item the
-    conversation already holds (an earlier output passed back as input) is not added twice."""
+    conversation already holds (an earlier output passed back as input) is not added twice.
+
+    Not refused by the caps or the quota: the response has run, and a conversation missing
+    its turn would mislead the next one. Its start checked both (store.check_quota,
+    store.earlier_items), so a turn goes past them by its own items at most."""
     with transaction.atomic():
         conversation = Conversation.objects.filter(pk=conversation_id, identity=identity).first()
         if conversation is not None:  # deleted while the response ran: nothing to extend
-            _add(conversation, items, skip_known=True)
+            known = set(conversation.items.values_list("item_id", flat=True))
+            _write(_rows(conversation, items, skip_known=True, known=known)[0])
 
 
 def _check_count(items: list[dict[str, Any]]) -> None:
@@ -111,10 +136,11 @@ def _check_count(items: list[dict[str, Any]]) -> None:
         raise bad(f"At most {MAX_ITEMS_PER_ADD} items can be added at once.", "items")
 
 
-def _add(
-    conversation: Conversation, items: list[dict[str, Any]], skip_known: bool
-) -> list[dict[str, Any]]:
-    known = set(conversation.items.values_list("item_id", flat=True))
+def _rows(
+    conversation: Conversation, items: list[dict[str, Any]], skip_known: bool, known: set[str]
+) -> tuple[list[ConversationItem], list[dict[str, Any]]]:
+    """The rows to add (each item given an id) and the items as added; `known`: the ids the
+    conversation holds."""
     rows, added = [], []
     for item in items:
         item_id = str(item.get("id") or new_id("item"))
@@ -133,11 +159,14 @@ def _add(
             )
         )
         added.append(item)
+    return rows, added
+
+
+def _write(rows: list[ConversationItem]) -> None:
     try:
         ConversationItem.objects.bulk_create(rows)
     except IntegrityError as exc:  # a concurrent add of the same id
         raise bad("The conversation already has one of these items.", "items") from exc
-    return added
 
 
 def item(identity: str, conversation_id: str, item_id: str) -> dict[str, Any]:
@@ -178,9 +207,3 @@ def _page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
         "last_id": items[-1]["id"] if items else None,
         "has_more": has_more,
     }
-
-
-def held_bytes(identity: str) -> int:
-    """What the caller's conversations hold, for its storage quota."""
-    rows = ConversationItem.objects.filter(conversation__identity=identity)
-    return int(rows.aggregate(total=Sum("size"))["total"] or 0)

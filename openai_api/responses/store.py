@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
-from openai_api.responses import conversations
+from openai_api.responses import conversations, quotas
 from openai_api.responses.input_items import check_tool_outputs
 
 if TYPE_CHECKING:
@@ -94,6 +93,15 @@ async def earlier_items(
     previous = request.previous_response_id
     if request.conversation:
         items = await run(conversations.items_of, identity, request.conversation)
+        cap = settings.MSHIP_MAX_CONVERSATION_ITEMS
+        if cap and len(items) >= cap:  # the turn would add its input and output
+            raise GatewayError(
+                400,
+                f"The conversation has {len(items)} items, its limit: delete some or start"
+                " another conversation.",
+                "conversation_full",
+                param="conversation",
+            )
     elif previous and known is not None and previous in known:
         items = list(known[previous])
     elif previous:
@@ -142,30 +150,22 @@ def extend_conversation(identity: str, request: ResponsesRequest, response: dict
 def check_quota(identity: str, background: bool) -> None:
     """429 before any engine work when the caller already stores MSHIP_RESPONSES_QUOTA_BYTES
     or, for a background run, already runs MSHIP_MAX_BACKGROUND_RUNS."""
-    live = StoredResponse.objects.filter(identity=identity, expires_at__gt=timezone.now())
-    held = (live.aggregate(total=Sum("size"))["total"] or 0) + conversations.held_bytes(identity)
-    quota = settings.MSHIP_RESPONSES_QUOTA_BYTES
-    if quota and held >= quota:
-        raise GatewayError(
-            429,
-            f"Stored responses and conversations of this caller take {held} bytes, the quota"
-            f" is {quota}: delete some (DELETE /v1/responses/{{id}}, /v1/conversations/{{id}})"
-            " or send store: false.",
-            "storage_quota_exceeded",
-        )
-    if not background:
-        return
-    fresh = timezone.now() - timedelta(seconds=settings.MSHIP_RESPONSES_HEARTBEAT_STALE_S)
-    beating = ResponseHeartbeat.objects.filter(beat_at__gt=fresh).values("response_id")
-    running = live.filter(status__in=RUNNING, pk__in=beating).count()
-    limit = settings.MSHIP_MAX_BACKGROUND_RUNS
-    if limit and running >= limit:
-        raise GatewayError(
-            429,
-            f"This caller already runs {running} background responses (at most {limit}).",
-            "too_many_background_runs",
-            {"retry-after": "5"},
-        )
+    quotas.check_storage(identity)
+    if background:
+        quotas.check_background(identity)
+
+
+def admit_background(
+    identity: str, response: dict[str, Any], context: list[dict[str, Any]]
+) -> None:
+    """A background run's first write (queued, its first beat), made only while the caller
+    is within its quota and its running cap, checked again with the write alone among the
+    caller's (quotas.caller_transaction): a burst of creates cannot all pass the earlier check
+    and all run."""
+    with quotas.caller_transaction(identity):
+        check_quota(identity, background=True)
+        save(identity, response, context)
+        beat(response["id"])
 
 
 def delete(identity: str, response_id: str) -> None:
