@@ -167,6 +167,7 @@ def main() -> None:
     args = parser.parse_args()
     with simulated_site(args.tokens_per_second) as (workdir, env, key):
         env["MSHIP_MAX_CONNECTIONS"] = str(max(4096, 2 * args.streams))
+        env["MSHIP_MAX_CONNECTIONS_PER_CLIENT"] = "0"  # every stream is from this one address
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         output = workdir / "gateway.log"

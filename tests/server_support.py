@@ -37,6 +37,16 @@ def answer_of(sock: socket.socket, timeout: float = 10) -> str:
         return ""
 
 
+def answer_until_closed(sock: socket.socket, timeout: float = 10) -> str:
+    """Everything the server sends on `sock` until it closes the connection."""
+    sock.settimeout(timeout)
+    parts = []
+    with contextlib.suppress(OSError):
+        while part := sock.recv(65536):
+            parts.append(part)
+    return b"".join(parts).decode(errors="replace")
+
+
 @contextlib.contextmanager
 def served_in_process(django_db_blocker: Any, **env: str) -> Iterator[tuple[str, int]]:
     """The server on a port of its own, with these settings; (its URL, its process id)."""

@@ -15,7 +15,7 @@ import pytest
 
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
-from tests.server_support import answer_of, connect, served_in_process
+from tests.server_support import answer_of, answer_until_closed, connect, served_in_process
 
 if TYPE_CHECKING:
     import socket
@@ -209,14 +209,35 @@ def test_it_keeps_slots_free_of_half_sent_bodies_to_health(small_server: tuple[s
     url, _ = small_server
     headers = {"authorization": f"Bearer {ApiKey.issue('app')[1]}"}
     wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code == 200)
-    held = [connect(url) for _ in range(48)]
+    held = []
     try:
-        for sock in held:
+        for _ in range(48):  # one after another, the client keeping each open
+            held.append(sock := connect(url))
             sock.sendall(head("POST", "/health", "Content-Length: 100"))
-        answers = [answer_of(sock) for sock in held]
-        assert all(a.startswith("HTTP/1.1 413 ") for a in answers), {a[:40] for a in answers}
-        answer = httpx.get(url + "/v1/models", headers=headers)
-        assert answer.status_code == 200, answer.text
+            refused = answer_until_closed(sock)
+            assert refused.startswith("HTTP/1.1 413 "), refused[:200]
+        served = httpx.get(url + "/v1/models", headers=headers)
+        assert served.status_code == 200, served.text
     finally:
         for sock in held:
             sock.close()
+
+
+def test_it_answers_past_the_total_cap_in_the_gateway_s_shape(
+    small_server: tuple[str, int],
+) -> None:
+    """The total cap's refusal on /v1 is OpenAI-shaped, with Retry-After (uvicorn's own was
+    a plain text 503), and closes the connection."""
+    url, _ = small_server
+    held = [connect(url) for _ in range(16)]  # idle connections, up to the cap
+    try:
+        with connect(url) as extra:
+            extra.sendall(head("GET", "/v1/models"))
+            answer = answer_until_closed(extra)  # and closed: no slot kept
+    finally:
+        for sock in held:
+            sock.close()
+    assert answer.startswith("HTTP/1.1 503 "), answer[:200]
+    assert "retry-after: 5" in answer.lower()
+    assert body_of(answer)["error"]["code"] == "too_many_connections"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200)
