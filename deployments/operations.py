@@ -206,12 +206,20 @@ def set_mode(
     return deployment
 
 
+def lock_present(deployment: Deployment) -> None:
+    """Lock the deployment's row for the rest of the transaction, so that a DELETE cannot
+    land between this check and the audit row that names it; Gone when one already has."""
+    if not Deployment.objects.select_for_update().filter(pk=deployment.pk).exists():
+        raise Gone(deployment.pk)
+
+
 def start(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     """Queue a start; raises InsufficientMemory when it cannot fit now."""
     if deployment.state not in STARTABLE_STATES:
         return deployment.state
     check_fit(deployment)
     with transaction.atomic():
+        lock_present(deployment)
         audit.record("start", deployment, user=user)
         work(tasks.start, deployment.pk, audit.actor_of(user, None))
     return Outcome.QUEUED
@@ -222,6 +230,7 @@ def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
         return deployment.state
     actor = audit.actor_of(user, None)
     with transaction.atomic():
+        lock_present(deployment)
         audit.record("stop", deployment, user=user)
         work(tasks.stop, deployment.pk, actor, f"stopped by {actor}")
     return Outcome.QUEUED
@@ -236,6 +245,7 @@ def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
             deployment.state,
         )
     with transaction.atomic():
+        lock_present(deployment)
         audit.record("sleep", deployment, user=user)
         work(tasks.sleep, deployment.pk, audit.actor_of(user, None))
     return Outcome.QUEUED
@@ -248,6 +258,7 @@ def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
         )
     check_fit_where(deployment, deployment.gpus or [])  # it wakes where it ran
     with transaction.atomic():
+        lock_present(deployment)
         audit.record("wake", deployment, user=user)
         work(tasks.wake, deployment.pk, audit.actor_of(user, None))
     return Outcome.QUEUED

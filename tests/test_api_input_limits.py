@@ -4,6 +4,7 @@ while the action was on its way (issue 35, item 5)."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -181,15 +182,27 @@ def removed_after_the_views_read(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "body"),
-    [("mode/", {"mode": "on_demand"}), ("", {"memory_gib": 2}), ("", {"mode": "on_demand"})],
+    ("method", "path", "body"),
+    [
+        ("PATCH", "mode/", {"mode": "on_demand"}),
+        ("PATCH", "", {"memory_gib": 2}),
+        ("PATCH", "", {"mode": "on_demand"}),
+        ("PUT", "", {**SIM, "memory_gib": 2}),
+        ("POST", "start/", None),
+    ],
 )
-def test_it_answers_404_to_a_patch_racing_a_delete(
-    api: APIClient, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+def test_it_answers_404_to_an_action_racing_a_delete(
+    api: APIClient,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
 ) -> None:
     pk = api.post("/api/deployments/", SIM, format="json").json()["id"]
     removed_after_the_views_read(monkeypatch)
-    answer = api.patch(f"/api/deployments/{pk}/{path}", body, format="json")
+    answer = api.generic(
+        method, f"/api/deployments/{pk}/{path}", json.dumps(body or {}), "application/json"
+    )
     assert answer.status_code == 404
     assert json_of(answer)["code"] == "not_found"
-    assert not AuditEntry.objects.filter(action__in=("update", "ondemand_mode")).exists()
+    assert list(AuditEntry.objects.values_list("action", flat=True)) == ["create"]
