@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from deployments import deployer
-from deployments.runtimes.process import free_port
 from modelship_site.management.commands.serve import Command
-from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.conftest import REPO, answers, wait_until
+from tests.server_support import connect, served_in_process
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Callable, Iterator
-
-
-def connect(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    return socket.create_connection((parts.hostname or "", parts.port or 80), timeout=10)
 
 
 def closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> bool:
@@ -77,23 +69,10 @@ def test_it_answers_408_to_a_body_that_stalls(
 def server_process(django_db_setup: None, django_db_blocker: Any) -> Iterator[tuple[str, int]]:
     """The server as `make run` starts it, in a process of its own (its memory is its own),
     with a small connection cap."""
-    port = free_port("127.0.0.1")
-    with django_db_blocker.unblock():
-        env = env_for_subprocess(MSHIP_HEADER_TIMEOUT_S="10", MSHIP_MAX_CONNECTIONS="8")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: answers(url + "/health"), 60)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        process.wait(30)
+    with served_in_process(
+        django_db_blocker, MSHIP_HEADER_TIMEOUT_S="10", MSHIP_MAX_CONNECTIONS="8"
+    ) as served:
+        yield served
 
 
 def rss_kib(pid: int) -> int:
