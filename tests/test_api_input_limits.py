@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import RequestFactory
+from django.urls import get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
@@ -206,3 +208,17 @@ def test_it_answers_404_to_an_action_racing_a_delete(
     assert answer.status_code == 404
     assert json_of(answer)["code"] == "not_found"
     assert list(AuditEntry.objects.values_list("action", flat=True)) == ["create"]
+
+
+def test_it_answers_an_error_outside_the_views_in_json_under_api_only() -> None:
+    handler = get_resolver().resolve_error_handler(500)
+    answer = handler(RequestFactory().get("/api/deployments/"))
+    assert answer.status_code == 500
+    assert answer["Content-Type"] == "application/json"
+    assert json.loads(answer.content) == {
+        "detail": "Internal server error.",
+        "code": "server_error",
+    }
+    page = handler(RequestFactory().get("/admin/"))
+    assert page.status_code == 500
+    assert page["Content-Type"].startswith("text/html")
