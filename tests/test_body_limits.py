@@ -4,15 +4,20 @@ server `serve` runs."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import uvicorn
 
+from deployments.runtimes.process import free_port
+from modelship_site.server import config
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
 from tests.server_support import answer_of, answer_until_closed, connect, served_in_process
@@ -241,3 +246,59 @@ def test_it_answers_past_the_total_cap_in_the_gateway_s_shape(
     assert "retry-after: 5" in answer.lower()
     assert body_of(answer)["error"]["code"] == "too_many_connections"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200)
+
+
+@pytest.fixture
+def waiting_server(site: Any) -> Iterator[str]:
+    """The server `serve` runs, around an application that never reads a body: it answers
+    /stream at once (a long answer), and waits until the test ends on every other path."""
+    site.MSHIP_HEADER_TIMEOUT_S = 0.2
+    site.MSHIP_BODY_TOTAL_TIMEOUT_S = 0.5
+    release = asyncio.Event()
+    loops: list[asyncio.AbstractEventLoop] = []  # the server's, once a request waits
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/stream":
+            loops.append(asyncio.get_running_loop())
+            await release.wait()
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(40):
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            await asyncio.sleep(0.05)  # an answer that takes two seconds
+        await send({"type": "http.response.body", "body": b""})
+
+    port = free_port("127.0.0.1")
+    server = uvicorn.Server(config(app, "127.0.0.1", port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for loop in loops[:1]:
+            loop.call_soon_threadsafe(release.set)
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_it_closes_a_connection_whose_application_neither_reads_nor_answers(
+    waiting_server: str,
+) -> None:
+    """The headers' deadline is not dropped until the body is in: the body's total deadline
+    (and the headers' again) later, the connection is closed, its slot freed."""
+    with connect(waiting_server) as sock:
+        sock.sendall(head("POST", "/wait", "Content-Length: 100"))
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # closed by the server (a silence would time out)
+
+
+def test_it_keeps_a_connection_whose_body_is_in(waiting_server: str) -> None:
+    """A request whose body came whole is never cut, however long its answer takes."""
+    with connect(waiting_server) as sock:
+        sock.sendall(head("POST", "/stream", "Content-Length: 3") + b"abc")
+        answer = answer_until_closed(sock)
+    assert answer.startswith("HTTP/1.1 200 ")
+    assert answer.endswith("0\r\n\r\n")  # every chunk, to the chunked answer's end
