@@ -20,6 +20,7 @@ from deployments.runtimes.process import free_port
 from modelship_site.server import config
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
+from tests.gateway_support import PEER, OnDemandSite
 from tests.server_support import answer_of, answer_until_closed, connect, served_in_process
 
 if TYPE_CHECKING:
@@ -302,3 +303,23 @@ def test_it_keeps_a_connection_whose_body_is_in(waiting_server: str) -> None:
         answer = answer_until_closed(sock)
     assert answer.startswith("HTTP/1.1 200 ")
     assert answer.endswith("0\r\n\r\n")  # every chunk, to the chunked answer's end
+
+
+@pytest.mark.usefixtures("short_deadlines")
+def test_it_cuts_a_body_dripping_to_ondemand_at_the_total_deadline(
+    ondemand_site: OnDemandSite,
+) -> None:
+    """LiteLLM's door has the same deadline as /v1."""
+    with connect(ondemand_site.url, PEER) as sock:
+        sock.sendall(
+            head(
+                "POST",
+                "/ondemand/1/v1/chat/completions",
+                f"Authorization: Bearer {ondemand_site.key}",
+                "Content-Type: application/json",
+                "Content-Length: 1000",
+            )
+        )
+        answer = drip(sock)
+    assert answer.startswith("HTTP/1.1 408 "), answer[:200]
+    assert body_of(answer)["error"]["code"] == "request_timeout"
