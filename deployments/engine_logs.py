@@ -6,7 +6,9 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any
 
+from deployments import log_followers
 from deployments.deployer import handles_of
+from deployments.log_followers import GONE, Follower
 from deployments.runtimes import EngineUnreachable, Handle, get_runtime
 from deployments.runtimes.process import log_path
 
@@ -42,36 +44,48 @@ def tails(deployment: Deployment, lines: int) -> list[dict[str, Any]]:
     return out
 
 
-async def follow(deployment: Deployment, replica: int) -> AsyncIterator[bytes]:
-    """Server-sent events, one per new log line, until the engine is gone or the client
-    leaves. The runtime's follower blocks, so it runs in a thread and hands lines over."""
+async def follow(deployment: Deployment, replica: int, user_id: int = 0) -> AsyncIterator[bytes]:
+    """Server-sent events, one per new log line, until the engine is gone, the client
+    leaves, or the same user follows the same replica again (log_followers.py). The
+    runtime's follower blocks, so it runs in a thread and hands lines over."""
     handles = [h for h in handles_of(deployment) if h.get("replica", 0) == replica]
     if not handles:
         yield b"event: end\ndata: the engine is not running\n\n"
         return
     runtime = get_runtime(deployment.runtime)
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1000)
-    leaving = threading.Event()
+    follower = Follower(loop)
+    key = (user_id, deployment.pk, replica)
+
+    def put(item: str | tuple[str]) -> None:
+        # Waits while the queue is full (a slow reader); a reader that left drains it.
+        asyncio.run_coroutine_threadsafe(follower.queue.put(item), loop).result()
 
     def pump() -> None:
         try:
-            for line in runtime.follow_log(handles[0], leaving):
-                if leaving.is_set():
+            for line in runtime.follow_log(handles[0], follower.leaving):
+                if follower.leaving.is_set():
                     return
-                asyncio.run_coroutine_threadsafe(queue.put(line), loop).result()
+                put(line)
         except EngineUnreachable as exc:
-            asyncio.run_coroutine_threadsafe(queue.put(f"[{exc}]"), loop).result()
+            if not follower.leaving.is_set():
+                put(f"[{exc}]")
         finally:
-            if not leaving.is_set():
-                asyncio.run_coroutine_threadsafe(queue.put(None), loop)
+            if not follower.leaving.is_set():
+                put((GONE,))
 
-    threading.Thread(target=pump, daemon=True).start()
+    log_followers.take(key, follower)
+    name = f"log-follow-{user_id}-{deployment.pk}-{replica}"
+    threading.Thread(target=pump, name=name, daemon=True).start()
     try:
         # A comment first, so the client sees the stream open before any line.
         yield b": following\n\n"
-        while (line := await queue.get()) is not None:
-            yield f"data: {line}\n\n".encode()
-        yield b"event: end\ndata: the engine is gone\n\n"
+        while isinstance(item := await follower.queue.get(), str):
+            yield f"data: {item}\n\n".encode()
+        yield f"event: end\ndata: {item[0]}\n\n".encode()
     finally:
-        leaving.set()
+        # The client left (or the stream ended): the pump stops at its next line or poll,
+        # and one blocked on the full queue gets room to see that.
+        follower.leaving.set()
+        follower.drain()
+        log_followers.release(key, follower)

@@ -146,7 +146,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         params.is_valid(raise_exception=True)
         if params.validated_data["follow"]:
             response = StreamingHttpResponse(
-                follow(deployment, params.validated_data["replica"]),
+                follow(deployment, params.validated_data["replica"], request.user.pk or 0),
                 content_type="text/event-stream",
             )
             response["Cache-Control"] = "no-cache"

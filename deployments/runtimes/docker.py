@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -30,7 +31,6 @@ from deployments.runtimes.docker_options import create_kwargs
 from deployments.runtimes.pull_progress import PullProgress
 
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Callable, Iterator
 
 CONTAINER_PORT = 8000
@@ -279,15 +279,23 @@ class DockerRuntime:
         if container is None:
             return
         stream = self._call(container.logs, stream=True, follow=True, tail=0)
+        if stop is not None:
+            # The stream blocks until the engine's next line: a quiet engine would hold this
+            # thread long after the follower left. Closing the stream ends the wait.
+            threading.Thread(target=close_when, args=(stop, stream), daemon=True).start()
         pending = b""
-        for chunk in stream:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for line in complete:
-                yield line.decode(errors="replace")
+        try:
+            for chunk in stream:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for line in complete:
+                    yield line.decode(errors="replace")
+                if stop is not None and stop.is_set():
+                    return
+        except Exception:
             if stop is not None and stop.is_set():
-                stream.close()
-                return
+                return  # the stream closed under it: the follower left
+            raise
 
     def configured(self) -> bool:
         """Whether this host has a Docker Engine to ask at all."""
@@ -317,3 +325,11 @@ class DockerRuntime:
             }
             for c in containers
         ]
+
+
+def close_when(stop: threading.Event, stream: Any) -> None:
+    """Close a Docker log stream once its follower leaves (docker's stream is made to be
+    closed from another thread: it shuts its socket down)."""
+    stop.wait()
+    with contextlib.suppress(Exception):
+        stream.close()
