@@ -403,3 +403,7 @@ class DeploymentEventAdmin(ReadOnlyAdmin):
     list_display = ("time", "deployment_name", "kind", "actor", "text")
     list_filter = ("kind", "actor")
     search_fields = ("deployment_name", "text")
+
+
+# The /api tokens' admin, kept in a module of its own (this one is long enough).
+from deployments import admin_tokens  # noqa: E402, F401

@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import Client
 from rest_framework.test import APIClient
 
 from deployments.api.tokens import digest_of, issue_token
@@ -106,3 +107,21 @@ def test_it_makes_a_users_token_from_the_command_line(transactional_db: None) ->
     with pytest.raises(CommandError, match="No user"):
         call_command("api_token", "nobody", stdout=io.StringIO())
     assert get_as(token).status_code == 200
+
+
+def test_it_lists_tokens_in_the_admin_without_their_digest_and_revokes_by_deleting(
+    transactional_db: None,
+) -> None:
+    root = User.objects.create_superuser("root", "r@example.com", "pw-123456")
+    token = issue_token(root)
+    row = ApiToken.objects.get(user=root)
+    browser = Client()
+    browser.force_login(root)
+    page = browser.get("/admin/deployments/apitoken/")
+    assert page.status_code == 200
+    assert "root" in page.content.decode()
+    assert row.digest not in page.content.decode()
+    assert browser.get("/admin/deployments/apitoken/add/").status_code == 403
+    answer = browser.post(f"/admin/deployments/apitoken/{row.pk}/delete/", {"post": "yes"})
+    assert answer.status_code == 302
+    assert get_as(token).status_code == 401
