@@ -37,6 +37,9 @@ RUN_ARBITRARY_ENGINE = "deployments.run_arbitrary_engine"
 # The model fields that choose what runs; a loader's `binary` option counts too.
 HOST_FIELDS = ("command", "image", "docker_options")
 HOST_CONFIG_KEYS = ("binary",)
+# What a deployment runs and where: fixed by whoever gave it reach.
+ENGINE_FIELDS = ("model", "loader", "runtime", "config")
+ENGINE = "engine:"  # their keys in a deployment's reach
 NEGATIVE_NUMBER = re.compile(r"-\d[\d.eE+-]*")
 
 
@@ -71,10 +74,17 @@ def reach(values: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
             found[f"config.{key}"] = (f"Setting config.{key}", config[key])
     model = values.get("model")
     if isinstance(model, str) and (outside := outside_model_dirs(model)):
-        found["model"] = (f"A model at {outside} (outside MSHIP_MODEL_DIRS)", outside)
+        found["model"] = (f"A model at {model!r} (outside MSHIP_MODEL_DIRS)", outside)
     loader = LOADERS.get(str(values.get("loader") or ""))
     if loader is not None:
         found.update(loader_reach(loader, config))
+    if found:
+        # A deployment with reach is the administrator's: what it runs, and where, changes
+        # only with the permission too (trust_remote_code stays safe only for the model and
+        # revision it was given; a command left on the host runtime leaves its container).
+        for field in ENGINE_FIELDS:
+            what = f"Changing {field} of a deployment with host reach"
+            found[ENGINE + field] = (what, values.get(field))
     return found
 
 
@@ -91,17 +101,19 @@ def loader_reach(loader: Loader, config: Mapping[str, Any]) -> dict[str, tuple[s
     extra = config.get("extra_args")
     if isinstance(extra, list):
         unsafe = unsafe_flags(loader, [str(arg) for arg in extra])
-        if unsafe:
-            named = ", ".join(unsafe)
+        if unsafe:  # the whole list: the unsafe flags' values are what they reach
             found["config.extra_args"] = (
-                f"extra_args {named}",
-                (loader.name, tuple(unsafe)),
+                f"extra_args {', '.join(unsafe)}",
+                (loader.name, tuple(str(arg) for arg in extra)),
             )
     for option in loader.path_options:
-        path = config.get(option)
-        if isinstance(path, str) and (outside := outside_model_dirs(path, always_path=True)):
+        if option not in config:
+            continue
+        path = config[option]
+        outside = outside_model_dirs(path, always_path=True) if isinstance(path, str) else path
+        if outside:
             found[f"config.{option}"] = (
-                f"{option} at {outside} (outside MSHIP_MODEL_DIRS)",
+                f"{option} at {path!r} (outside MSHIP_MODEL_DIRS)",
                 (loader.name, outside),
             )
     plugin = config.get("plugin")
@@ -136,21 +148,23 @@ def unsafe_flags(loader: Loader, argv: list[str]) -> list[str]:
 
 def is_path(value: str) -> bool:
     """Whether a model value names a host path rather than a hub id (org/name): absolute,
-    relative with dots, deeper than one slash, or present on disk."""
+    relative with dots, deeper than one slash, or present on disk (from here or from the
+    site's folder, where engines' relative paths are read from)."""
     return (
         value.startswith(("/", ".", "~"))
         or value.count("/") > 1
         or "\\" in value
         or os.path.exists(value)
+        or os.path.exists(os.path.join(settings.BASE_DIR, value))
     )
 
 
 def outside_model_dirs(value: str, *, always_path: bool = False) -> str | None:
     """The resolved path a value names where it lies outside MSHIP_MODEL_DIRS; None for a
-    hub id or a path inside them."""
+    hub id or a path inside them. A relative path is read from the site's folder."""
     if not value or not (always_path or is_path(value)):
         return None
-    resolved = os.path.realpath(value)
+    resolved = os.path.realpath(os.path.join(settings.BASE_DIR, value))
     for folder in settings.MSHIP_MODEL_DIRS:
         if resolved == folder or resolved.startswith(folder.rstrip("/") + "/"):
             return None
@@ -167,18 +181,22 @@ def plugin_allowed(plugin: str) -> bool:
 
 def changed_reach(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> dict[str, str]:
     """The reach a change gives (before None: a new deployment), by field, as named in a
-    refusal. Clearing a command, image or binary counts: the engine it ran changes."""
+    refusal. Clearing a command, image or binary counts: the engine it ran changes. What
+    runs is named only where nothing else is: it changes with every new reach."""
     old, new = reach(before), reach(after)
     changed = {
         field: what
         for field, (what, value) in new.items()
-        if old.get(field, ("", None))[1] != value
+        if field not in old or old[field][1] != value
     }
     for field, (what, _) in old.items():
         cleared = field in HOST_FIELDS or field.removeprefix("config.") in HOST_CONFIG_KEYS
         if cleared and field not in new:
             changed[field] = what
-    return changed
+    primary = {field: what for field, what in changed.items() if not field.startswith(ENGINE)}
+    if primary:
+        return primary
+    return {field.removeprefix(ENGINE): what for field, what in changed.items()}
 
 
 def may_run_anything(user: Any) -> bool:

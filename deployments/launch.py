@@ -126,7 +126,14 @@ def cache_env() -> dict[str, str]:
 
 
 def local_path(model: str) -> str:
-    return os.path.abspath(model) if not os.path.isabs(model) and os.path.exists(model) else model
+    """A relative model path made absolute, read from the site's folder first (where
+    host_access checked it), then from here; anything else (a hub id) as it is."""
+    if os.path.isabs(model):
+        return model
+    for base in (str(settings.BASE_DIR), os.getcwd()):
+        if os.path.exists(candidate := os.path.join(base, model)):
+            return os.path.abspath(candidate)
+    return model
 
 
 def stop_handles(deployment: Deployment, handles: list[Handle]) -> None:

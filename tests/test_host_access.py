@@ -16,6 +16,8 @@ from django.core.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from deployments import engine_envs, operations
+from deployments.engines.llama_launcher import exact_options, parser
+from deployments.engines.tts_backends import piper_model
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment
 from deployments.refusals import OperationRefused
@@ -209,28 +211,24 @@ def test_it_keeps_an_editors_model_paths_in_the_model_folders(
     (models / "escape").symlink_to("/etc")
     settings.MSHIP_MODEL_DIRS = [str(models)]
     api = as_api(editor)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        refused = (
-            "/var/run/docker.sock",
-            "/etc/passwd",
-            str(models / "escape" / "passwd"),  # a symlink out of the folder
-            str(models / ".." / "other.gguf"),
-            "models/../../x.gguf",
-            "~/.ssh/id_rsa",
-        )
-        for i, model in enumerate(refused):
-            values = {**deployment_values("llama_server", "model", model), "name": f"p{i}"}
-            answer = api.post("/api/deployments/", values, format="json")
-            assert answer.status_code == 403 and list(answer.json()) == ["model"], model
-            assert "MSHIP_MODEL_DIRS" in answer.json()["model"][0]
-        allowed = (str(models / "m.gguf"), "models/m.gguf", "Qwen/Qwen3-8B", "tiny")
-        for i, model in enumerate(allowed):
-            values = {**deployment_values("llama_server", "model", model), "name": f"a{i}"}
-            assert api.post("/api/deployments/", values, format="json").status_code == 201
-    finally:
-        os.chdir(cwd)
+    refused = (
+        "/var/run/docker.sock",
+        "/etc/passwd",
+        str(models / "escape" / "passwd"),  # a symlink out of the folder
+        str(models / ".." / "other.gguf"),
+        "var/models/../../../etc/passwd",  # relative paths are read from the site's folder
+        "~/.ssh/id_rsa",
+    )
+    for i, model in enumerate(refused):
+        values = {**deployment_values("llama_server", "model", model), "name": f"p{i}"}
+        answer = api.post("/api/deployments/", values, format="json")
+        assert answer.status_code == 403 and list(answer.json()) == ["model"], model
+        assert "MSHIP_MODEL_DIRS" in answer.json()["model"][0]
+    relative = os.path.relpath(models / "m.gguf", settings.BASE_DIR)
+    allowed = (str(models / "m.gguf"), relative, "Qwen/Qwen3-8B", "tiny")
+    for i, model in enumerate(allowed):
+        values = {**deployment_values("llama_server", "model", model), "name": f"a{i}"}
+        assert api.post("/api/deployments/", values, format="json").status_code == 201
 
 
 def test_it_lets_an_editor_change_what_an_administrator_gave_reach(
@@ -260,3 +258,66 @@ def test_it_installs_only_the_plugin_version_an_administrator_allowed(
     assert api.post("/api/deployments/", values, format="json").status_code == 201
     requirements = engine_envs.requirements(engine_envs.plugin_family("modelship-echo"))
     assert requirements.splitlines()[-1] == "modelship-echo==1.2.0"
+
+
+def test_it_keeps_what_runs_fixed_on_a_deployment_an_administrator_gave_reach(
+    editor: User, root: User
+) -> None:
+    values = deployment_values("vllm", "config", None)
+    values["config"] = {"trust_remote_code": True, "revision": "0123abcd"}
+    created = as_api(root).post("/api/deployments/", values, format="json")
+    url = f"/api/deployments/{created.json()['id']}/"
+    api = as_api(editor)
+    for change in (
+        {"model": "attacker/evil-remote-code"},  # trust_remote_code was for org/model
+        {"config": {**values["config"], "revision": "refs/pr/7"}},
+        {"runtime": "docker"},
+    ):
+        answer = api.patch(url, change, format="json")
+        assert answer.status_code == 403, change
+        assert set(answer.json()) <= {"model", "config", "runtime", "loader", "usecase"}
+    logs = {"extra_args": ["--log-file", "/var/log/engine.log"]}
+    llama = {**deployment_values("llama_server", "config", None), "name": "l", "config": logs}
+    made = as_api(root).post("/api/deployments/", llama, format="json").json()
+    url = f"/api/deployments/{made['id']}/"
+    for extra in (["--log-file", "/root/.bashrc"], ["--log-file", "/x", "--log-file", "/y"]):
+        answer = api.patch(url, {"config": {"extra_args": extra}}, format="json")
+        assert answer.status_code == 403 and "config.extra_args" in answer.json(), extra
+
+
+def test_it_refuses_a_file_option_that_is_not_a_path_and_flags_that_log_prompts(
+    editor: User,
+) -> None:
+    api = as_api(editor)
+    for loader, config in (
+        ("llama_server", {"mmproj": ["/etc/passwd"]}),
+        ("vllm", {"enable_log_requests": True}),
+        ("vllm", {"max_log_len": 100000}),
+        ("stable_diffusion_cpp", {"extra_args": ["--verbose"]}),
+    ):
+        values = {**deployment_values(loader, "config", None), "config": config}
+        answer = api.post("/api/deployments/", values, format="json")
+        assert answer.status_code in (400, 403), (loader, config)
+
+
+def test_it_finds_a_piper_voice_package_without_running_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "evil_voice"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (package / "data" / "v.onnx").write_bytes(b"onnx")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert piper_model("evil-voice") == package / "data" / "v.onnx"
+    assert not (tmp_path / "ran").exists()
+    for name in ("venv.__main__", "this", "os.path"):  # modules, not voice packages
+        with pytest.raises(SystemExit):
+            piper_model(name)
+
+
+def test_it_reads_the_llama_launchers_options_only_as_spelled() -> None:
+    p = parser()
+    exact_options(p, ["-m", "x.gguf", "-c", "2048", "--ctx-size=4096", "-ngl", "-1"])
+    for smuggled in ("-mlock", "-mg=/etc/passwd", "--mod", "--log-file"):
+        with pytest.raises(SystemExit):
+            exact_options(p, ["-m", "x.gguf", smuggled])

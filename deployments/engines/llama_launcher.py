@@ -20,7 +20,8 @@ POOLING = {"none": "NONE", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank":
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llama_launcher", description=__doc__)
+    # No abbreviations: an option is read only as spelled (see exact_options).
+    p = argparse.ArgumentParser(prog="llama_launcher", description=__doc__, allow_abbrev=False)
     p.add_argument("-m", "--model", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -34,6 +35,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--jinja", action="store_true")
     return p
+
+
+def exact_options(p: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option not spelled as one of ours: argparse would read `-mlock` or
+    `-mg=x` as `-m lock` and `-m g=x`, where llama-server reads other options (the control
+    plane checks extra_args by llama-server's reading)."""
+    known = set(p._option_string_actions)  # every spelling of every option
+    for arg in argv:
+        number = arg.lstrip("-").replace(".", "", 1).isdigit()  # a negative number
+        if arg.startswith("-") and not number and arg.split("=", 1)[0] not in known:
+            p.error(f"unrecognized option: {arg}")
 
 
 def params_of(args: argparse.Namespace) -> Any:
@@ -61,7 +73,9 @@ def params_of(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    exact_options(p, sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     import xllamacpp  # noqa: PLC0415 - loads the native library; --help needs none
 
     stop = threading.Event()

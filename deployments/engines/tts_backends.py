@@ -13,7 +13,7 @@ import time.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import io
 import re
 import shutil
@@ -102,16 +102,16 @@ def piper_model(model: str) -> Path:
         if not path.is_file() or not Path(f"{path}.json").is_file():
             raise SystemExit(f"tts: a Piper voice needs {path} and {path}.json")
         return path
-    try:
-        package = importlib.import_module(model.replace("-", "_"))
-    except ImportError as exc:
+    # A voice package is found, never imported: a model name must not run a module's code
+    # (`venv.__main__`). Only a top-level package name, whose finding imports nothing.
+    name = model.replace("-", "_")
+    spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
         raise SystemExit(
             f"tts: {model!r} is neither a .onnx voice nor a voice package installed in the"
             " piper engine environment"
-        ) from exc
-    if hasattr(package, "model_path"):
-        return Path(package.model_path())
-    found = sorted(Path(str(package.__path__[0])).rglob("*.onnx"))
+        )
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.onnx"))
     if not found:
         raise SystemExit(f"tts: the package {model!r} ships no .onnx voice")
     return found[0]

@@ -39,15 +39,15 @@ class StableDiffusionCppLoader(ProgramOrShippedLoader):
     # image the deployment names.
     default_image = ""
     # Sampling and memory placement; every option that names a file (models, LoRA and
-    # embedding folders, images, output) or the address needs run_arbitrary_engine.
+    # embedding folders, images, output) or the address needs run_arbitrary_engine, as does
+    # --verbose (prompts in the engine's log).
     operator_flags = frozenset(
         {
             "t", "threads", "steps", "cfg-scale", "sampling-method", "scheduler", "s", "seed",
             "clip-skip", "vae-tiling", "vae-on-cpu", "clip-on-cpu", "control-net-cpu",
             "diffusion-fa", "W", "width", "H", "height", "b", "batch-count", "guidance",
             "rng", "type", "strength", "style-ratio", "slg-scale", "skip-layers",
-            "skip-layer-start", "skip-layer-end", "eta", "offload-to-cpu", "color", "v",
-            "verbose",
+            "skip-layer-start", "skip-layer-end", "eta", "offload-to-cpu", "color",
         }
     )  # fmt: skip
     path_options = ("diffusion_model", "vae")

@@ -40,7 +40,8 @@ class VllmLoader(Loader):
     # Tuning that loads no code and names no path: trust_remote_code, the *_plugin and
     # *_cls arguments, tokenizer, download_dir, chat_template (a file), generation_config,
     # hf_overrides, load_format, lora_modules, speculative_config, ssl_*, middleware,
-    # allowed_local_media_path, api_key and the like need run_arbitrary_engine.
+    # allowed_local_media_path, api_key and the like need run_arbitrary_engine, and so do
+    # enable_log_requests, max_log_len and a verbose log level (prompts in the engine's log).
     operator_flags = frozenset(
         {
             "max-model-len", "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization",
@@ -49,7 +50,7 @@ class VllmLoader(Loader):
             "calculate-kv-scales", "enable-prefix-caching", "no-enable-prefix-caching",
             "enable-chunked-prefill", "no-enable-chunked-prefill", "enable-sleep-mode",
             "enforce-eager", "swap-space", "cpu-offload-gb", "block-size", "seed",
-            "max-logprobs", "disable-log-stats", "disable-log-requests", "enable-log-requests",
+            "max-logprobs", "disable-log-stats", "disable-log-requests",
             "tokenizer-mode", "revision", "enable-auto-tool-choice", "tool-call-parser",
             "reasoning-parser", "limit-mm-per-prompt", "max-num-partial-prefills",
             "max-long-partial-prefills", "long-prefill-token-threshold",
@@ -60,7 +61,7 @@ class VllmLoader(Loader):
             "max-lora-rank", "max-cpu-loras", "override-generation-config",
             "override-pooler-config", "pooler-config", "chat-template-content-format",
             "response-role", "enable-prompt-tokens-details", "return-tokens-as-token-ids",
-            "max-log-len", "uvicorn-log-level", "disable-uvicorn-access-log",
+            "disable-uvicorn-access-log",
             "disable-fastapi-docs", "enable-server-load-tracking", "guided-decoding-backend",
         }
     )  # fmt: skip
