@@ -78,6 +78,8 @@ def reach(values: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
     loader = LOADERS.get(str(values.get("loader") or ""))
     if loader is not None:
         found.update(loader_reach(loader, config))
+        if loader.imports_model_code and isinstance(model, str) and (code := python_in(model)):
+            found["model"] = (f"A model folder with Python code ({code})", code)
     if found:
         # A deployment with reach is the administrator's: what it runs, and where, changes
         # only with the permission too (trust_remote_code stays safe only for the model and
@@ -157,6 +159,19 @@ def is_path(value: str) -> bool:
         or os.path.exists(value)
         or os.path.exists(os.path.join(settings.BASE_DIR, value))
     )
+
+
+def python_in(model: str) -> str | None:
+    """A Python file in a local model folder (an engine that loads a folder's custom
+    components would import it); None where there is none, or no folder."""
+    folder = os.path.join(settings.BASE_DIR, model)
+    if not os.path.isdir(folder):
+        return None
+    for top, _, names in os.walk(folder):
+        for name in names:
+            if name.endswith(".py"):
+                return os.path.relpath(os.path.join(top, name), folder)
+    return None
 
 
 def outside_model_dirs(value: str, *, always_path: bool = False) -> str | None:

@@ -321,3 +321,18 @@ def test_it_reads_the_llama_launchers_options_only_as_spelled() -> None:
     for smuggled in ("-mlock", "-mg=/etc/passwd", "--mod", "--log-file"):
         with pytest.raises(SystemExit):
             exact_options(p, ["-m", "x.gguf", smuggled])
+
+
+def test_it_takes_a_model_folder_with_python_code_as_code(
+    editor: User, tmp_path: Path, settings: Any
+) -> None:
+    folder = tmp_path / "models" / "pipe"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    settings.MSHIP_MODEL_DIRS = [str(tmp_path / "models")]
+    values = {**deployment_values("diffusers", "model", str(folder)), "name": "plain"}
+    assert as_api(editor).post("/api/deployments/", values, format="json").status_code == 201
+    (folder / "unet" / "my_unet.py").write_text("import os\n")
+    values["name"] = "custom"
+    answer = as_api(editor).post("/api/deployments/", values, format="json")
+    assert answer.status_code == 403 and "my_unet.py" in answer.json()["model"][0]

@@ -97,6 +97,8 @@ class Loader:
     path_options: ClassVar[tuple[str, ...]] = ()
     # `plugin:` names the engine's code (loader: custom).
     takes_plugins: ClassVar[bool] = False
+    # The engine imports Python files a model folder holds (diffusers' custom components).
+    imports_model_code: ClassVar[bool] = False
 
     @property
     def serves_metrics(self) -> bool:

@@ -125,6 +125,7 @@ class DiffusersLoader(ShippedEngineLoader):
     usecases = frozenset({"image"})
     running_gauge = "modelship_image_requests_running"
     waiting_gauge = "modelship_image_requests_waiting"
+    imports_model_code = True
 
     def validate(self, spec: EngineSpec) -> list[str]:
         problems = super().validate(spec)
