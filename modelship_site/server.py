@@ -40,6 +40,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
 from modelship_site.admission import ClientCounts, too_many_from_client, too_many_in_all
+from openai_api import ws_lanes
 from openai_api.sweeps import Sweep, quarter
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -133,7 +134,9 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         """The answer to a request past a cap, counted as uvicorn counts its own (this
         connection among the open ones, the tasks before this request's)."""
         cap = self._total_cap
-        if ADMITS and cap is not None and (len(self.connections) >= cap or len(self.tasks) >= cap):
+        # A Responses socket's lanes beyond its first count as connections (ws_lanes.py).
+        open_now = len(self.connections) + ws_lanes.extra()
+        if ADMITS and cap is not None and (open_now >= cap or len(self.tasks) >= cap):
             self.logger.warning("Exceeded concurrency limit.")
             return too_many_in_all
         if self._clients.over_cap(self._host):

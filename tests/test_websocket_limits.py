@@ -10,14 +10,18 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
+from deployments import deployer
 from openai_api import ws_lanes
+from openai_api.models import ApiKey
 from tests.open_responses_schema import conforming_sdk
+from tests.server_support import served_in_process
 from tests.ws_support import next_event, text_of, until_done
 
 if TYPE_CHECKING:
@@ -199,3 +203,32 @@ def test_it_closes_cleanly_on_a_message_over_the_body_limit(
         with pytest.raises(websockets.ConnectionClosed) as closed:
             socket.recv(timeout=30)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_it_refuses_http_requests_while_a_sockets_lanes_fill_the_server(
+    make_deployment: Any, django_db_blocker: Any
+) -> None:
+    sim = make_deployment("sim", config=SLOW)
+    deployer.restart(sim.pk)
+    _, key = ApiKey.issue("lanes")
+    auth = {"authorization": f"Bearer {key}"}
+    # Three connections: the socket, its second lane, and one more.
+    with served_in_process(django_db_blocker, MSHIP_MAX_CONNECTIONS="3") as (url, _):
+        assert httpx.get(url + "/v1/models", headers=auth).status_code == 200
+        with open_socket(url, key) as socket:
+            for lane in ("a", "b"):
+                socket.send(json.dumps({"type": "response.create", "model": "sim",
+                                        "input": "x", "stream_id": lane}))  # fmt: skip
+            running: set[str] = set()
+            while running != {"a", "b"}:
+                event = json.loads(socket.recv(timeout=30))
+                if event["type"] == "response.output_text.delta":
+                    running.add(event["stream_id"])
+            refused = httpx.get(url + "/v1/models", headers=auth)
+            assert refused.status_code == 503
+            done: set[str] = set()
+            while done != {"a", "b"}:
+                event = json.loads(socket.recv(timeout=30))
+                if event["type"] == "response.completed":
+                    done.add(event["stream_id"])
+            assert httpx.get(url + "/v1/models", headers=auth).status_code == 200
