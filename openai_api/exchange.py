@@ -139,7 +139,7 @@ class Exchange:
             413, f"The request body is larger than {limit} bytes.", "request_too_large"
         )
         declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise too_large
         chunks, size = [], 0
         loop = asyncio.get_running_loop()
