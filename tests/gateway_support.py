@@ -72,7 +72,8 @@ def seen_by_gateway(predicate: Callable[[Any], bool]) -> None:
 
 
 @pytest.fixture
-def api_key(transactional_db: None, site: Any) -> Callable[..., str]:
+def api_key(transactional_db: None, site: Any, gateway_url: str) -> Callable[..., str]:
+    """Keys the in-process gateway knows (so it runs: seen_by_gateway asks it)."""
     site.MSHIP_ROUTE_REFRESH_S = 0.05
 
     def make(name: str = "app", **fields: Any) -> str:
@@ -84,8 +85,10 @@ def api_key(transactional_db: None, site: Any) -> Callable[..., str]:
 
 
 @pytest.fixture
-def serving(make_deployment: Any, engines: None, site: Any) -> Callable[..., Deployment]:
-    """A deployment started and visible to the gateway as ready."""
+def serving(
+    make_deployment: Any, engines: None, site: Any, gateway_url: str
+) -> Callable[..., Deployment]:
+    """A deployment started and visible to the in-process gateway as ready."""
     site.MSHIP_ROUTE_REFRESH_S = 0.05
 
     def start(name: str = "sim", **fields: Any) -> Deployment:

@@ -141,7 +141,9 @@ def test_it_prints_secrets_only_when_it_makes_them_and_keeps_a_revoked_key_revok
     assert (tmp_path / "var" / "api_key").read_text().strip() == key  # not replaced
 
 
-def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subprocess.Popen[bytes]:
+def serve_process(
+    site: Any, tmp_path: Path, port: int, models: str, *options: str
+) -> subprocess.Popen[bytes]:
     env = env_for_subprocess(
         MSHIP_VAR_DIR=str(tmp_path / "var"),
         MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
@@ -150,7 +152,7 @@ def serve_process(site: Any, tmp_path: Path, port: int, models: str) -> subproce
         MSHIP_Q_NAME=Conf.PREFIX,
     )
     return subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port), "--models", models],
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--models", models, *options],
         cwd=REPO,
         env=env,
         stdout=(tmp_path / "serve.log").open("wb"),
@@ -175,12 +177,23 @@ def test_it_keeps_serving_when_the_models_file_is_broken(site: Any, tmp_path: Pa
     assert not Deployment.objects.exists()
 
 
-def test_it_stops_everything_when_the_server_cannot_start(site: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("workers", "shared"),
+    [("1", False), ("2", False), ("2", True)],
+    ids=["one-worker", "workers", "workers-on-a-shared-port"],
+)
+def test_it_stops_everything_when_the_server_cannot_start(
+    site: Any, tmp_path: Path, workers: str, shared: bool
+) -> None:
+    """A port someone holds is taken, even one held with SO_REUSEPORT, which the sockets of
+    `--workers` would otherwise share with it."""
     with socket.socket() as taken:
+        if shared:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        serve = serve_process(site, tmp_path, port, "examples/models.yaml")
+        serve = serve_process(site, tmp_path, port, "examples/models.yaml", "--workers", workers)
         serve.wait(90)
     printed = (tmp_path / "serve.log").read_text()
     assert serve.returncode == 1, printed

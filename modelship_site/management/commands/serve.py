@@ -4,10 +4,14 @@ Ctrl-C (or SIGTERM) stops both, then every engine they started. On the way up it
 engines a previous run left behind and starts the always-on deployments that its last
 shutdown stopped.
 
-`--workers N` runs N server processes on one listening socket, made here and inherited, so
-the kernel hands each connection to one of them. What they must agree on is shared through
-the database and Redis (README, "More than one machine"). A worker that dies after it has
-served is started again; one that dies at its start stops Modelship, as a lone server does.
+`--workers N` runs N server processes on one port: each inherits a listening socket of its
+own, all made here with SO_REUSEPORT, so the kernel spreads connections over them by their
+addresses. (On one shared socket the worker that woke first took the whole backlog: a burst
+of 32 connections could all land on one worker.) A socket outlives its worker, so the
+connections queued on it wait for the worker's restart instead of being refused. What the
+workers must agree on is shared through the database and Redis (README, "More than one
+machine"). A worker that dies after it has served is started again; one that dies at its
+start stops Modelship, as a lone server does.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class Command(BaseCommand):
         if options["workers"] < 1 or (options["workers"] > 1 and options["server"] != "uvicorn"):
             raise CommandError("--workers takes 1 or more, and more than 1 with uvicorn only")
         # Before anything else: a port that is taken stops Modelship before it starts.
-        self.listener = self.listen(options) if options["server"] == "uvicorn" else None
+        self.listeners = self.listen(options) if options["server"] == "uvicorn" else []
         stop_event = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop_event.set())
@@ -148,18 +152,36 @@ class Command(BaseCommand):
             )
 
     @staticmethod
-    def listen(options: dict[str, Any]) -> socket.socket:
-        host, port = options["host"], options["port"]
+    def listen(options: dict[str, Any]) -> list[socket.socket]:
+        """A listening socket for each server process, on one port."""
+        host, port, workers = options["host"], options["port"], options["workers"]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listeners: list[socket.socket] = []
         try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(LISTEN_BACKLOG)
+            if workers > 1:
+                # Sockets with SO_REUSEPORT share a port with any other such socket of this
+                # user, another Modelship's too: one without it finds the port taken first.
+                with socket.socket(family, socket.SOCK_STREAM) as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    probe.bind((host, port))
+                    port = probe.getsockname()[1]
+            for _ in range(workers):
+                listener = socket.socket(family, socket.SOCK_STREAM)
+                listeners.append(listener)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if workers > 1:
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                listener.bind((host, port))
+                port = listener.getsockname()[1]  # port 0: the others take the one it got
+                listener.listen(LISTEN_BACKLOG)
+                listener.set_inheritable(True)
         except OSError as exc:
-            raise CommandError(f"Modelship stopped: cannot listen on {host}:{port}: {exc}") from exc
-        listener.set_inheritable(True)
-        return listener
+            for listener in listeners:
+                listener.close()
+            raise CommandError(
+                f"Modelship stopped: cannot listen on {host}:{options['port']}: {exc}"
+            ) from exc
+        return listeners
 
     def watch(
         self,
@@ -186,12 +208,12 @@ class Command(BaseCommand):
     def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
         python = sys.executable
         self.commands: dict[str, list[str]] = {}
-        if self.listener is not None:
-            server = [python, "-m", "modelship_site.server", "--fd", str(self.listener.fileno())]
-            server += ["--host", options["host"], "--port", str(options["port"])]
-            workers = options["workers"]
-            names = ["server"] if workers == 1 else [f"server-{i + 1}" for i in range(workers)]
-            self.commands.update(dict.fromkeys(names, server))
+        if self.listeners:
+            lone = len(self.listeners) == 1
+            for i, listener in enumerate(self.listeners):
+                server = [python, "-m", "modelship_site.server", "--fd", str(listener.fileno())]
+                server += ["--host", options["host"], "--port", str(options["port"])]
+                self.commands["server" if lone else f"server-{i + 1}"] = server
         else:
             server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]
             self.commands["server"] = [*server, "modelship_site.asgi:application"]
@@ -202,7 +224,7 @@ class Command(BaseCommand):
     def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         # Own process groups: the terminal's Ctrl-C reaches this command only, which then
         # stops the children in order instead of all at once.
-        inherited = (self.listener.fileno(),) if self.listener is not None else ()
+        inherited = [int(argv[argv.index("--fd") + 1])] if "--fd" in argv else []
         return subprocess.Popen(
             argv, start_new_session=True, env=os.environ.copy(), pass_fds=inherited
         )
