@@ -13,16 +13,15 @@ REDIS ?= redis://127.0.0.1:6379/0
 
 .PHONY: setup setup-run system-deps browser-deps run test test-sqlite test-postgres lint format lock clean bench
 
-# What serving needs (make run): no test tools, SDKs or LiteLLM.
+# What serving needs (make run): no test tools, SDKs or LiteLLM. Installed by uv (pip where
+# uv cannot run: common/installer.py), from pip's configured indexes.
 $(RUN_STAMP): pyproject.toml $(LOCK)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(LOCK) -e .
+	$(PYTHON) -m common.installer $(VENV) $(LOCK) -e .
 	rm -f $(VENV)/.installed-run-* && touch $@
 
 # And the dev extra (make test, make lint).
 $(DEV_STAMP): $(RUN_STAMP)
-	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
+	$(PYTHON) -m common.installer $(VENV) $(LOCK) -e '.[dev]'
 	rm -f $(VENV)/.installed-dev-* && touch $@
 
 setup-run: $(RUN_STAMP)
@@ -54,17 +53,23 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-test-sqlite: setup system-deps browser-deps
-	MSHIP_Q_NAME=modelship-test $(PY) -m pytest -q -p no:cacheprovider
+# Every run names its 20 slowest tests; `scripts/timed.sh` says how long each phase took.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=20
 
-# The heavy real-engine suites (marked heavy) ran on SQLite: they do not depend on the database.
+test-sqlite: setup system-deps browser-deps
+	MSHIP_Q_NAME=modelship-test scripts/timed.sh "tests on SQLite" $(PYTEST)
+
+# Only the tests that touch a back-end (the database, the broker, the channel layer, Redis:
+# tests/conftest.py decides by their fixtures) run again; the rest ran on SQLite. So do the
+# heavy real-engine suites (marked heavy): they do not depend on the database.
 test-postgres: setup system-deps browser-deps
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) MSHIP_Q_NAME=modelship-test MSHIP_TEST_HEAVY=0 \
-		$(PY) -m pytest -q -p no:cacheprovider
+		MSHIP_TEST_BACKENDS_ONLY=1 scripts/timed.sh "tests on PostgreSQL + Redis" $(PYTEST)
 
 # A Docker Engine for the docker runtime's tests: the running one, else one started (and, as
 # root on Debian, installed) for the run and stopped after it.
-test: lint system-deps browser-deps
+test:
+	@scripts/timed.sh "setup and lint" $(MAKE) --no-print-directory lint system-deps browser-deps
 	scripts/docker-up.sh
 	status=0; $(MAKE) test-sqlite test-postgres || status=$$?; scripts/docker-down.sh; exit $$status
 

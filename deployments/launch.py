@@ -42,15 +42,34 @@ def prepare_engine_env(deployment: Deployment) -> None:
     """An engine's family environment, installed before its first start (blocking: minutes
     for a large family; the state reason says so meanwhile). A container runs it too,
     mounted from the host (launch_all)."""
-    container = deployment.runtime == "docker"
-    family = get_loader(deployment.loader).engine_family(EngineSpec.of(deployment), container)
-    if family is None or deployment.command:
+    family = family_of(deployment)
+    if family is None:
         return
 
     def progress(line: str) -> None:
         Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(state_reason=line)
 
     engine_envs.ensure(family, progress)
+
+
+def family_of(deployment: Deployment) -> str | None:
+    """The engine environment a deployment runs on (None: Modelship's Python, or its own
+    command)."""
+    if deployment.command:
+        return None
+    container = deployment.runtime == "docker"
+    return get_loader(deployment.loader).engine_family(EngineSpec.of(deployment), container)
+
+
+def deployment_families() -> set[str]:
+    """The families every deployment of this site runs on (engine_env prune keeps them)."""
+    found = set()
+    for deployment in Deployment.objects.all():
+        with contextlib.suppress(engine_envs.EnvFailed, KeyError, ValueError):
+            family = family_of(deployment)
+            if family:
+                found.add(family)
+    return found
 
 
 def launch_all(

@@ -140,7 +140,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_modelship.sqlite3")}
+    # The test database is the test run's own: two runs in one checkout never share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_modelship-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: django-q broker and channel layer ----------------------------------------------
@@ -359,9 +360,11 @@ MSHIP_WS_PING_S = env_float("MSHIP_WS_PING_S", 15)
 # at most this many bytes of the contexts it can continue from memory, the oldest going first.
 MSHIP_WS_MAX_LANES = env_int("MSHIP_WS_MAX_LANES", 8)
 MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
-# Engine families' own virtualenvs (deployments/engine_envs.py), and how long one install
-# may take (pip resolving and downloading torch can take minutes).
-MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", VAR_DIR / "engines")
+# Engine families' own virtualenvs (deployments/engine_envs.py), one folder per content
+# hash in a cache every clone and site of this user shares, and how long one install may take
+# (resolving and downloading torch can take minutes).
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", USER_CACHE / "modelship" / "engines")
 MSHIP_ENGINE_ENV_TIMEOUT_S = env_float("MSHIP_ENGINE_ENV_TIMEOUT_S", 1800)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)

@@ -16,10 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import redis
+import redis.asyncio
+from channels.layers import ChannelLayerManager
 from django.db import connection
 from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
 
+from deployments import engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from openai_api.access import writer
@@ -39,15 +43,96 @@ pytest_plugins = [
 ]
 
 
+# A test touches the back-ends (the database, django-q's broker, the channel layer, Redis) when
+# one of these is among its fixtures, or it has the django_db or backend marker: only such
+# tests run again on PostgreSQL + Redis (MSHIP_TEST_BACKENDS_ONLY=1). Whatever else a test
+# uses cannot reach them: pytest-django refuses the ORM, backend_guard the rest.
+# Or a fixture of ours that unblocks the database (a server started for the session).
+BACKEND_FIXTURES = frozenset({"db", "transactional_db", "live_server"})
+BACKEND_ONLY_HINT = "mark it @pytest.mark.backend or give it the db fixture"
+
+
+def touches_backends(item: pytest.Item) -> bool:
+    if item.get_closest_marker("django_db") or item.get_closest_marker("backend"):
+        return True
+    if set(getattr(item, "fixturenames", ())) & BACKEND_FIXTURES:
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in info.name2fixturedefs.values() if info else ():
+        for definition in definitions:
+            own = not getattr(definition.func, "__module__", "").startswith("pytest_django")
+            if own and "django_db_blocker" in definition.argnames:
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The heavy real-engine suites run once per `make test`: the second database's run
-    (MSHIP_TEST_HEAVY=0) skips them, as they do not depend on the database."""
+    (MSHIP_TEST_HEAVY=0) skips them, as they do not depend on the database. That run
+    (MSHIP_TEST_BACKENDS_ONLY=1) also leaves out every test that touches no back-end: it
+    ran on the first."""
+    if os.environ.get("MSHIP_TEST_BACKENDS_ONLY") == "1":
+        once = [item for item in items if not touches_backends(item)]
+        if once:
+            config.hook.pytest_deselected(items=once)
+            items[:] = [item for item in items if touches_backends(item)]
     if os.environ.get("MSHIP_TEST_HEAVY", "1") != "0":
         return
     skip = pytest.mark.skip(reason="a heavy engine suite: run once, on SQLite (make test-sqlite)")
     for item in items:
         if item.get_closest_marker("heavy"):
             item.add_marker(skip)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str:
+    both = sum(touches_backends(item) for item in items)
+    return f"{both} tests touch the back-ends (run on each), {len(items) - both} do not"
+
+
+class BackendUsed(AssertionError):
+    """A test that is not marked as touching the back-ends reached one."""
+
+
+@pytest.fixture(autouse=True)
+def backend_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that touches no back-end by its fixtures and markers fails where it reaches
+    the database, the channel layer, a Redis client or a Modelship subprocess sharing the
+    database: it
+    would otherwise run on one back-end only. Only its own thread is watched (a server
+    another test started may serve in the background)."""
+    if touches_backends(request.node):
+        return
+    watched = threading.get_ident()
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def check(original: Callable[..., Any]) -> Callable[..., Any]:
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() == watched:
+                    raise BackendUsed(f"{request.node.nodeid} uses {what}: {BACKEND_ONLY_HINT}")
+                return original(*args, **kwargs)
+
+            return guarded
+
+        return check
+
+    monkeypatch.setattr(
+        ChannelLayerManager,
+        "__getitem__",
+        refuse("the channel layer")(ChannelLayerManager.__getitem__),
+    )
+    for client in (redis.Redis, redis.asyncio.Redis):
+        monkeypatch.setattr(client, "__init__", refuse("Redis")(client.__init__))
+    GUARDED[watched] = request.node.nodeid
+    request.addfinalizer(lambda: GUARDED.pop(watched, None))
+    # pytest-django refuses the ORM only until a session's server unblocks it: this thread's
+    # connection refuses it for the test, whatever was unblocked before.
+    refused = refuse("the database")(lambda execute, *args: execute(*args))
+    connection.execute_wrappers.append(refused)
+    request.addfinalizer(lambda: connection.execute_wrappers.remove(refused))
+
+
+# The thread of the running test that touches no back-end, to its id.
+GUARDED: dict[int, str] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -88,8 +173,8 @@ def site(settings: Any, tmp_path: Path) -> Any:
     settings.MSHIP_GPU_MEMORY_GIB = 8.0
     settings.MSHIP_STOP_GRACE_S = 2.0
     settings.MSHIP_START_TIMEOUT_S = 30.0
-    # Engine environments are made once and shared by every test and run (as `make run`'s).
-    settings.MSHIP_ENGINE_ENVS_DIR = REPO / "var" / "engines"
+    # Engine environments come from the machine-wide cache (MSHIP_ENGINE_ENVS_DIR, else the
+    # user's): made once, shared by every test, run and clone, as `make run`'s.
     return settings
 
 
@@ -185,6 +270,9 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
 
 def env_for_subprocess(**extra: str) -> dict[str, str]:
     """The environment a Modelship subprocess needs to share this test's database."""
+    guarded = GUARDED.get(threading.get_ident())
+    if guarded:
+        raise BackendUsed(f"{guarded} starts a subprocess on the database: {BACKEND_ONLY_HINT}")
     env = dict(os.environ)
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):
@@ -193,7 +281,7 @@ def env_for_subprocess(**extra: str) -> dict[str, str]:
         env["DATABASE_URL"] = (
             f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
-    env["MSHIP_ENGINE_ENVS_DIR"] = str(REPO / "var" / "engines")  # made once, shared
+    env["MSHIP_ENGINE_ENVS_DIR"] = str(engine_envs.root())  # made once, shared
     # Its own metrics folder: `serve` empties its folder at start, and this process's is in use.
     env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="modelship-metrics-")
     env.update(extra)

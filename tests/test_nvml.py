@@ -119,6 +119,7 @@ def test_it_lets_an_explicit_capacity_make_one_pool(
     assert check_fit(make_deployment(memory_gib=90)) == []  # placed on no GPU
 
 
+@pytest.mark.django_db  # the host summary reads the deployments
 def test_it_compares_what_it_reads_with_nvidia_smi(
     driver: FakeDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

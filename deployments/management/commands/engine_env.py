@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import engine_envs
+from deployments.launch import deployment_families
 
 
 class Command(BaseCommand):
-    help = "List the engine families' environments, or install one (before a first start)."
+    help = (
+        "List the engine environments (this checkout's families and the machine-wide cache),"
+        " install one before a first start, print its Python, or prune the cache."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["list", "install", "python"])
+        parser.add_argument("action", choices=["list", "install", "python", "prune"])
         parser.add_argument("family", nargs="?", help="an engine family (see list)")
+        parser.add_argument(
+            "--unused-days",
+            type=float,
+            default=0,
+            help="prune: only environments not used for this many days",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="prune: say what would go, remove nothing"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        family = options["family"]
-        if options["action"] == "list":
-            for name in engine_envs.families():
-                state = "ready" if engine_envs.ready(name) else "not installed"
-                self.stdout.write(f"{name}\t{state}\t{engine_envs.location(name)}")
-            return
+        action, family = options["action"], options["family"]
+        if action == "list":
+            return self.list()
+        if action == "prune":
+            return self.prune(options["unused_days"], options["dry_run"])
         if not family:
             raise CommandError(f"which family? ({', '.join(engine_envs.families())})")
         try:
-            if options["action"] == "install":
+            if action == "install":
                 python = engine_envs.ensure(family, lambda line: self.stdout.write(line))
                 self.stdout.write(f"{family}: ready ({python})")
             elif not engine_envs.ready(family):
@@ -35,3 +48,45 @@ class Command(BaseCommand):
                 self.stdout.write(engine_envs.python(family))
         except engine_envs.EnvFailed as exc:
             raise CommandError(str(exc)) from exc
+
+    def list(self) -> None:
+        """A line per family of this checkout, then the cache's other environments."""
+        self.stdout.write(f"cache: {engine_envs.root()}")
+        self.stdout.write("family\tstate\tsize\tlast used\tpath")
+        named = engine_envs.named()
+        for target, family in named.items():
+            why = engine_envs.damage(target)
+            state = "ready" if why is None else why
+            self.stdout.write(f"{family}\t{state}\t{self.facts(target)}\t{target}")
+        for target in engine_envs.cached():
+            if target not in named:
+                self.stdout.write(f"-\tnot named (prune)\t{self.facts(target)}\t{target}")
+
+    def facts(self, target: Any) -> str:
+        if not target.exists():
+            return "-\t-"
+        used = engine_envs.last_used(target)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used)) if used else "-"
+        return f"{engine_envs.size_of(target) / 2**20:.0f} MiB\t{when}"
+
+    def prune(self, unused_days: float, dry_run: bool) -> None:
+        """Remove the cached environments no family of this checkout and no deployment names
+        (another clone's environments are pruned too: it installs them again when needed)."""
+        keep = set(engine_envs.named())
+        keep |= {engine_envs.location(family) for family in deployment_families()}
+        horizon = time.time() - unused_days * 86400
+        freed = 0
+        for target in engine_envs.cached():
+            used = engine_envs.last_used(target) or 0
+            if target in keep or used > horizon:
+                continue
+            size = engine_envs.size_of(target)
+            if dry_run:
+                self.stdout.write(f"would remove {target} ({size / 2**20:.0f} MiB)")
+            elif engine_envs.remove(target):
+                freed += size
+                self.stdout.write(f"removed {target} ({size / 2**20:.0f} MiB)")
+            else:
+                self.stdout.write(f"kept {target}: an install of it is under way")
+        if not dry_run:
+            self.stdout.write(f"freed {freed / 2**20:.0f} MiB")
