@@ -15,6 +15,7 @@ from django.db import connection
 from deployments import deployer
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.refusals import CannotSleep
+from deployments.runtimes.process import ProcessRuntime
 from tests.conftest import answers, chat, in_thread, pid_alive, reply_of, sim, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -62,6 +63,29 @@ def test_it_fails_a_crashing_engine_with_its_log_tail(make_deployment: Any) -> N
     assert "exited with code 1 during start-up" in deployment.state_reason
     assert "RuntimeError: injected start failure" in deployment.state_reason
     assert deployment.engine_urls == []
+
+
+def test_it_names_the_exit_code_of_an_engine_its_reaper_has_not_reaped_yet(
+    make_deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start sees the engine dead (a zombie, or gone from /proc) before the reaper thread
+    stored its code: it waits for the code instead of saying only that the engine is gone."""
+    reaper_may_go = threading.Event()
+    reap = ProcessRuntime._reap
+
+    def late_reaper(proc: subprocess.Popen[bytes]) -> None:
+        reaper_may_go.wait(120)
+        reap(proc)
+
+    monkeypatch.setattr(ProcessRuntime, "_reap", staticmethod(late_reaper))
+    deployment = make_deployment(config=sim(fail_at_start=True))
+    try:
+        deployer.restart(deployment.pk)
+    finally:
+        reaper_may_go.set()
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+    assert "the engine exited with code 1 during start-up" in deployment.state_reason
 
 
 def test_it_fails_an_engine_that_never_gets_healthy_and_kills_it(

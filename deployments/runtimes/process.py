@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 # Exit codes of children this process started, filled by their reaper threads.
 _exit_codes: dict[int, int] = {}
+# Children not reaped yet: an exit seen in /proc before the reaper stored its code waits for it.
+_children: dict[int, subprocess.Popen[bytes]] = {}
 
 # What an engine inherits from Modelship's environment: the basics a program needs, and the
 # variables accelerator stacks and model libraries read. Never Modelship's own secrets
@@ -153,6 +155,7 @@ class ProcessRuntime:
             except OSError as exc:
                 raise RuntimeError_(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
         # Reap the child when it exits, so a dead engine is not left a zombie that looks alive.
+        _children[proc.pid] = proc
         threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
         stat = proc_stat(proc.pid)
         return {
@@ -171,6 +174,7 @@ class ProcessRuntime:
     @staticmethod
     def _reap(proc: subprocess.Popen[bytes]) -> None:
         _exit_codes[proc.pid] = proc.wait()
+        _children.pop(proc.pid, None)
 
     def is_alive(self, handle: Handle) -> bool:
         stat = proc_stat(int(handle.get("pid", 0) or 0))
@@ -179,7 +183,7 @@ class ProcessRuntime:
         return not handle.get("start_ticks") or stat[1] == handle["start_ticks"]
 
     def exit_reason(self, handle: Handle) -> str:
-        code = _exit_codes.get(int(handle.get("pid", 0) or 0))
+        code = exit_code(int(handle.get("pid", 0) or 0))
         if code is None:
             return "the engine process is gone"
         if code < 0:
@@ -281,3 +285,14 @@ def tail_bytes(path: Path, lines: int, start: int = 0) -> bytes:
             blocks.append(block)
             newlines += block.count(b"\n")
         return b"".join(reversed(blocks))
+
+
+def exit_code(pid: int) -> int | None:
+    """How a child of this process ended. The process leaves /proc (or turns zombie) a
+    moment before its reaper stores the code: a child still being reaped is waited for."""
+    code = _exit_codes.get(pid)
+    child = _children.get(pid)
+    if code is None and child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = child.wait(timeout=5)
+    return code if code is not None else _exit_codes.get(pid)
