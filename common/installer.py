@@ -40,6 +40,8 @@ UV_INDEX_VARIABLES = (
     "UV_NO_INDEX",
 )
 CHOICES = ("auto", "uv", "pip")
+# The scopes of `pip config list` that apply to an install, the later winning.
+PIP_SCOPES = {"global": 0, "install": 1, ":env:": 2}
 TAIL_LINES = 15  # of an installer's output, in the error of a failed install
 
 
@@ -103,9 +105,9 @@ def pip_settings(python: str) -> dict[str, list[str]]:
     for line in listed.splitlines():
         key, _, value = line.partition("=")
         scope, _, name = key.rpartition(".")
-        if name not in PIP_TO_UV or scope not in {"global", "install", ":env:"}:
+        if name not in PIP_TO_UV or scope not in PIP_SCOPES:
             continue
-        rank = {"global": 0, "install": 1, ":env:": 2}[scope]
+        rank = PIP_SCOPES[scope]
         if rank >= found.get(name, (-1, []))[0]:
             found[name] = (rank, value.strip().strip("'\"").split())
     return {name: values for name, (_, values) in found.items()}

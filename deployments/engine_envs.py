@@ -126,10 +126,6 @@ def python(family: str) -> str:
     return str(location(family) / "bin" / "python")
 
 
-def stamp(family: str) -> Path:
-    return location(family) / READY
-
-
 def ready(family: str) -> bool:
     return damage(location(family)) is None
 
@@ -168,7 +164,12 @@ def manifest(target: Path) -> str:
 
 
 def log_path(family: str) -> Path:
-    return root() / f"{location(family).name}.log"
+    return log_of(location(family))
+
+
+def log_of(target: Path) -> Path:
+    """The installer's output, beside the environment."""
+    return target.with_name(target.name + ".log")
 
 
 def ensure(family: str, progress: Callable[[str], None] = lambda _: None) -> str:
@@ -311,5 +312,5 @@ def remove(target: Path) -> bool:
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
     lock_path(target).unlink(missing_ok=True)
-    target.with_name(target.name + ".log").unlink(missing_ok=True)
+    log_of(target).unlink(missing_ok=True)
     return True

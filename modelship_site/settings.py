@@ -363,7 +363,7 @@ MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
 # Engine families' own virtualenvs (deployments/engine_envs.py), one folder per content
 # hash in a cache every clone and site of this user shares, and how long one install may take
 # (resolving and downloading torch can take minutes).
-USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+USER_CACHE = env_path("XDG_CACHE_HOME", Path.home() / ".cache")
 MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", USER_CACHE / "modelship" / "engines")
 MSHIP_ENGINE_ENV_TIMEOUT_S = env_float("MSHIP_ENGINE_ENV_TIMEOUT_S", 1800)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")

@@ -44,10 +44,10 @@ pytest_plugins = [
 
 
 # A test touches the back-ends (the database, django-q's broker, the channel layer, Redis) when
-# one of these is among its fixtures, or it has the django_db or backend marker: only such
-# tests run again on PostgreSQL + Redis (MSHIP_TEST_BACKENDS_ONLY=1). Whatever else a test
-# uses cannot reach them: pytest-django refuses the ORM, backend_guard the rest.
-# Or a fixture of ours that unblocks the database (a server started for the session).
+# one of these is among its fixtures, or a fixture of ours that unblocks the database (a
+# server started for the session), or it has the django_db or backend marker: only such tests
+# run again on PostgreSQL + Redis (MSHIP_TEST_BACKENDS_ONLY=1). A test that reaches one
+# without saying so fails (backend_guard).
 BACKEND_FIXTURES = frozenset({"db", "transactional_db", "live_server"})
 BACKEND_ONLY_HINT = "mark it @pytest.mark.backend or give it the db fixture"
 
@@ -99,36 +99,30 @@ class BackendUsed(AssertionError):
 def backend_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test that touches no back-end by its fixtures and markers fails where it reaches
     the database, the channel layer, a Redis client or a Modelship subprocess sharing the
-    database: it
-    would otherwise run on one back-end only. Only its own thread is watched (a server
-    another test started may serve in the background)."""
+    database: it would otherwise run on one back-end only. Only its own thread is watched
+    (a server another test started may serve in the background)."""
     if touches_backends(request.node):
         return
     watched = threading.get_ident()
 
-    def refuse(what: str) -> Callable[..., Any]:
-        def check(original: Callable[..., Any]) -> Callable[..., Any]:
-            def guarded(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() == watched:
-                    raise BackendUsed(f"{request.node.nodeid} uses {what}: {BACKEND_ONLY_HINT}")
-                return original(*args, **kwargs)
+    def refuse(what: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == watched:
+                raise BackendUsed(f"{request.node.nodeid} uses {what}: {BACKEND_ONLY_HINT}")
+            return original(*args, **kwargs)
 
-            return guarded
+        return guarded
 
-        return check
-
-    monkeypatch.setattr(
-        ChannelLayerManager,
-        "__getitem__",
-        refuse("the channel layer")(ChannelLayerManager.__getitem__),
-    )
+    layers = ChannelLayerManager.__getitem__
+    monkeypatch.setattr(ChannelLayerManager, "__getitem__", refuse("the channel layer", layers))
     for client in (redis.Redis, redis.asyncio.Redis):
-        monkeypatch.setattr(client, "__init__", refuse("Redis")(client.__init__))
+        monkeypatch.setattr(client, "__init__", refuse("Redis", client.__init__))
+    # Modelship subprocesses: env_for_subprocess looks here (tests import it by name).
     GUARDED[watched] = request.node.nodeid
     request.addfinalizer(lambda: GUARDED.pop(watched, None))
     # pytest-django refuses the ORM only until a session's server unblocks it: this thread's
     # connection refuses it for the test, whatever was unblocked before.
-    refused = refuse("the database")(lambda execute, *args: execute(*args))
+    refused = refuse("the database", lambda execute, *args: execute(*args))
     connection.execute_wrappers.append(refused)
     request.addfinalizer(lambda: connection.execute_wrappers.remove(refused))
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import engine_envs
 from deployments.launch import deployment_families
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class Command(BaseCommand):
@@ -62,7 +65,7 @@ class Command(BaseCommand):
             if target not in named:
                 self.stdout.write(f"-\tnot named (prune)\t{self.facts(target)}\t{target}")
 
-    def facts(self, target: Any) -> str:
+    def facts(self, target: Path) -> str:
         if not target.exists():
             return "-\t-"
         used = engine_envs.last_used(target)
