@@ -131,6 +131,33 @@ def backend_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 GUARDED: dict[int, str] = {}
 
 
+def time_scale() -> float:
+    """MSHIP_TEST_TIME_SCALE (at least 1): make test runs the two back-ends' suites side by
+    side, and a machine may be busy with more (an engine install, another clone's run)."""
+    raw = os.environ.get("MSHIP_TEST_TIME_SCALE") or "1"
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"MSHIP_TEST_TIME_SCALE={raw!r} is not a number") from None
+    if not scale >= 1:  # NaN too
+        raise pytest.UsageError(f"MSHIP_TEST_TIME_SCALE={raw!r} must be at least 1")
+    return scale
+
+
+TIME_SCALE = time_scale()
+
+
+def scaled(seconds: float) -> float:
+    """A deadline a test waits on, held on a busy machine: every start timeout and wait."""
+    return seconds * TIME_SCALE
+
+
+def host_lock(name: str) -> contextlib.AbstractContextManager[None]:
+    """Held by one test on this host at a time, across runs side by side (what is the
+    host's: a network bridge, an address range)."""
+    return engine_envs.locked(Path(tempfile.gettempdir()) / f"modelship-test-{name}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def quiet_access_log() -> Iterator[None]:
     """The access lines of the gateway served in this process are dropped (a real server's go
@@ -168,7 +195,9 @@ def site(settings: Any, tmp_path: Path) -> Any:
     settings.MSHIP_MEMORY_CAPACITY_GIB = 8.0
     settings.MSHIP_GPU_MEMORY_GIB = 8.0
     settings.MSHIP_STOP_GRACE_S = 2.0
-    settings.MSHIP_START_TIMEOUT_S = 30.0
+    # The product's own start timeout, scaled: a start that fails says so when its engine
+    # exits; only one that hangs waits this long.
+    settings.MSHIP_START_TIMEOUT_S = scaled(settings.MSHIP_START_TIMEOUT_S)
     # Engine environments come from the machine-wide cache (MSHIP_ENGINE_ENVS_DIR, else the
     # user's): made once, shared by every test, run and clone, as `make run`'s.
     return settings
@@ -239,7 +268,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll what offers no event to wait on (a process exit, a row another process writes)."""
+    """Poll what offers no event to wait on (a process exit, a row another process writes);
+    the timeout is scaled (MSHIP_TEST_TIME_SCALE)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     delay = 0.01
     while not predicate():

@@ -19,6 +19,7 @@ import pytest
 
 from deployments import engine_envs
 from deployments.runtimes import process
+from tests.conftest import scaled
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -76,12 +77,12 @@ class Cluster:
             env=self.env,
             check=True,
             capture_output=True,
-            timeout=120,
+            timeout=scaled(120),
         )
         self.nodes[resource] = self.node_with(resource)
 
     def node_with(self, resource: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while True:
             for node in self.state_nodes():
                 if node["state"] == "ALIVE" and resource in node.get("resources_total", {}):

@@ -18,7 +18,7 @@ from deployments.adoption import adopt_all
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from deployments.runtimes import EngineUnreachable
 from deployments.watchdog import check_once
-from tests.conftest import reply_of, wait_until
+from tests.conftest import host_lock, reply_of, wait_until
 from tests.docker_support import docker_block
 
 if TYPE_CHECKING:
@@ -86,18 +86,22 @@ class Daemon:
 
 @pytest.fixture
 def daemon(docker_site: Any, engine_image: str) -> Iterator[Daemon]:
-    second = Daemon()
-    second.start(engine_image)
-    docker_site.MSHIP_DOCKER_HOST = second.socket
-    yield second
-    if second.answers():
-        subprocess.run(
-            ["docker", "-H", second.socket, "rm", "-f", *running(second)], capture_output=True
-        )
-        subprocess.run(
-            ["docker", "-H", second.socket, "network", "prune", "-f"], capture_output=True
-        )
-    second.stop()
+    # The bridge and its addresses are the host's: the two back-ends' runs, side by side, take
+    # turns.
+    with host_lock("second-dockerd"):
+        second = Daemon()
+        second.start(engine_image)
+        docker_site.MSHIP_DOCKER_HOST = second.socket
+        yield second
+        if second.answers():
+            subprocess.run(
+                ["docker", "-H", second.socket, "rm", "-f", *running(second)],
+                capture_output=True,
+            )
+            subprocess.run(
+                ["docker", "-H", second.socket, "network", "prune", "-f"], capture_output=True
+            )
+        second.stop()
     second.remove_bridge()
     shutil.rmtree(second.root, ignore_errors=True)
 

@@ -47,7 +47,6 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 @pytest.fixture
 def painter(serving: Callable[..., Deployment], tiny_sd: Path, site: Any) -> Deployment:
-    site.MSHIP_START_TIMEOUT_S = 60.0
     return serving(
         "painter",
         loader="diffusers",
@@ -147,7 +146,6 @@ def test_it_stops_the_pipeline_within_a_step_when_the_client_hangs_up(
     gateway_url: str,
     api_key: Callable[..., str],
 ) -> None:
-    site.MSHIP_START_TIMEOUT_S = 60.0
     slow = serving(
         "slow-painter",
         loader="diffusers",
@@ -177,7 +175,6 @@ def test_it_starts_an_image_model_on_demand_and_stops_it_when_idle(
     client: openai.OpenAI, make_deployment: Any, tiny_sd: Path, site: Any
 ) -> None:
     site.MSHIP_ROUTE_REFRESH_S = 0.05
-    site.MSHIP_START_TIMEOUT_S = 60.0
     lazy = make_deployment(
         "lazy-painter",
         loader="diffusers",

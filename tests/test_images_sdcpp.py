@@ -43,7 +43,6 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 @pytest.fixture
 def painter(serving: Callable[..., Deployment], sd15: Path, site: Any) -> Deployment:
-    site.MSHIP_START_TIMEOUT_S = 120.0
     return serving(
         "sd-painter",
         loader="stable_diffusion_cpp",

@@ -31,7 +31,6 @@ def test_it_speaks_and_transcribes_in_containers(
     api_key: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    docker_site.MSHIP_START_TIMEOUT_S = 90.0
     model = tmp_path / "tiny-whisper-ct2"
     call_command("make_tiny_model", str(model), "--kind", "whisper-ct2", "--seed", "2")
     voice = serving(

@@ -30,19 +30,13 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
 
-@pytest.fixture
-def site_with_time(site: Any) -> Any:
-    site.MSHIP_START_TIMEOUT_S = 60.0
-    return site
-
-
 def seconds_of(data: bytes) -> float:
     with wave.open(io.BytesIO(data)) as wav:
         return len(wav.readframes(2**31)) / 2 / wav.getframerate()
 
 
 def test_it_serves_a_plugins_speech_through_the_openai_voices_and_formats(
-    client: openai.OpenAI, serving: Callable[..., Deployment], site_with_time: Any
+    client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
     serving("tones", loader="custom", usecase="tts", model="tone", config={"plugin": "tone"})
     spoken = client.audio.speech.create(
@@ -62,7 +56,7 @@ def test_it_serves_a_plugins_speech_through_the_openai_voices_and_formats(
 
 
 def test_it_serves_a_plugins_embeddings(
-    client: openai.OpenAI, serving: Callable[..., Deployment], site_with_time: Any
+    client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
     serving(
         "tone-embed",
@@ -85,7 +79,7 @@ def test_it_serves_a_plugins_embeddings(
 
 
 def test_it_serves_a_plugins_images_through_the_image_routes(
-    client: openai.OpenAI, serving: Callable[..., Deployment], site_with_time: Any
+    client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
     serving("tone-paint", loader="custom", usecase="image", model="tone", config={"plugin": "tone"})
     made = client.images.generate(
@@ -124,7 +118,7 @@ def picture(b64: str | None) -> Image.Image:
     return image
 
 
-def test_it_refuses_a_plugin_it_cannot_have(make_deployment: Any, site_with_time: Any) -> None:
+def test_it_refuses_a_plugin_it_cannot_have(make_deployment: Any) -> None:
     loader = get_loader("custom")
     assert loader.validate(EngineSpec("x", "m", usecase="tts", config={})) == [
         "custom_config: 'plugin' names the plugin (plugins/ or a package)"

@@ -39,7 +39,6 @@ HI: list[Any] = [{"role": "user", "content": "hi"}]
 @pytest.fixture
 def on_ray(ray_cluster: Cluster, site: Any) -> Cluster:
     site.MSHIP_RAY_ADDRESS = ray_cluster.dashboard
-    site.MSHIP_START_TIMEOUT_S = 60
     site.MSHIP_STOP_GRACE_S = 3
     return ray_cluster
 

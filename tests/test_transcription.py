@@ -57,7 +57,6 @@ def ears(
     request: pytest.FixtureRequest, serving: Callable[..., Deployment], site: Any
 ) -> Deployment:
     """A transcription deployment on each engine, as the SDK sees it: the same model name."""
-    site.MSHIP_START_TIMEOUT_S = 60.0
     model = request.getfixturevalue(
         "tiny_whisper" if request.param == "whispercpp" else "tiny_whisper_ct2"
     )

@@ -106,7 +106,6 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     staff = client
     staff.force_login(User.objects.create_superuser("admin", "a@example.com", "pw-123456"))
     site.MSHIP_ROUTE_REFRESH_S = 0.05
-    site.MSHIP_START_TIMEOUT_S = 300.0
     site.MSHIP_SSE_KEEPALIVE_S = 1.0
     lazy = make_deployment(
         "tiny-vllm",
@@ -306,7 +305,6 @@ def test_it_embeds_with_vllms_pooling_runner(
     tiny_llama: Path,
     site: Any,
 ) -> None:
-    site.MSHIP_START_TIMEOUT_S = 300.0
     embed = serving(
         "tiny-vllm-embed",
         loader="vllm",
@@ -356,7 +354,6 @@ def test_it_transcribes_with_a_whisper_served_by_vllm(
     path = tmp_path_factory.mktemp("vllm-whisper") / "tiny-hf-whisper"
     with django_db_blocker.unblock():
         call_command("make_tiny_model", str(path), "--kind", "hf-whisper", "--seed", "1")
-    site.MSHIP_START_TIMEOUT_S = 300.0
     serving(
         "tiny-vllm-ears",
         loader="vllm",
