@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/modelship
 REDIS ?= redis://127.0.0.1:6379/0
 
-.PHONY: setup setup-run system-deps browser-deps run test test-sqlite test-postgres lint format lock clean bench
+.PHONY: setup setup-run system-deps browser-deps engine-envs run test test-sqlite test-postgres lint format lock clean bench
 
 # What serving needs (make run): no test tools, SDKs or LiteLLM. Installed by uv (pip where
 # uv cannot run: common/installer.py), from pip's configured indexes.
@@ -38,6 +38,11 @@ system-deps:
 browser-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq \
 		&& apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+
+# Every engine environment this host runs, made into the machine-wide cache before the suite
+# (several at once; nothing to do where they are there): no test waits on an install.
+engine-envs: setup
+	$(PY) manage.py engine_env install --all
 
 run: setup-run
 	@$(MAKE) --no-print-directory system-deps || echo "Without espeak-ng and ffmpeg (Debian" \
@@ -68,13 +73,15 @@ test-postgres: setup system-deps browser-deps
 
 # A Docker Engine for the docker runtime's tests: the running one, else one started (and, as
 # root on Debian, installed) for the run and stopped after it. The two back-ends' runs go side
-# by side, one a core; each one's output is printed whole when it ends (--output-sync), and
+# by side, one a core, each to its log under var/test-logs/ (printed whole as it ends), and
 # every deadline the tests wait on is doubled (MSHIP_TEST_TIME_SCALE).
 test:
-	@scripts/timed.sh "setup and lint" $(MAKE) --no-print-directory lint system-deps browser-deps
+	@scripts/timed.sh "setup, lint and engine environments" $(MAKE) --no-print-directory -j2 \
+		--output-sync=target lint engine-envs system-deps browser-deps
 	scripts/docker-up.sh
-	status=0; MSHIP_TEST_TIME_SCALE=$${MSHIP_TEST_TIME_SCALE:-2} $(MAKE) --no-print-directory \
-		-j2 --output-sync=target test-sqlite test-postgres || status=$$?; \
+	status=0; MSHIP_TEST_TIME_SCALE=$${MSHIP_TEST_TIME_SCALE:-2} scripts/side_by_side.sh \
+		var/test-logs "sqlite=$(MAKE) --no-print-directory test-sqlite" \
+		"postgres=$(MAKE) --no-print-directory test-postgres" || status=$$?; \
 		scripts/docker-down.sh; exit $$status
 
 # Every benchmark of bench/ (about ten minutes); the figures go to bench/results.md.

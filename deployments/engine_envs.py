@@ -61,8 +61,8 @@ class EnvFailed(Exception):
 def families() -> list[str]:
     """The engine families (their requirements files) and the plugins under plugins/."""
     shipped = [path.stem for path in REQUIREMENTS_DIR.glob("*.txt")]
-    plugins = [PLUGIN_PREFIX + path.name for path in PLUGINS_DIR.iterdir() if path.is_dir()]
-    return sorted(shipped + plugins) if PLUGINS_DIR.is_dir() else sorted(shipped)
+    folders = PLUGINS_DIR.iterdir() if PLUGINS_DIR.is_dir() else ()
+    return sorted(shipped + [PLUGIN_PREFIX + path.name for path in folders if path.is_dir()])
 
 
 def plugin_family(plugin: str) -> str:

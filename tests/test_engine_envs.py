@@ -5,6 +5,7 @@ install, a removed interpreter, a deleted file, a full disk)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from common import installer
 from deployments import engine_envs
+from deployments.loaders import vllm
 from tests.conftest import REPO
 
 if TYPE_CHECKING:
@@ -261,3 +263,31 @@ def test_it_lists_and_prunes_the_cache_from_manage_py(
     out = capsys.readouterr().out
     assert f"removed {stale}" in out and f"removed {old_layout}" in out
     assert not stale.exists() and not old_layout.exists() and engine_envs.ready("small")
+
+
+def test_it_installs_every_family_this_host_runs_and_names_the_ones_that_failed(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requirements = engine_envs.REQUIREMENTS_DIR
+    ours = vllm.host_family()
+    other = next(family for family in vllm.FAMILIES if family != ours)
+    (requirements / f"{ours}.txt").write_text(SMALL)
+    (requirements / f"{other}.txt").write_text(SMALL + "# the other build\n")
+    (requirements / "broken.txt").write_text("modelship-no-such-package==0.0.1\n")
+    monkeypatch.setattr(engine_envs, "PLUGINS_DIR", tmp_path / "no-plugins")
+    with pytest.raises(CommandError, match=r"^not installed: broken \(each one's words above\)$"):
+        call_command("engine_env", "install", "--all", "--jobs", "3")
+    said = capsys.readouterr()
+    # Every family but the failed one is ready, each saying how long it took; of vLLM's two
+    # builds only this host's is made.
+    assert engine_envs.ready("small") and engine_envs.ready(ours) and not engine_envs.ready(other)
+    assert re.search(rf"^{re.escape(ours)}: ready in [0-9.]+ s$", said.out, re.M)
+    assert not re.search(rf"^{re.escape(other)}: ", said.out + said.err, re.M)
+    # The failure in the installer's own words, and no half environment left.
+    assert "broken: the broken engine environment" in said.err
+    assert "modelship-no-such-package" in said.err
+    assert not engine_envs.location("broken").exists()
+    with pytest.raises(CommandError, match="install --all takes no family"):
+        call_command("engine_env", "install", "small", "--all")
+    with pytest.raises(CommandError, match="--jobs must be at least 1"):
+        call_command("engine_env", "install", "--all", "--jobs", "0")

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # (see below)
 from django.contrib.auth.models import User
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,10 @@ from schemathesis.checks import positive_data_acceptance
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment
 from openai_api.models import ApiKey
+
+# schemathesis imports its OpenAPI modules on first use; imported here, at collection, they are
+# not parsed (pytest's assertion rewrite) while the in-process gateway's threads run, where
+# CPython 3.11 can fail with "AST constructor recursion depth mismatch" (gh-106905).
 
 EXAMPLES = int(os.environ.get("MSHIP_FUZZ_API_EXAMPLES", "25"))
 

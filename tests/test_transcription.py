@@ -25,6 +25,7 @@ from deployments.engines.whisper_ggml import problems
 from deployments.engines.whisper_server import from_wav
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import Deployment, State
+from tests.conftest import scaled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -198,7 +199,11 @@ def test_it_answers_the_gateways_audio_paths_for_a_whisper_deployment(
     files = {"file": ("speech.wav", speech("wav"), "audio/wav")}
     for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
         answer = httpx.post(
-            gateway_url + path, headers=headers, data={"model": "ears"}, files=files
+            gateway_url + path,
+            headers=headers,
+            data={"model": "ears"},
+            files=files,
+            timeout=scaled(60),  # a transcription on a busy machine: more than httpx's 5 s
         )
         assert answer.status_code == 200, answer.text
         assert isinstance(json.loads(answer.text)["text"], str)

