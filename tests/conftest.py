@@ -132,8 +132,8 @@ GUARDED: dict[int, str] = {}
 
 
 def time_scale() -> float:
-    """MSHIP_TEST_TIME_SCALE (at least 1): make test runs the two back-ends' suites side by
-    side, and a machine may be busy with more (an engine install, another clone's run)."""
+    """MSHIP_TEST_TIME_SCALE (at least 1): how much slower than alone this machine runs the
+    suite (busy with another clone's run, an engine install)."""
     raw = os.environ.get("MSHIP_TEST_TIME_SCALE") or "1"
     try:
         scale = float(raw)
