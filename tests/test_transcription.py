@@ -54,9 +54,7 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
 
 
 @pytest.fixture(params=["whispercpp", "faster_whisper"])
-def ears(
-    request: pytest.FixtureRequest, serving: Callable[..., Deployment], site: Any
-) -> Deployment:
+def ears(request: pytest.FixtureRequest, serving: Callable[..., Deployment]) -> Deployment:
     """A transcription deployment on each engine, as the SDK sees it: the same model name."""
     model = request.getfixturevalue(
         "tiny_whisper" if request.param == "whispercpp" else "tiny_whisper_ct2"

@@ -303,7 +303,6 @@ def test_it_embeds_with_vllms_pooling_runner(
     gateway_url: str,
     api_key: Callable[..., str],
     tiny_llama: Path,
-    site: Any,
 ) -> None:
     embed = serving(
         "tiny-vllm-embed",
@@ -347,7 +346,6 @@ def test_it_transcribes_with_a_whisper_served_by_vllm(
     api_key: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
     django_db_blocker: Any,
-    site: Any,
 ) -> None:
     """vLLM's CPU build serves Whisper (its transcription endpoints, with its audio extra):
     a tiny Hugging Face Whisper made here, through /v1 with the SDK."""
