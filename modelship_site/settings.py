@@ -64,7 +64,10 @@ ALLOWED_HOSTS = env_list("MSHIP_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1
 CSRF_TRUSTED_ORIGINS = env_list("MSHIP_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
+    # First: its commands (runserver, migrate) take the place of Django's. Daphne is not an app
+    # here: as one it would load Twisted into every process (about a second of CPU at each
+    # start: serve, its workers, every manage.py); its runserver is loaded when it runs.
+    "modelship_site",  # site-wide commands (serve, runserver, migrate)
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -77,7 +80,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI's assets served from here: /api/docs/ offline
     "django_q",
     "channels",
-    "modelship_site",  # site-wide commands (serve)
     "deployments",
     "ondemand",
     "openai_api",

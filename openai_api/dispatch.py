@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError
-from redis.exceptions import RedisError
 
+from common.redis_errors import with_redis_errors
 from deployments.models import State
 from openai_api.errors import GatewayError
 
@@ -112,7 +112,7 @@ class Dispatcher:
             )
         try:
             slot = await slots.acquire(route, on_queued)
-        except (DatabaseError, RedisError, OSError) as exc:
+        except with_redis_errors(DatabaseError, OSError) as exc:
             # The controller's database (or broker) is down: say so now rather than hang.
             log.warning("on-demand acquire for %s failed: %r", route.name, exc)
             raise GatewayError(

@@ -15,10 +15,9 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-import redis
 from django.conf import settings
-from redis import asyncio as aioredis
 
+from common.redis_errors import with_redis_errors
 from openai_api.auth import RateLimiter, too_many
 
 if TYPE_CHECKING:
@@ -54,6 +53,8 @@ class SharedRateLimiter:
         url = settings.REDIS_URL
         where = (asyncio.get_running_loop(), url)
         if where not in self.scripts:
+            from redis import asyncio as aioredis  # noqa: PLC0415 - only where Redis is set
+
             self.scripts[where] = aioredis.from_url(url).register_script(SLIDING_WINDOW)
         return self.scripts[where]
 
@@ -70,7 +71,7 @@ class SharedRateLimiter:
                 keys=[f"modelship:rpm:{key.prefix}"],
                 args=[limit, secrets.token_hex(8)],
             )
-        except (redis.RedisError, OSError) as exc:
+        except with_redis_errors(OSError) as exc:
             if time.monotonic() - self.warned_at >= WARN_EVERY_S:
                 self.warned_at = time.monotonic()
                 log.warning("rate limits are per process while Redis fails: %s", exc)

@@ -13,10 +13,10 @@ Run: ``python -m deployments.engines.faster_whisper_server --model var/models/ti
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from deployments.engines.common import run_engine
+from deployments.engines.ct2_whisper_folder import problems
 from deployments.engines.transcript_formats import Segment
 from deployments.engines.whisper_server import make_app
 
@@ -25,19 +25,6 @@ if TYPE_CHECKING:
 
     import numpy as np
     from aiohttp import web
-
-REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
-
-
-def problems(folder: str) -> list[str]:
-    """Why the folder is not a CTranslate2 Whisper faster-whisper can load offline."""
-    if not os.path.isdir(folder):
-        return [f"{folder} is not a folder (a CTranslate2 Whisper model is one)"]
-    return [
-        f"{name} is missing from {folder}"
-        for name in REQUIRED_FILES
-        if not os.path.isfile(os.path.join(folder, name))
-    ]
 
 
 class FasterWhisper:

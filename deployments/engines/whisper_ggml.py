@@ -5,21 +5,24 @@ and a tiny model written from seeded random weights, with no download.
 The file: magic, eleven int32 hyper-parameters, the mel filter bank, the vocabulary (length-
 prefixed byte strings), then tensors (dims count, name length, type, dims innermost first,
 name, data), named as OpenAI's Whisper names them. Only numpy and the standard library: the
-engine imports it in its own environment, `make_tiny_model` in Modelship's.
+engine imports it in its own environment, `make_tiny_model` in Modelship's. The check needs the
+standard library only (numpy is loaded where weights are made): the loader runs it in every
+Modelship process.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
-
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import numpy as np
 
 MAGIC = 0x67676D6C
 HPARAMS = (
@@ -149,7 +152,7 @@ def _check(f: BinaryIO, size: int) -> list[str]:
         if name in F16_ONLY and kind != 1:
             issues.append(f"tensor {name} must be f16 (whisper.cpp's convolution needs it)")
         found.add(name)
-        f.seek(int(np.prod(shape)) * TYPE_SIZES[kind], os.SEEK_CUR)
+        f.seek(math.prod(shape) * TYPE_SIZES[kind], os.SEEK_CUR)
     if f.tell() > size:
         issues.append("the file ends inside a tensor")
     issues += [f"tensor {name} is missing" for name in sorted(set(wanted) - found)]
@@ -158,6 +161,7 @@ def _check(f: BinaryIO, size: int) -> list[str]:
 
 def mel_filters(n_mels: int, sample_rate: int = 16000) -> np.ndarray:
     """Triangular filters on the mel scale over whisper's 201 frequency bins."""
+    import numpy as np  # noqa: PLC0415 - the check above needs none (module docstring)
 
     def mel(hz: np.ndarray) -> np.ndarray:
         return 2595.0 * np.log10(1.0 + hz / 700.0)
@@ -193,6 +197,8 @@ def write_tiny(path: str | Path, seed: int = 0, hparams: Hparams | None = None) 
     """A tiny multilingual Whisper (one layer a side, 64 wide, about 8 MB), seeded random
     weights, f16 matrices and f32 vectors as whisper.cpp's converters write them: it
     transcribes anything to nonsense, quickly. Written atomically."""
+    import numpy as np  # noqa: PLC0415 - the check above needs none (module docstring)
+
     h = hparams or Hparams()
     rng = np.random.default_rng(seed)
     tmp = f"{path}.tmp-{os.getpid()}"

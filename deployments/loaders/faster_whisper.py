@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
-from deployments.engines.faster_whisper_server import problems
+from deployments.engines.ct2_whisper_folder import problems
 from deployments.loaders.base import EngineSpec, file_size_gib
 from deployments.loaders.shipped import ShippedEngineLoader
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 from openai_api.mcp import egress
 
@@ -105,6 +103,11 @@ class Connection:
 
     @contextlib.asynccontextmanager
     async def _session(self) -> Any:
+        # The SDK (a second or so of CPU to load) only where a response calls MCP tools: not
+        # at every gateway process's start.
+        from mcp import ClientSession  # noqa: PLC0415
+        from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
         async with (
             egress.http_client(self.server.headers) as http,
             streamable_http_client(

@@ -16,11 +16,10 @@ import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-import redis
 from django.conf import settings
 from django.utils import timezone
-from redis import asyncio as aioredis
 
+from common.redis_errors import with_redis_errors
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseEvent
 from openai_api.responses import store
@@ -67,6 +66,8 @@ class ReplayLog(Protocol):
 
 class RedisLog:
     def __init__(self, url: str) -> None:
+        from redis import asyncio as aioredis  # noqa: PLC0415 - only where Redis is set
+
         self.client = aioredis.from_url(url)
 
     @staticmethod
@@ -76,7 +77,7 @@ class RedisLog:
     async def _call(self, coroutine: Any) -> Any:
         try:
             return await coroutine
-        except (redis.RedisError, OSError) as exc:
+        except with_redis_errors(OSError) as exc:
             raise unavailable(exc) from exc
 
     async def append(self, response_id: str, events: list[Event]) -> None:
