@@ -103,10 +103,15 @@ def requirements(family: str) -> str:
 def digest(family: str) -> str:
     """What makes an environment current: its requirements, the Python (its version and
     where it lies), and for a plugin folder its files (an edited plugin is installed
-    afresh)."""
-    content = requirements(family).encode() + sys.version.encode() + sys.base_prefix.encode()
+    afresh), not where the checkout lies: the environment installs a copy of the folder, so
+    every clone of one checkout shares it."""
+    text = requirements(family)
     folder = PLUGINS_DIR / family.removeprefix(PLUGIN_PREFIX)
-    if family.startswith(PLUGIN_PREFIX) and folder.is_dir():
+    plugin_folder = family.startswith(PLUGIN_PREFIX) and folder.is_dir()
+    if plugin_folder:
+        text = text.replace(str(folder), f"plugins/{folder.name}")
+    content = text.encode() + sys.version.encode() + sys.base_prefix.encode()
+    if plugin_folder:
         for path in sorted(folder.rglob("*")):
             parts = path.relative_to(folder).parts
             if path.is_file() and not any(p in BUILT or p.endswith(".egg-info") for p in parts):

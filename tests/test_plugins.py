@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import shutil
 import wave
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,11 @@ def test_it_installs_an_edited_plugin_afresh(
     (plugin / "build" / "leftover.py").write_text("x = 1\n")  # what pip leaves: no change
     assert engine_envs.digest(family) == before
     (plugin / "echo" / "__init__.py").write_text("x = 2\n")
-    assert engine_envs.digest(family) != before
+    edited = engine_envs.digest(family)
+    assert edited != before
+    # The same files in another clone (elsewhere on disk): the same environment.
+    shutil.copytree(tmp_path / "plugins", tmp_path / "clone" / "plugins")
+    monkeypatch.setattr(engine_envs, "PLUGINS_DIR", tmp_path / "clone" / "plugins")
+    assert engine_envs.digest(family) == edited
     # Not a folder here: the distribution of that name, from the package index.
     assert engine_envs.requirements("plugin-elsewhere").splitlines()[-1] == "elsewhere"
