@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import docker
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -103,6 +102,8 @@ def read_policy() -> PeerPolicy:
 
 
 def _network(client: Any, name: str) -> AttachedNetwork:
+    import docker.errors  # noqa: PLC0415 - the SDK only where a client is (runtimes/__init__)
+
     try:
         network = client.networks.get(name)
     except docker.errors.NotFound:

@@ -13,8 +13,8 @@ import pytest
 from deployments.runtimes.process import free_port
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 
-# What the gateway's process has no use for; each cost a second of CPU or so together.
-NOT_LOADED = ("twisted", "daphne", "numpy", "deployments.engines.whisper_server")
+# What the gateway's process has no use for at its start (together about 2 s of CPU a process).
+NOT_LOADED = ("twisted", "daphne", "numpy", "mcp", "docker", "deployments.engines.whisper_server")
 
 PROBE = """
 import os, sys

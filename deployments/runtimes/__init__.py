@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 from deployments.runtimes.base import EngineUnreachable, Handle, Launch, Runtime, RuntimeError_
-from deployments.runtimes.docker import DockerRuntime
 from deployments.runtimes.process import ProcessRuntime
 from deployments.runtimes.ray import RayRuntime
 
-_RUNTIMES: dict[str, Runtime] = {
-    "process": ProcessRuntime(),
-    "docker": DockerRuntime(),
-    "ray": RayRuntime(),
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _docker() -> Runtime:
+    # The Docker SDK (and requests) only in a process that uses the docker runtime: not in
+    # every gateway process or manage.py command at its start.
+    from deployments.runtimes.docker import DockerRuntime  # noqa: PLC0415
+
+    return DockerRuntime()
+
+
+_MAKERS: dict[str, Callable[[], Runtime]] = {
+    "process": ProcessRuntime,
+    "docker": _docker,
+    "ray": RayRuntime,
 }
+_RUNTIMES: dict[str, Runtime] = {}
+_MAKING = threading.Lock()
 
 
 def get_runtime(name: str) -> Runtime:
-    try:
+    """The one runtime of that name in this process, made at its first use."""
+    runtime = _RUNTIMES.get(name)
+    if runtime is not None:
+        return runtime
+    if name not in _MAKERS:
+        raise RuntimeError_(f"the {name!r} runtime is not available on this site")
+    with _MAKING:
+        if name not in _RUNTIMES:
+            _RUNTIMES[name] = _MAKERS[name]()
         return _RUNTIMES[name]
-    except KeyError:
-        raise RuntimeError_(f"the {name!r} runtime is not available on this site") from None
 
 
 def engine_key(handle: Handle) -> str:
@@ -27,7 +49,7 @@ def engine_key(handle: Handle) -> str:
 
 
 def names() -> list[str]:
-    return list(_RUNTIMES)
+    return list(_MAKERS)
 
 
 __all__ = [

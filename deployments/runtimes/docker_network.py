@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-
 
 @dataclass(frozen=True)
 class AttachedNetwork:
@@ -38,6 +36,8 @@ def own_container(client: Any) -> Any | None:
     """This process's container, found by the hostname Docker gives it; None outside."""
     if not in_container():
         return None
+    import docker.errors  # noqa: PLC0415 - the SDK only where a client is (runtimes/__init__)
+
     try:
         return client.containers.get(socket.gethostname())
     except docker.errors.DockerException:

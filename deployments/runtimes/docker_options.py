@@ -7,8 +7,6 @@ import math
 import os
 from typing import Any
 
-import docker.types
-
 OPTIONS = {
     "gpus",
     "ipc_mode",
@@ -62,6 +60,8 @@ def problems(options: Any) -> list[str]:
 def gpu_request(gpus: Any) -> list[Any]:
     if gpus is None or gpus == 0:
         return []
+    import docker.types  # noqa: PLC0415 - the SDK only where a container is made
+
     if gpus == "all":
         return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
     if isinstance(gpus, list):
