@@ -31,13 +31,12 @@ setup: $(DEV_STAMP)
 # Debian packages the engines use: espeak-ng (the zero-dependency voice) and ffmpeg (speech
 # in mp3, opus, aac and flac).
 system-deps:
-	@command -v espeak-ng >/dev/null && command -v ffmpeg >/dev/null || { apt-get update -qq \
-		&& apt-get install -y -qq --no-install-recommends espeak-ng ffmpeg; }
+	@scripts/debian-packages.sh espeak-ng:espeak-ng ffmpeg:ffmpeg
 
 # And for the tests: Debian's Chromium and its driver (the live admin in a real browser).
-browser-deps:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { apt-get update -qq \
-		&& apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+# After system-deps: two apt-get runs side by side (make -j2) fail on dpkg's lock.
+browser-deps: system-deps
+	@scripts/debian-packages.sh chromium:chromium chromedriver:chromium-driver
 
 # Every engine environment this host runs, made into the machine-wide cache before the suite
 # (several at once; nothing to do where they are there): no test waits on an install.
