@@ -13,5 +13,6 @@ import sys
 
 def with_redis_errors(*others: type[Exception]) -> tuple[type[Exception], ...]:
     """`others` and, once its client is loaded, Redis's errors."""
-    client = sys.modules.get("redis")
-    return (*others, client.RedisError) if client is not None else others
+    # getattr: while another thread is importing the client, its module may lack the class.
+    error = getattr(sys.modules.get("redis.exceptions"), "RedisError", None)
+    return (*others, error) if error is not None else others

@@ -115,7 +115,9 @@ def digest(family: str) -> str:
         for path in sorted(folder.rglob("*")):
             parts = path.relative_to(folder).parts
             if path.is_file() and not any(p in BUILT or p.endswith(".egg-info") for p in parts):
-                content += str(path.relative_to(folder)).encode() + path.read_bytes()
+                data = path.read_bytes()  # with its name and length: no two folders alike
+                name = str(path.relative_to(folder)).encode()
+                content += name + b"\0" + len(data).to_bytes(8, "big") + data
     return hashlib.sha256(content).hexdigest()[:16]
 
 

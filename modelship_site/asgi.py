@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
@@ -25,6 +26,11 @@ from ondemand.gateway import application as ondemand_gateway  # noqa: E402
 from ondemand.live import LiveDeployments  # noqa: E402
 from openai_api.gateway import application as openai_gateway  # noqa: E402
 from openai_api.websocket import application as responses_socket  # noqa: E402
+
+if settings.REDIS_URL:
+    # A site with Redis calls it on its first request: its client loaded now, not then on the
+    # event loop (common/redis_errors.py).
+    import redis.asyncio  # noqa: F401
 
 # URLRouter routes to ASGI applications; django-stubs type re_path for views only.
 routes = [

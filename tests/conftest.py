@@ -19,6 +19,8 @@ import pytest
 import redis
 import redis.asyncio
 from channels.layers import ChannelLayerManager
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
@@ -174,7 +176,7 @@ def quiet_access_log() -> Iterator[None]:
 
 # What the flush between transactional tests keeps: what migrate made once (Django's post_migrate
 # would otherwise make them again after every test) and no test changes.
-KEPT_TABLES = frozenset({"django_content_type", "auth_permission"})
+KEPT_TABLES = frozenset({ContentType._meta.db_table, Permission._meta.db_table})
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -183,8 +185,8 @@ def quick_flush() -> Iterator[None]:
     the content types and permissions migrate made are kept (so post_migrate need not make
     them again, about 0.06 s a test on PostgreSQL), and PostgreSQL's tables are emptied with
     DELETE, not Django's TRUNCATE, which makes new files for each table (about 0.2 s a
-    test) while the tables a test leaves hold a few rows. Foreign keys are Django's
-    DEFERRABLE ones: checked at the flush's commit, when every table is empty."""
+    test) while the tables a test leaves hold a few rows. Django's foreign keys are
+    INITIALLY DEFERRED: checked at the flush's commit, when every table is empty."""
     from django.core.management.commands import flush  # noqa: PLC0415
 
     def sql_flush(
@@ -197,8 +199,11 @@ def quick_flush() -> Iterator[None]:
                 style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
             )
             return ops
-        deletes = [f"DELETE FROM {conn.ops.quote_name(table)};" for table in tables]
-        return ["SET CONSTRAINTS ALL DEFERRED;", *deletes]
+        quoted = [conn.ops.quote_name(table) for table in tables]
+        # Locked together first, as TRUNCATE locks them: a thread a test left writing waits
+        # for the flush instead of adding a row between two tables' deletes.
+        lock = f"LOCK TABLE {', '.join(quoted)} IN EXCLUSIVE MODE;"
+        return [lock, *(f"DELETE FROM {table};" for table in quoted)]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(flush, "sql_flush", sql_flush)

@@ -48,17 +48,28 @@ def start_gateway(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[byt
     return process
 
 
-@pytest.fixture
-def other(site: Any, tmp_path: Path) -> Iterator[str]:
-    """Another gateway process on this test's database and run folder (one start-up gate),
-    with Redis for what is shared through it."""
+@pytest.fixture(scope="module")
+def other_gateway(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """Another gateway process on the tests' database, with Redis for what is shared through
+    it: started once for the module's tests (the database is the same for each of them,
+    emptied between them), with the run folder they share with it (one start-up gate)."""
+    folder = tmp_path_factory.mktemp("other-gateway")
     port = free_port("127.0.0.1")
-    process = start_gateway(tmp_path, port, REDIS_URL=REDIS, MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR))
+    process = start_gateway(folder, port, REDIS_URL=REDIS, MSHIP_RUN_DIR=str(folder / "run"))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", folder / "run"
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.fixture
+def other(other_gateway: tuple[str, Path], site: Any, transactional_db: None) -> str:
+    """The other gateway's URL; this test's run folder is the one it has."""
+    url, site.MSHIP_RUN_DIR = other_gateway
+    return url
 
 
 def sdk(url: str, key: str) -> openai.OpenAI:

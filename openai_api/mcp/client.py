@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ LIST_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 60.0
 MAX_OUTPUT_BYTES = 2**20
 MAX_EVENT_BYTES = 32 * 2**20  # what the server may send; the output is cut to 1 MiB after
+SDK = "mcp.client.streamable_http"  # what a session needs of the MCP SDK
 TRUNCATED = "\n…[output truncated at 1 MiB]"
 
 
@@ -103,8 +106,10 @@ class Connection:
 
     @contextlib.asynccontextmanager
     async def _session(self) -> Any:
-        # The SDK (a second or so of CPU to load) only where a response calls MCP tools: not
-        # at every gateway process's start.
+        # The SDK (a second or so of CPU to load) only where a response calls MCP tools, not
+        # at every gateway process's start; loaded in a thread, not on the event loop.
+        if SDK not in sys.modules:
+            await asyncio.to_thread(importlib.import_module, SDK)
         from mcp import ClientSession  # noqa: PLC0415
         from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
 
