@@ -58,7 +58,11 @@ lint: setup
 	$(VENV)/bin/mypy .
 
 # Every run names its 20 slowest tests; `scripts/timed.sh` says how long each phase took.
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=20
+# The suite runs on TEST_WORKERS processes (pytest-xdist; 0 for none), each taking a test
+# module (or the modules sharing a session's cluster) whole: tests/parallel_env.py.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=20 -p tests.parallel_env \
+	-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-sqlite: setup system-deps browser-deps
 	MSHIP_Q_NAME=modelship-test scripts/timed.sh "tests on SQLite" $(PYTEST)

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
+if os.environ.get("PYTEST_XDIST_WORKER") and "tests.parallel_env" not in sys.modules:
+    raise pytest.UsageError(
+        "run the suite on several workers with -p tests.parallel_env (each its own site): make test"
+    )
 # Fixtures every test file may use: the in-process gateway and a key, the Docker Engine, a
 # served Modelship, a local Ray cluster.
 pytest_plugins = [

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +66,7 @@ class Cluster:
             if head
             else ["--address", self.gcs]
         )
-        subprocess.run(
+        started = subprocess.run(
             [
                 str(self.ray),
                 "start",
@@ -75,10 +77,14 @@ class Cluster:
                 "--disable-usage-stats",
             ],
             env=self.env,
-            check=True,
             capture_output=True,
+            text=True,
             timeout=scaled(120),
         )
+        if started.returncode:
+            raise AssertionError(
+                f"ray start ({resource}) failed:\n{started.stdout}{started.stderr}"
+            )
         self.nodes[resource] = self.node_with(resource)
 
     def node_with(self, resource: str, timeout: float = 60.0) -> str:
@@ -105,9 +111,11 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def ray_cluster() -> Iterator[Cluster]:
     python = Path(engine_envs.ensure("ray"))
-    temp = tmp_path_factory.mktemp("ray")
+    # A short folder: Ray's sockets live under it, and a Unix socket's path has at most 107
+    # bytes (pytest's folder of an xdist worker, popen-gwN/, is already too deep).
+    temp = Path(tempfile.mkdtemp(prefix="mship-ray-"))
     env = {
         **os.environ,
         **FAST_HEALTH,
@@ -127,3 +135,4 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         subprocess.run([str(cluster.ray), "stop", "--force"], env=env, capture_output=True)
+        shutil.rmtree(temp, ignore_errors=True)

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tests.conftest import REPO
+from tests.parallel_env import outside_xdist
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,7 +61,7 @@ def inner_run(tmp_path: Path, **env: str) -> str:
     done = subprocess.run(
         [*argv, "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), str(tmp_path)],
         cwd=REPO,
-        env={**os.environ, **env},
+        env={**outside_xdist(os.environ), **env},
         capture_output=True,
         text=True,
         timeout=300,
