@@ -36,13 +36,23 @@ def outside_xdist(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST")}
 
 
+# Redis's own default (`databases 16`): a worker past it would fail at its first command.
+REDIS_DATABASES = 16
+
+
 def redis_db_of(url: str, worker: int) -> str:
     """The Redis URL of a worker: the database after the run's own, one per worker (the run's
     own, 0 by default, is left to a run without workers)."""
     parts = urlsplit(url)
     path = parts.path.strip("/")
     first = int(path) if path.isdigit() else 0
-    return urlunsplit(parts._replace(path=f"/{first + 1 + worker}"))
+    number = first + 1 + worker
+    if number >= REDIS_DATABASES:
+        raise pytest.UsageError(
+            f"worker gw{worker} would need Redis database {number}; Redis has "
+            f"{REDIS_DATABASES}: fewer workers (TEST_WORKERS) or a lower database in REDIS_URL"
+        )
+    return urlunsplit(parts._replace(path=f"/{number}"))
 
 
 def worker_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -52,7 +62,7 @@ def worker_env(env: Mapping[str, str]) -> dict[str, str]:
         return {}
     tag = f"-gw{worker}"
     changes = {
-        "MSHIP_Q_NAME": env.get("MSHIP_Q_NAME", "modelship-test") + tag,
+        "MSHIP_Q_NAME": env.get("MSHIP_Q_NAME", "modelship") + tag,
         "MSHIP_SITE": env.get("MSHIP_SITE", "modelship") + tag,
     }
     if env.get("REDIS_URL"):

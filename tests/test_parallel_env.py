@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 from tests.parallel_env import outside_xdist, redis_db_of, worker_env, worker_number
 
@@ -37,6 +39,14 @@ def test_it_counts_the_redis_database_from_the_runs_own() -> None:
     assert redis_db_of("rediss://cache:6380/2?ssl_cert_reqs=none", 0) == (
         "rediss://cache:6380/3?ssl_cert_reqs=none"
     )
+
+
+def test_it_refuses_more_workers_than_redis_has_databases() -> None:
+    assert redis_db_of("redis://cache/0", 14) == "redis://cache/15"
+    with pytest.raises(pytest.UsageError, match="Redis database 16"):
+        redis_db_of("redis://cache/0", 15)
+    with pytest.raises(pytest.UsageError, match="TEST_WORKERS"):
+        redis_db_of("redis://cache/10", 5)
 
 
 def test_it_runs_on_a_site_of_its_own_under_xdist(settings: object) -> None:
