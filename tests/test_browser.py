@@ -53,6 +53,8 @@ def browser() -> Iterator[WebDriver]:
         "--proxy-bypass-list=127.0.0.1",
     ):
         options.add_argument(argument)
+    # Where every test of the module leaves its screenshots, whichever of them runs first.
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver = webdriver.Chrome(options=options, service=Service(DRIVER))
     try:
         yield driver
@@ -65,7 +67,6 @@ def until(driver: WebDriver, what: Callable[[WebDriver], Any], timeout: float = 
         return WebDriverWait(driver, timeout, poll_frequency=0.1).until(what)
     except TimeoutException:
         # What the page showed instead, for whoever reads the failure.
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "browser-failure.png"))
         body = driver.find_element(By.TAG_NAME, "body").text
         raise AssertionError(f"the page never showed it; it shows:\n{body[:3000]}") from None
@@ -114,7 +115,6 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
     engine = Deployment.objects.get(pk=talker.pk).engine_url
     assert text_of(browser, f'[data-live="engine"][data-id="{talker.pk}"]') == engine
     assert browser.execute_script("return window.notReloaded") is True
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "live-admin.png"))
 
     # Its page follows the engine's log; paused, new lines wait until resumed.
