@@ -62,7 +62,7 @@ lint: setup
 # module (or the modules sharing a session's cluster) whole: tests/parallel_env.py.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=20 -p tests.parallel_env \
-	-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-sqlite: setup system-deps browser-deps
 	MSHIP_Q_NAME=modelship-test scripts/timed.sh "tests on SQLite" $(PYTEST)

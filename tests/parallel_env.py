@@ -8,19 +8,24 @@ named there is imported before pytest-django configures Django, a conftest only 
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import TYPE_CHECKING
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+ROOT = Path(__file__).resolve().parent.parent
 # The test modules that share one engine or cluster started for the session run on one worker,
-# so that it is started once per run: the fixture that starts it, to the group's name.
+# so that it is started once per run: the fixture that starts it, to the group's name. A
+# module asks for it as a parameter (`ray_cluster: Cluster`) of a test or of its own fixture.
 SHARED_SESSION_FIXTURES = {"ray_cluster": "ray"}
-GROUP = pytest.StashKey[str]()
 
 
 def worker_number(env: Mapping[str, str]) -> int | None:
@@ -73,21 +78,40 @@ def worker_env(env: Mapping[str, str]) -> dict[str, str]:
 os.environ.update(worker_env(os.environ))
 
 
-def group_of(item: pytest.Item) -> str:
-    """The unit of work a worker takes whole: a test module, or the modules that share a
-    session's cluster."""
+@functools.cache
+def group_of_module(path: str) -> str:
+    """The unit of work a worker takes whole: a test module, or the modules that ask for a
+    session's shared cluster. Decided from the module's source, since xdist's controller,
+    which schedules, collects no tests and sees no fixtures."""
+    try:
+        source = (ROOT / path).read_text()
+    except OSError:
+        return path
     for fixture, group in SHARED_SESSION_FIXTURES.items():
-        if fixture in getattr(item, "fixturenames", ()):
+        if re.search(rf"\b{fixture}\s*[:,)]", source):
             return group
-    return item.nodeid.partition("::")[0]
+    return path
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Before xdist reads them (`--dist loadgroup`): each test's group."""
-    for item in items:
-        item.stash[GROUP] = group_of(item)
-        item.add_marker(pytest.mark.xdist_group(item.stash[GROUP]))
+def group_of(nodeid: str) -> str:
+    return group_of_module(nodeid.partition("::")[0])
+
+
+class ModuleGroups(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no types
+    """xdist's scope scheduling (a unit of work goes whole to one worker), with our units.
+    Not `--dist loadgroup`: it marks a group by renaming each test (`item._nodeid`), which
+    pytest 9 no longer reads (a test's name comes from its `_id`), so every test became a unit
+    of its own and the Ray tests ran on both workers, each with a cluster of its own."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    if config.getoption("dist") != "loadscope":
+        return None
+    return ModuleGroups(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,8 +121,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     pytest-django's own order (database tests first), which is kept within each group, and
     before xdist's worker reports the collection."""
     items = session.items
-    heavy = {item.stash[GROUP] for item in items if item.get_closest_marker("heavy")}
+    heavy = {group_of(item.nodeid) for item in items if item.get_closest_marker("heavy")}
     first: dict[str, int] = {}
     for index, item in enumerate(items):
-        first.setdefault(item.stash[GROUP], index)
-    items.sort(key=lambda item: (item.stash[GROUP] not in heavy, first[item.stash[GROUP]]))
+        first.setdefault(group_of(item.nodeid), index)
+    items.sort(key=lambda item: (group_of(item.nodeid) not in heavy, first[group_of(item.nodeid)]))

@@ -9,7 +9,13 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.parallel_env import outside_xdist, redis_db_of, worker_env, worker_number
+from tests.parallel_env import (
+    group_of,
+    outside_xdist,
+    redis_db_of,
+    worker_env,
+    worker_number,
+)
 
 
 def test_it_changes_nothing_outside_xdist() -> None:
@@ -73,3 +79,14 @@ def test_it_refuses_a_worker_that_lacks_the_plugin() -> None:
     )
     assert done.returncode != 0
     assert "-p tests.parallel_env" in done.stdout + done.stderr
+
+
+def test_it_sends_the_modules_sharing_the_ray_cluster_to_one_worker() -> None:
+    shared = {
+        group_of(f"tests/{name}.py::test_x")
+        for name in ("test_ray_runtime", "test_ray_deployments", "test_ray_secrets")
+    }
+    assert shared == {"ray"}
+    # A module that names deployments.ray_cluster, not the fixture, is a unit of its own.
+    assert group_of("tests/test_ray_config.py::test_x") == "tests/test_ray_config.py"
+    assert group_of("tests/test_env.py::test_x[a::b]") == "tests/test_env.py"
