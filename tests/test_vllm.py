@@ -120,9 +120,11 @@ def hang_up_mid_stream(
             timeout=httpx.Timeout(60, read=2),
         ) as answer,
     ):
-        first = next(line for line in answer.iter_lines() if line.startswith("data: {"))
-        assert json.loads(first[6:])["object"] == "chat.completion.chunk"
-        generating = counter(engine_url, "vllm:num_requests_running") == 1
+        first = next((line for line in answer.iter_lines() if line.startswith("data: {")), "")
+        assert not first or json.loads(first[6:])["object"] == "chat.completion.chunk"
+        # Still making tokens when its first chunk came (the running gauge lags behind).
+        made = counter(engine_url, "vllm:generation_tokens_total") - made_before
+        generating = bool(first) and made < body["max_tokens"]
     wait_until(lambda: counter(engine_url, "vllm:num_requests_running") == 0)
     if not generating:
         return None
@@ -259,12 +261,10 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     # the generation (far fewer tokens made than asked for) and its running gauge drops.
     long = {**chat, "max_tokens": 16000, "ignore_eos": True, "stream_options": None}
     generated = hang_up_mid_stream(gateway_url, long, headers, lazy.engine_url)
-    if generated is None:  # once more: the load of the suite beside this one moves
-        generated = hang_up_mid_stream(gateway_url, long, headers, lazy.engine_url)
     if generated is None:
         warnings.warn(
-            "vLLM's server sent nothing while its engine made 16,000 tokens, twice: this "
-            "host is too loaded to show vLLM stopping on a hang-up",
+            "vLLM's server sent nothing while its engine made 16,000 tokens: this host is "
+            "too loaded to show vLLM stopping on a hang-up",
             stacklevel=1,
         )
     else:
