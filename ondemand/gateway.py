@@ -99,7 +99,7 @@ async def handle(exchange: Exchange) -> None:
     if kind == "model":
         return await model(exchange, route, method, upstream_path)
     streaming, data = await parsed(_peek, exchange.headers.get("content-type", ""), body)
-    if exchange.headers.get(health_probe.HEADER, "").strip() == "1":
+    if health_probe.asked(exchange.headers):
         return await probe(exchange, route, endpoint, streaming)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
     if route.on_demand:
@@ -158,7 +158,7 @@ async def probe(exchange: Exchange, route: Route, endpoint: str, streaming: bool
         (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
         (b"x-request-id", exchange.request_id.encode()),
-        (health_probe.STATE_HEADER.encode(), route.state.encode()),
+        *((name.encode(), route.state.encode()) for name in health_probe.STATE_HEADERS),
     ]
     await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
     await exchange.send({"type": "http.response.body", "body": body})

@@ -2,6 +2,10 @@
 itself: a probe takes no slot, starts nothing and is never forwarded, since the header is no
 secret and a forwarded probe would run a generation the reaper cannot see.
 
+The on-demand seed names the header `x-dgxmm-health-check` and the answer's state header
+`x-dgxmm-ondemand-state`: a LiteLLM entry registered with the seed's marker is a probe too,
+and every probe's answer carries both state headers.
+
 The answer says the gateway and the deployment record are there, not that an engine serves:
 a minimal, empty answer of the endpoint's shape."""
 
@@ -20,7 +24,14 @@ if TYPE_CHECKING:
     from openai_api.catalog import Route
 
 HEADER = "x-modelship-health-check"
-STATE_HEADER = "x-modelship-ondemand-state"
+SEED_HEADER = "x-dgxmm-health-check"  # the seed's name of it, accepted as ours
+HEADERS = (HEADER, SEED_HEADER)
+STATE_HEADERS = ("x-modelship-ondemand-state", "x-dgxmm-ondemand-state")
+
+
+def asked(headers: dict[str, str]) -> bool:
+    """Whether a request is a health probe (either name of the header set to 1)."""
+    return any(headers.get(name, "").strip() == "1" for name in HEADERS)
 
 
 def answer(endpoint: str, route: Route, streaming: bool) -> tuple[bytes, str]:

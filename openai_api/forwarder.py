@@ -64,7 +64,9 @@ REQUEST_DROP = HOP_BY_HOP | {
     "x-forwarded-proto",
     "x-forwarded-port",
     "x-real-ip",
-    "x-modelship-health-check",  # a probe is answered by the on-demand gateway, never sent
+    # A probe is answered by the on-demand gateway, never sent (ours and the seed's name).
+    "x-modelship-health-check",
+    "x-dgxmm-health-check",
 }
 RESPONSE_DROP = HOP_BY_HOP | {"server", "date"}
 SSE_HEADERS = [

@@ -331,6 +331,37 @@ def test_it_answers_health_probes_without_the_engine(
         )
 
 
+def test_it_takes_the_seeds_probe_header_and_never_forwards_either_name(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    """The on-demand seed names the probe header x-dgxmm-health-check: an entry registered
+    with it is probed as with ours, and its answer carries the seed's state header too."""
+    dep = deploy(make_deployment, "od-seed-probe")
+    seed_probe = {"x-dgxmm-health-check": "1"}
+    with ondemand_site.client(dep, **seed_probe) as client:
+        chat = client.post("/chat/completions", json=CHAT)
+    assert chat.status_code == 200
+    assert chat.headers["x-dgxmm-ondemand-state"] == "planned"
+    assert chat.headers["x-modelship-ondemand-state"] == "planned"
+    assert chat.json()["choices"][0]["message"] == {"role": "assistant", "content": ""}
+    # No slot taken, nothing started.
+    assert all(c.entry(dep.pk).inflight == c.entry(dep.pk).waiting == 0 for c in controllers())
+    dep.refresh_from_db()
+    assert dep.state == State.PLANNED
+    started(dep)
+    with ondemand_site.client(dep, **seed_probe) as client:
+        answer = client.post("/chat/completions", json=CHAT)
+    assert answer.headers["x-dgxmm-ondemand-state"] == "ready"
+    assert engine_stats(dep)["served"] == 0  # never forwarded, even to a ready engine
+    # Any other value is traffic: forwarded, without either header.
+    not_probes = {"x-dgxmm-health-check": "0", "x-modelship-health-check": "no"}
+    with ondemand_site.client(dep, **not_probes) as client:
+        assert client.post("/chat/completions", json=CHAT).status_code == 200
+    assert engine_stats(dep)["served"] == 1
+    seen = {name.lower() for name in httpx.get(dep.engine_url + "/sim/last_chat_headers").json()}
+    assert {"x-dgxmm-health-check", "x-modelship-health-check"}.isdisjoint(seen)
+
+
 # --- hang-ups -------------------------------------------------------------------------------
 
 
