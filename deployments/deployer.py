@@ -247,18 +247,41 @@ def stop(
 ) -> bool:
     """Stop a deployment's engines. False when there was nothing to stop or the precheck
     refused; the precheck sees the locked, freshly read row and runs with no await."""
+    marked = _mark_stopping(deployment_id, precheck, actor, reason)
+    if marked is None:
+        return False
+    return _take_down(*marked, actor=actor, reason=reason)
+
+
+def _mark_stopping(
+    deployment_id: int,
+    precheck: Precheck | None,
+    actor: str,
+    reason: str,
+    only_from: tuple[str, ...] | None = None,
+) -> tuple[Deployment, str] | None:
+    """Mark the row stopping under its lock once the precheck approves (with its prior
+    state), or None: from then on no lease is granted and acquire sees it as not ready, so
+    a slot handed out and a stop approved never interleave."""
     with transaction.atomic():
         try:
             deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
         except Deployment.DoesNotExist:
-            return False
+            return None
         if deployment.state in (State.PLANNED, State.STOPPED, State.STOPPING):
-            return False
+            return None
+        if only_from is not None and deployment.state not in only_from:
+            return None
         if precheck is not None and not precheck(deployment):
-            return False
+            return None
         prior = deployment.state
         if not transition(deployment, State.STOPPING, expected=[prior], reason=reason, actor=actor):
-            return False
+            return None
+    return deployment, prior
+
+
+def _take_down(deployment: Deployment, prior: str, *, actor: str, reason: str) -> bool:
+    """Stop the engines of a row marked stopping (by the approval it was marked with)."""
     try:
         stop_handles(deployment, handles_of(deployment))
     except EngineUnreachable as exc:
@@ -301,27 +324,33 @@ def sleep(
     GPU. An engine that takes the /sleep but stays awake (vLLM's CPU worker) is stopped
     instead, with the reason: left "asleep", it would hang the requests woken for it. False
     when it was not ready or the precheck refused (on the locked, freshly read row)."""
-    with transaction.atomic():
-        try:
-            deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
-        except Deployment.DoesNotExist:
-            return False
-        if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
-            raise CannotSleep(f"{deployment.name}: the {deployment.loader} engine cannot sleep")
-        if deployment.state != State.READY:
-            return False
-        if precheck is not None and not precheck(deployment):
-            return False
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None:
+        return False
+    if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
+        raise CannotSleep(f"{deployment.name}: the {deployment.loader} engine cannot sleep")
+    # Marked stopping before the /sleep (up to a minute), as a stop is: a request meanwhile
+    # gets no slot on the engine going to sleep, and waits to wake it. The row stays marked
+    # until the engine is asleep or stopped, so the stop instead runs on this approval.
+    marked = _mark_stopping(deployment_id, precheck, actor, reason, only_from=(State.READY,))
+    if marked is None:
+        return False
+    deployment, _ = marked
     try:
         _post_each(deployment, "/sleep?level=1")
         why = "" if _all_asleep(deployment) else "it took /sleep and stayed awake"
     except httpx.HTTPError as exc:
         why = f"its /sleep failed: {exc}"
+    except BaseException:
+        transition(deployment, State.READY, expected=[State.STOPPING], actor=actor)
+        raise
     if why:
         why = f"sleep not supported by this engine here ({why})"
         event(deployment, "sleep_ignored", why, actor=actor)
-        return stop(deployment_id, actor=actor, reason=f"{why}: stopping instead")
-    return transition(deployment, State.ASLEEP, expected=[State.READY], reason=reason, actor=actor)
+        return _take_down(deployment, State.READY, actor=actor, reason=f"{why}: stopping instead")
+    return transition(
+        deployment, State.ASLEEP, expected=[State.STOPPING], reason=reason, actor=actor
+    )
 
 
 def _all_asleep(deployment: Deployment) -> bool:

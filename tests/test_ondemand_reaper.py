@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -17,7 +18,8 @@ from django.utils import timezone
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
-from ondemand.adapter import DjangoDeployer
+from ondemand.adapter import DjangoDeployer, in_engine_thread
+from ondemand.adapter import in_thread as off_the_loop
 from ondemand.controller import Controller
 from ondemand.lease import extend
 from tests.conftest import REPO, env_for_subprocess, in_thread, reap, scaled
@@ -229,3 +231,58 @@ def test_it_writes_the_lease_the_reaper_reads_when_a_long_stream_ends(
     assert released > granted  # written again at the last byte, not only at the grant
     assert released > timezone.now() + timedelta(seconds=60)  # a full idle timeout from now
     assert reap(site) == "stopped: -"
+
+
+@pytest.mark.parametrize("ignore_sleep", [False, True], ids=["sleeps", "stays_awake"])
+def test_it_gives_no_slot_on_an_engine_going_to_sleep_and_the_request_wakes_it(
+    make_deployment: Any, monkeypatch: pytest.MonkeyPatch, ignore_sleep: bool
+) -> None:
+    """The engine's /sleep takes its time (up to a minute on vLLM); a request that comes
+    meanwhile waits instead of getting a slot on an engine about to sleep, and starts it
+    again once it sleeps (or, where it took the /sleep and stayed awake, was stopped)."""
+    sleepy = make_deployment(
+        "sleepy", mode="on_demand", config={"enable_sleep_mode": True, "ignore_sleep": ignore_sleep}
+    )
+    deployer.restart(sleepy.pk)
+    in_sleep, let_sleep = threading.Event(), threading.Event()
+    post_each = deployer._post_each
+
+    def slow_sleep(deployment: Deployment, path: str) -> None:
+        if path.startswith("/sleep"):
+            in_sleep.set()
+            let_sleep.wait(scaled(60))
+        post_each(deployment, path)
+
+    monkeypatch.setattr(deployer, "_post_each", slow_sleep)
+
+    async def race() -> tuple[bool, bool, str]:
+        clock = FakeClock()
+        controller = Controller(DjangoDeployer(), clock)
+        waits = asyncio.Event()
+        clock_wait = clock.wait
+
+        async def wait(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+            waits.set()
+            return await clock_wait(event, timeout)
+
+        clock.wait = wait  # type: ignore[method-assign]
+        sleeping = asyncio.ensure_future(in_engine_thread(deployer.sleep, sleepy.pk))
+        await asyncio.to_thread(in_sleep.wait)
+        request = asyncio.ensure_future(controller.acquire(sleepy.pk))
+        first = asyncio.ensure_future(waits.wait())
+        await asyncio.wait({request, first}, return_when=asyncio.FIRST_COMPLETED)
+        granted_during_sleep = request.done()
+        let_sleep.set()
+        put_away = await sleeping
+        state = await off_the_loop(lambda: Deployment.objects.get(pk=sleepy.pk).state)
+        controller.notify()  # the route table's listener does this in the gateway
+        slot = await request
+        controller.release(slot)
+        return granted_during_sleep, put_away, state
+
+    granted_during_sleep, put_away, state_after_sleep = asyncio.run(race())
+    assert not granted_during_sleep
+    assert put_away and state_after_sleep == (State.STOPPED if ignore_sleep else State.ASLEEP)
+    woken = Deployment.objects.get(pk=sleepy.pk)
+    assert woken.state == State.READY
+    assert httpx.get(woken.engine_url + "/is_sleeping").json() == {"is_sleeping": False}
