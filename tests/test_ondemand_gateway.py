@@ -247,7 +247,8 @@ def test_it_refuses_unknown_and_system_deployments_and_unknown_routes(
             f"{ondemand_site.url}/ondemand/od-routes/v1/chat/completions", json=CHAT
         )
         assert error_of(named) == (404, "not_found")
-        for ident in ("%C2%B2", "%D9%A3", "%EF%BC%91"):  # superscript two, Arabic 3, fullwidth 1
+        # Superscript two, Arabic-Indic 3 and 12, fullwidth 1: an id is ASCII digits only.
+        for ident in ("%C2%B2", "%D9%A3", "%D9%A1%D9%A2", "%EF%BC%91"):
             unicode_digit = client.get(f"{ondemand_site.url}/ondemand/{ident}/v1/models")
             assert error_of(unicode_digit) == (404, "not_found"), ident
         for method, tail in [
