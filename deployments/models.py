@@ -64,6 +64,18 @@ HOLDING_STATES = (State.STARTING, State.READY, State.STOPPING)
 STARTABLE_STATES = (State.PLANNED, State.STOPPED, State.FAILED)
 
 
+def effective_mode_of(mode: str | None, system: bool, autoscaling_config: Any) -> str:
+    """The mode a deployment runs in, the one rule every on-demand decision reads: a system
+    deployment is always on; an unset mode is on demand where it scales to zero (the seed's
+    min_replicas: 0), else always on."""
+    if system:
+        return Mode.ALWAYS_ON
+    if not mode:
+        scaling = AutoscalingConfig.of(autoscaling_config)
+        return Mode.ON_DEMAND if scaling and scaling.min_replicas == 0 else Mode.ALWAYS_ON
+    return mode
+
+
 class Deployment(Versioned):
     # Written often, read by no route: the on-demand lease, a start's progress line.
     UNVERSIONED = frozenset({"lease_until", "state_reason"})
@@ -178,13 +190,7 @@ class Deployment(Versioned):
 
     @property
     def effective_mode(self) -> str:
-        if self.system:
-            return Mode.ALWAYS_ON
-        if not self.mode:
-            # Scaling to zero is on demand (the seed's min_replicas: 0).
-            scaling = AutoscalingConfig.of(self.autoscaling_config)
-            return Mode.ON_DEMAND if scaling and scaling.min_replicas == 0 else Mode.ALWAYS_ON
-        return self.mode
+        return effective_mode_of(self.mode, self.system, self.autoscaling_config)
 
     @property
     def replica_count(self) -> int:

@@ -22,7 +22,7 @@ from deployments import audit, hooks, host_access, tasks
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit, check_fit_where
-from deployments.models import STARTABLE_STATES, Deployment, Mode, State
+from deployments.models import STARTABLE_STATES, Deployment, Mode, State, effective_mode_of
 from deployments.refusals import CannotSleep, Gone, InvalidConfiguration, InvalidState
 from deployments.task_queue import Work, enqueue
 from deployments.validation import cross_field_problems, name_clashes
@@ -141,10 +141,10 @@ def update(
 def mode_switch(deployment: Deployment, changes: Mapping[str, Any]) -> str | None:
     """The effective mode `changes` switch the deployment to, or None when they keep it (a
     change of something else leaves a waiting switch alone)."""
-    if "mode" not in changes and "system" not in changes:
+    if not {"mode", "system", "autoscaling_config"} & changes.keys():
         return None
     values = {**settable(deployment), **changes}
-    wanted = Mode.ALWAYS_ON if values["system"] or not values["mode"] else values["mode"]
+    wanted = effective_mode_of(values["mode"], values["system"], values["autoscaling_config"])
     changed = wanted != deployment.effective_mode
     return wanted if changed or deployment.pending_mode not in (None, wanted) else None
 

@@ -16,7 +16,10 @@ def readyz(request: HttpRequest) -> JsonResponse:
     """503 until every always-on deployment is ready. Anyone learns whether it is ready;
     only a signed-in staff user also sees each deployment's state and reason (names and
     failure texts are the operator's business)."""
-    rows = Deployment.objects.all().only("name", "state", "state_reason", "mode", "system")
+    # What the effective mode reads (an unset mode that scales to zero is on demand).
+    rows = Deployment.objects.only(
+        "name", "state", "state_reason", "mode", "system", "autoscaling_config"
+    )
     pinned = [d for d in rows if d.effective_mode == Mode.ALWAYS_ON]
     ready = all(d.state == State.READY for d in pinned)
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}

@@ -56,9 +56,11 @@ def approve(row: Deployment) -> bool:
 def reap_once() -> list[str]:
     """The names of the deployments put away, "(asleep)" after those put to sleep."""
     stopped = []
+    # An unset mode may be on demand too (scaling to zero): approve() reads the effective
+    # mode, the query only leaves out what is always on for sure.
     candidates = Deployment.objects.filter(
-        mode=Mode.ON_DEMAND, system=False, state=State.READY, pending_mode__isnull=True
-    )
+        system=False, state=State.READY, pending_mode__isnull=True
+    ).exclude(mode=Mode.ALWAYS_ON)
     with httpx.Client(timeout=5.0) as client:
         for deployment in candidates:
             if not approve(deployment) or not idle_by_load(client, deployment):

@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from deployments import deployer, scaling
+from deployments import deployer, operations, scaling
 from deployments.autoscaler import Autoscaler
 from deployments.autoscaling import AutoscalingConfig, Decider, problems
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
@@ -94,6 +94,21 @@ def test_it_makes_min_replicas_zero_on_demand_and_checks_the_api(
     made = api.post("/api/deployments/", {**body, "autoscaling_config": SCALING}, format="json")
     assert made.status_code == 201, made.json()
     assert made.json()["autoscaling_config"] == SCALING and made.json()["replicas"] == 0
+
+
+def test_it_keeps_a_deployment_that_scales_to_zero_on_demand_when_its_mode_is_unset(
+    transactional_db: None, make_deployment: Callable[..., Deployment]
+) -> None:
+    """Clearing the mode of a deployment that scales to zero changes nothing it runs as:
+    unset reads as on demand there, so it is no switch to always on."""
+    zero = make_deployment(
+        "zero", mode=Mode.ON_DEMAND, autoscaling_config={"min_replicas": 0, "max_replicas": 2}
+    )
+    zero.mode = None
+    saved = operations.update(zero, None, actor="test", work=lambda *args: None)
+    saved.refresh_from_db()
+    assert (saved.mode, saved.effective_mode) == (None, Mode.ON_DEMAND)
+    assert not AuditEntry.objects.filter(action="ondemand_mode").exists()
 
 
 # --- the autoscaler on real engines ----------------------------------------------------------

@@ -22,6 +22,7 @@ from ondemand.adapter import DjangoDeployer, in_engine_thread
 from ondemand.adapter import in_thread as off_the_loop
 from ondemand.controller import Controller
 from ondemand.lease import extend
+from ondemand.reaper import reap_once
 from tests.conftest import REPO, env_for_subprocess, in_thread, reap, scaled
 from tests.fake_clock import FakeClock
 
@@ -66,6 +67,18 @@ def test_it_puts_an_idle_model_whose_engine_sleeps_to_sleep_and_wakes_it_for_a_r
     assert httpx.get(sleepy.engine_url + "/is_sleeping").json() == {"is_sleeping": True}
     asyncio.run(DjangoDeployer().wake(sleepy.pk))
     assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
+
+
+def test_it_puts_away_an_idle_deployment_that_scales_to_zero(make_deployment: Any) -> None:
+    """min_replicas 0 with no mode set is on demand: started by requests, so stopped idle."""
+    zero = make_deployment(
+        "zero", idle_timeout_s=60, autoscaling_config={"min_replicas": 0, "max_replicas": 2}
+    )
+    assert zero.mode is None
+    deployer.restart(zero.pk)
+    Deployment.objects.filter(pk=zero.pk).update(lease_until=timezone.now())
+    assert reap_once() == ["zero"]
+    assert Deployment.objects.get(pk=zero.pk).state == State.STOPPED
 
 
 def test_it_leaves_a_model_whose_engine_is_busy_or_that_is_always_on(
