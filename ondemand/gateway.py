@@ -103,7 +103,14 @@ async def handle(exchange: Exchange) -> None:
         return await probe(exchange, route, endpoint, streaming)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
     if route.on_demand:
-        await relay(exchange, traffic, lambda q: dispatcher.on_demand_slot(route, q), UNREACHABLE)
+        # No keepalives while it waits: a refusal is its HTTP status (the seed).
+        await relay(
+            exchange,
+            traffic,
+            lambda q: dispatcher.on_demand_slot(route, q),
+            UNREACHABLE,
+            keepalive=False,
+        )
     elif route.state == State.READY and route.urls:
         # Switched to always on while LiteLLM still points here: forwarded, never started.
         await relay(exchange, traffic, lambda _: dispatcher.replica(route.urls), UNREACHABLE)

@@ -42,7 +42,13 @@ async def relay(
     traffic: Traffic,
     slot: SlotFactory,
     unreachable_code: str = "upstream_error",
+    *,
+    keepalive: bool = True,
 ) -> None:
+    """`keepalive`: SSE comments while a stream waits for its slot (/v1). Without (the
+    on-demand gateway, LiteLLM's way in, as its seed says), a stream that waits for a start
+    gets nothing until the engine answers, so that a refusal is its HTTP status; only the
+    queued notice, where one is due, opens the stream early."""
     route = traffic.route
     query = exchange.scope.get("query_string", b"").decode("latin-1")
     opener = SseOpener(exchange.send, exchange.request_id) if traffic.streaming else None
@@ -54,7 +60,7 @@ async def relay(
             # Keepalives while Modelship waits for the slot (a cold start, the queue), not
             # once the engine is called.
             wanted = slot(notice.on_queued if notice else None)
-            base_url = await enter_kept_alive(held, wanted, opener)
+            base_url = await enter_kept_alive(held, wanted, opener if keepalive else None)
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's
             call = Call(

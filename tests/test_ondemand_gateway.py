@@ -72,6 +72,33 @@ def test_it_starts_the_model_on_the_first_request_and_returns_its_answer(
     assert text == "from the engine"
 
 
+def test_it_sends_a_waiting_stream_nothing_and_refuses_a_failed_start_with_its_status(
+    ondemand_site: OnDemandSite, make_deployment: Any, site: Any
+) -> None:
+    """LiteLLM calls /ondemand: a Responses or messages stream that waits for a start gets
+    no keepalive, so its answer is exactly the engine's, and a start that fails is 503
+    start_failed, not an event inside a 200 (the seed; /v1 keeps its keepalives)."""
+    site.MSHIP_SSE_KEEPALIVE_S = 0.1
+    cold = deploy(make_deployment, "od-cold-stream", config={"startup_delay_s": 1.0})
+    with (
+        ondemand_site.client(cold) as client,
+        client.stream("POST", "/responses", json={"input": "x", "stream": True}) as answer,
+    ):
+        assert answer.status_code == 200
+        lines = [line for line in answer.iter_lines() if line]
+    assert lines[0] == "event: response.created" and ": keepalive" not in lines
+    assert "event: response.completed" in lines
+    failing = {"startup_delay_s": 1.0, "fail_at_start": True}
+    for endpoint, body in (
+        ("/responses", {"input": "x", "stream": True}),
+        ("/messages", {"max_tokens": 8, "messages": CHAT["messages"], "stream": True}),
+    ):
+        doomed = deploy(make_deployment, f"od-doomed{endpoint.replace('/', '-')}", config=failing)
+        with ondemand_site.client(doomed) as client:
+            refused = client.post(endpoint, json=body)
+        assert error_of(refused) == (503, "start_failed"), endpoint
+
+
 def test_it_forwards_to_an_always_on_deployment_only_while_ready_and_never_starts_it(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:
