@@ -5,9 +5,11 @@ Always-on deployments point at their engine (one entry per served name and repli
 on-demand ones at Modelship's on-demand gateway with the on-demand key, long timeouts, no
 retries and the health-check marker, in every state but failed. An entry's id is derived
 from everything it says (the engine address; for on-demand entries the key and parameter
-fingerprints), so a sync compares ids only: an unchanged deployment writes nothing, and a
-changed one gets its new entry added before the old one is deleted, so its name is never
-missing. A sync that cannot read LiteLLM's list deletes nothing.
+fingerprints), so an unchanged deployment writes nothing, and a changed one gets its new
+entry added before the old one is deleted, so its name is never missing. The id carries
+only a prefix of each fingerprint: an entry listed under a wanted id is also compared by
+its full fingerprints (model_info), and one that differs is replaced under the same id. A
+sync that cannot read LiteLLM's list deletes nothing.
 
 Blocking (httpx, the ORM): it runs in the django-q cluster (a schedule and on changes) and
 from `manage.py sync_litellm`.
@@ -200,6 +202,17 @@ class Outcome:
     error: str = ""
 
 
+# The fingerprints an on-demand entry's id carries only a prefix of, in full in its
+# model_info (LiteLLM's /model/info shows them; always-on entries carry none).
+FINGERPRINTS = ("modelship_key_fp", "modelship_params_fp")
+
+
+def same(present: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether a listed entry has the full fingerprints of the wanted one under its id."""
+    listed, meant = present.get("model_info") or {}, wanted.get("model_info") or {}
+    return all(listed.get(key) == meant.get(key) for key in FINGERPRINTS)
+
+
 def sync() -> Outcome | None:
     """One sync; None when no LiteLLM is configured. Its outcome is kept for the API."""
     target = site()
@@ -210,10 +223,18 @@ def sync() -> Outcome | None:
     client = Client(target)
     try:
         present = client.ours()
+        stale = [i for i, e in wanted.entries.items() if i in present and not same(present[i], e)]
         for entry_id, entry in wanted.entries.items():
             if entry_id not in present:
                 client.add(entry)
                 outcome.added.append(entry_id)
+        for entry_id in stale:
+            # Its id's fingerprint prefixes collided with the new ones: the id cannot be
+            # listed twice, so this rare replacement deletes before it adds.
+            client.delete(entry_id)
+            outcome.deleted.append(entry_id)
+            client.add(wanted.entries[entry_id])
+            outcome.added.append(entry_id)
         for entry_id, entry in present.items():
             owner = entry["model_info"]["modelship_id"]
             if entry_id not in wanted.entries and owner not in wanted.keep:

@@ -26,6 +26,7 @@ from deployments import deployer
 from deployments.models import Deployment, State
 from deployments.operations import set_mode
 from deployments.runtimes.process import free_port
+from ondemand import litellm
 from ondemand.litellm import deployment_status, status_now, sync
 from tests.conftest import wait_until
 
@@ -260,5 +261,32 @@ def test_it_replaces_an_entry_once_when_its_parameters_change(
     assert after["model_info"]["modelship_id"] == lazy.pk
     writes = stand_in.writes
     again = sync()  # replaced once: the next sync writes nothing
+    assert again is not None and (again.added, again.deleted) == ([], [])
+    assert stand_in.writes == writes
+
+
+def test_it_replaces_an_entry_whose_new_fingerprint_shares_the_ids_prefix(
+    stand_in: StandIn,
+    make_deployment: Callable[..., Deployment],
+    site: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry's id carries six hex digits of each fingerprint; a changed setting whose
+    fingerprint starts with the same six still replaces the entry, once."""
+    make_deployment("lazy", mode="on_demand")
+    sync()
+    [before] = stand_in.entries("lazy")
+    old = before["model_info"]["modelship_params_fp"]
+    colliding = old[:6] + ("000000" if old[6:] != "000000" else "111111")
+    monkeypatch.setattr(litellm, "fingerprint", lambda value: colliding)
+    site.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = 1800
+    outcome = sync()
+    assert outcome is not None and not outcome.error
+    [after] = stand_in.entries("lazy")
+    assert after["model_info"]["id"] == before["model_info"]["id"]  # the same id
+    assert after["model_info"]["modelship_params_fp"] == colliding
+    assert after["litellm_params"]["timeout"] == 2400
+    writes = stand_in.writes
+    again = sync()
     assert again is not None and (again.added, again.deleted) == ([], [])
     assert stand_in.writes == writes
