@@ -15,7 +15,9 @@ A create for a busy lane is an `error` event, and so is any refusal: the socket 
 Each message is read as a request body is (bodies.json_value: the same depth limit).
 Responses made on the socket, stored or not, can be continued from it by
 `previous_response_id` (the last MAX_REMEMBERED, at most MSHIP_WS_CONTEXT_BYTES of their
-context in all, in memory; the oldest go first).
+context in all, in memory; the oldest go first), stored ones from the store as well. One
+neither remembers nor finds is `previous_response_not_found` (400), and a continuation that
+fails forgets the response it continued (the Open Responses WebSocket rules).
 A close cancels the responses under way, as a hang-up cancels a request: their engines see
 the request closed.
 
@@ -124,6 +126,17 @@ def error_event(exc: GatewayError, lane: str) -> dict[str, Any]:
     return {**event, "stream_id": lane} if lane else event
 
 
+def previous_not_found(response_id: str) -> GatewayError:
+    """A continuation of a response this socket does not remember and the store does not
+    hold (never made, another caller's, or made with `store: false` elsewhere)."""
+    return GatewayError(
+        400,
+        f"Previous response with id {response_id!r} not found.",
+        "previous_response_not_found",
+        param="previous_response_id",
+    )
+
+
 def json_size(value: Any) -> int:
     try:
         return len(orjson.dumps(value))
@@ -209,6 +222,7 @@ class Socket:
         request_id = make_request_id(None)
         out = SocketOut(self, lane)
         turn: Turn | None = None
+        previous = data.get("previous_response_id")
         try:
             if data.get("background"):
                 raise bad("background is not available over a WebSocket.", "background")
@@ -220,12 +234,16 @@ class Socket:
             await run(turn, out, request_id, generate)
             if turn.translator.response["status"] in ("completed", "incomplete"):
                 self.remember(turn)
+            else:
+                self.forget(previous)
         except GatewayError as exc:
+            self.forget(previous)
             with contextlib.suppress(ClientGone):
                 await self.send(error_event(exc, lane))
         except ClientGone:
             pass  # the receive loop sees the close and ends the socket
         except Exception:
+            self.forget(previous)
             log.exception("a WebSocket response failed (request %s)", request_id)
             message = f"The server had an error processing the request {request_id}."
             with contextlib.suppress(ClientGone):
@@ -250,9 +268,22 @@ class Socket:
         route = responses_route(snapshot, caller, data["model"])
         check_output_tokens(route, data)
         previous = data.get("previous_response_id")
-        if isinstance(previous, str) and previous not in self.known:
-            await check_response_scope(caller, snapshot, previous)
-        return await prepare(route, caller.identity, data, self.known)
+        try:
+            if isinstance(previous, str) and previous not in self.known:
+                await check_response_scope(caller, snapshot, previous)
+            return await prepare(route, caller.identity, data, self.known)
+        except GatewayError as exc:
+            # store.not_found, for the only response a create looks up: its previous one
+            if isinstance(previous, str) and (exc.status, exc.param) == (404, "response_id"):
+                raise previous_not_found(previous) from exc
+            raise
+
+    def forget(self, response_id: Any) -> None:
+        """A continuation failed: the response it continued is no longer continued from
+        memory (a stored one still is, from the store)."""
+        if isinstance(response_id, str):
+            self.known.pop(response_id, None)
+            self.known_bytes.pop(response_id, None)
 
     def remember(self, turn: Turn) -> None:
         response = turn.translator.response

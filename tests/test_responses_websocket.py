@@ -124,11 +124,63 @@ def test_it_sends_errors_as_events_and_keeps_the_socket_open(
         (400, "invalid_request", "background"),
         (404, "model_not_found", None),
         (400, "invalid_request", "temperature"),
-        (404, "not_found", "response_id"),
+        (400, "previous_response_not_found", "previous_response_id"),
     ]
     assert unsupported["error"]["param"] == "type"
     assert not_json["error"]["type"] == "invalid_request_error"
     assert text_of(answered) == "fine"
+
+
+def test_it_continues_a_response_of_another_socket_only_if_it_was_stored(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "ok"})
+    with client.responses.connect() as connection:
+        connection.response.create(model="sim", input="unstored", store=False)
+        unstored = final(until_done(connection))["id"]
+        connection.response.create(model="sim", input="stored")
+        stored = final(until_done(connection))["id"]
+    with client.responses.connect() as connection:  # a reconnect
+        connection.response.create(model="sim", input="x", previous_response_id=unstored)
+        [missing] = until_done(connection)
+        connection.response.create(model="sim", input="x", previous_response_id=stored)
+        continued = final(until_done(connection))
+        connection.response.create(model="sim", input="start again", store=False)
+        recovered = final(until_done(connection))
+    assert missing == {
+        "type": "error",
+        "status": 400,
+        "error": {
+            "type": "invalid_request_error",
+            "code": "previous_response_not_found",
+            "message": f"Previous response with id {unstored!r} not found.",
+            "param": "previous_response_id",
+        },
+    }
+    assert continued["status"] == recovered["status"] == "completed"
+
+
+def test_it_forgets_the_response_a_failed_continuation_continued(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    sim = serving("sim", config={"reply": "ok"})
+    stray: Any = {"type": "function_call_output", "call_id": "call_nobody_made", "output": "x"}
+    with client.responses.connect() as connection:
+        ids = {}
+        for store in (False, True):
+            connection.response.create(model="sim", input="remember", store=store)
+            ids[store] = final(until_done(connection))["id"]
+        refused, retried = [], []
+        for store in (False, True):
+            connection.response.create(model="sim", input=[stray], previous_response_id=ids[store])
+            refused.append(until_done(connection)[-1])
+            connection.response.create(model="sim", input="again", previous_response_id=ids[store])
+            retried.append(until_done(connection)[-1])
+    assert [(e["status"], e["error"]["code"]) for e in refused] == [(400, "invalid_request")] * 2
+    # Not stored: gone with the failure. Stored: continued from the store, as on a new socket.
+    assert retried[0]["error"]["code"] == "previous_response_not_found"
+    assert retried[1]["type"] == "response.completed"
+    assert engine_saw(sim) == ["remember", "ok", "again"]
 
 
 def test_it_runs_one_response_at_a_time_on_a_lane_and_lanes_side_by_side(

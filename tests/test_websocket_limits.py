@@ -104,7 +104,7 @@ def test_it_forgets_the_oldest_contexts_past_the_byte_bound(
         [forgotten] = until_done(connection)
         connection.response.create(model="sim", input="again", previous_response_id=ids[2])
         continued = until_done(connection)
-    assert (forgotten["status"], forgotten["error"]["code"]) == (404, "not_found")
+    assert (forgotten["status"], forgotten["error"]["code"]) == (400, "previous_response_not_found")
     assert text_of(continued) == "ok"
 
 
