@@ -38,7 +38,16 @@ CLIENT_GONE = 499
 USAGE_TAIL = 4096  # usage sits at the end of an answer: this much of it is searched
 TOKENS_IN = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 TOKENS_OUT = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
-NAMED = frozenset({*PUBLIC, "models", "responses", "responses/input_tokens", "conversations"})
+NAMED = frozenset(
+    {
+        *PUBLIC,
+        "models",
+        "responses",
+        "responses/input_tokens",
+        "responses/compact",
+        "conversations",
+    }
+)
 
 
 @dataclass(slots=True)

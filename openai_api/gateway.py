@@ -24,11 +24,14 @@ from openai_api.models import shown_prefix
 from openai_api.output_tokens import check_output_tokens
 from openai_api.rate_limits import rate_limiter
 from openai_api.relay import Traffic, relay
-from openai_api.responses import background, conversation_api, input_tokens, store
+from openai_api.responses import background, compact, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
 
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
 COUNT_TOKENS = "responses/input_tokens"  # counted by the engine's tokenizer, in a slot
+COMPACT = "responses/compact"  # summarised by the model, in a slot
+# POSTs under /v1/responses/ that are no stored response's id, each answered by its module.
+RESPONSES_TOOLS = frozenset({COUNT_TOKENS, COMPACT})
 
 
 async def handle(exchange: Exchange) -> None:
@@ -58,13 +61,13 @@ async def handle(exchange: Exchange) -> None:
         return await conversation_api.handle(
             exchange, caller.identity, method, parts, query_of(exchange)
         )
-    counting = endpoint == COUNT_TOKENS
-    if endpoint.startswith("responses/") and not counting:
+    tool = endpoint in RESPONSES_TOOLS
+    if endpoint.startswith("responses/") and not tool:
         parts = endpoint.split("/")[1:]
         if parts and parts[0]:
             await check_response_scope(caller, snapshot, parts[0])
         return await stored_response(exchange, caller.identity, method, parts)
-    if endpoint not in PUBLIC and not counting:
+    if endpoint not in PUBLIC and not tool:
         raise GatewayError(404, f"Unknown path {path}.", "not_found")
     if method != "POST":
         raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
@@ -77,10 +80,13 @@ async def handle(exchange: Exchange) -> None:
     record.model = route.name
     check_output_tokens(route, data)
     previous = (data or {}).get("previous_response_id")
-    if endpoint in ("responses", COUNT_TOKENS) and isinstance(previous, str):
+    if (endpoint == "responses" or tool) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)
-    if counting:
+    if endpoint == COUNT_TOKENS:
         return await input_tokens.count(exchange, route, caller.identity, data or {})
+    if endpoint == COMPACT:
+        route = responses_route(snapshot, caller, name)
+        return await compact.create(exchange, route, caller.identity, data or {})
     if endpoint == "responses" and "chat/completions" in route.endpoints:
         # Built from the engine's chat completions, for every chat-capable deployment.
         return await responses.create(exchange, route, caller.identity, data or {})

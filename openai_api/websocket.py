@@ -17,7 +17,8 @@ Responses made on the socket, stored or not, can be continued from it by
 `previous_response_id` (the last MAX_REMEMBERED, at most MSHIP_WS_CONTEXT_BYTES of their
 context in all, in memory; the oldest go first), stored ones from the store as well. One
 neither remembers nor finds is `previous_response_not_found` (400), and a continuation that
-fails forgets the response it continued (the Open Responses WebSocket rules).
+fails forgets the response it continued (the Open Responses WebSocket rules). There is no
+compaction event: POST /v1/responses/compact's window is the input of a new response.
 A close cancels the responses under way, as a hang-up cancels a request: their engines see
 the request closed.
 

@@ -180,6 +180,57 @@ ITEM_LIST = {
         "has_more": {"type": "boolean"},
     },
 }
+# POST /v1/responses/compact's answer (the specification's CompactResource): the kept
+# messages of any role, then compaction items.
+COMPACTION_ITEM = {
+    "type": "object",
+    "required": ["id", "type", "encrypted_content"],
+    "properties": {
+        "id": STRING,
+        "type": {"const": "compaction"},
+        "encrypted_content": STRING,
+        "created_by": STRING,
+    },
+}
+KEPT_MESSAGE = {
+    "type": "object",
+    "required": ["id", "type", "role", "status", "content"],
+    "properties": {
+        "id": STRING,
+        "type": {"const": "message"},
+        "role": {"enum": ["user", "assistant", "system", "developer"]},
+        "status": {"enum": ITEM_STATUSES},
+        "content": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+    },
+}
+USAGE = {
+    "type": "object",
+    "required": [
+        "input_tokens",
+        "output_tokens",
+        "total_tokens",
+        "input_tokens_details",
+        "output_tokens_details",
+    ],
+    "properties": {
+        "input_tokens": INTEGER,
+        "output_tokens": INTEGER,
+        "total_tokens": INTEGER,
+        "input_tokens_details": {"type": "object", "required": ["cached_tokens"]},
+        "output_tokens_details": {"type": "object", "required": ["reasoning_tokens"]},
+    },
+}
+COMPACTED = {
+    "type": "object",
+    "required": ["id", "object", "output", "created_at", "usage"],
+    "properties": {
+        "id": STRING,
+        "object": {"const": "response.compaction"},
+        "created_at": INTEGER,
+        "output": {"type": "array", "items": {"oneOf": [KEPT_MESSAGE, COMPACTION_ITEM]}},
+        "usage": USAGE,
+    },
+}
 EVENT = {
     "type": "object",
     "required": ["type", "sequence_number"],
@@ -280,6 +331,8 @@ class Conforming(httpx2.BaseTransport):
             return response
         if data.get("object") == "response" and "deleted" not in data:
             check_response(data)
+        if data.get("object") == "response.compaction":
+            jsonschema.validate(data, COMPACTED)
         return response
 
     def check_conversations(self, response: httpx2.Response) -> httpx2.Response:

@@ -183,6 +183,33 @@ def test_it_forgets_the_response_a_failed_continuation_continued(
     assert engine_saw(sim) == ["remember", "ok", "again"]
 
 
+def test_it_starts_a_new_chain_from_a_compacted_window(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    sim = serving("sim", config={"reply": "cobalt is the word"})
+    conversation: Any = [
+        {"role": "user", "content": [{"type": "input_text", "text": "The word is cobalt."}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "OK."}]},
+    ]
+    compacted = client.responses.compact(model="sim", input=conversation)
+    base: list[Any] = [
+        item.model_dump(exclude_none=True, warnings=False) for item in compacted.output
+    ]
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model="sim",
+            store=False,
+            input=[*base, {"type": "message", "role": "user", "content": "The word?"}],
+        )
+        answered = until_done(connection)
+    assert final(answered)["status"] == "completed"
+    assert engine_saw(sim) == [
+        "The word is cobalt.",
+        "Summary of the conversation so far:\ncobalt is the word",
+        "The word?",
+    ]
+
+
 def test_it_runs_one_response_at_a_time_on_a_lane_and_lanes_side_by_side(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:

@@ -15,6 +15,7 @@ import copy
 import time
 from typing import TYPE_CHECKING, Any
 
+from openai_api.responses import compaction
 from openai_api.responses.image_urls import inlined
 from openai_api.responses.translator import Event, StreamTranslator
 
@@ -35,7 +36,7 @@ def engine_request(request: ResponsesRequest, history: list[dict[str, Any]]) -> 
     """What the engine is asked: the request as sent, its context as the input, streamed,
     stored nowhere."""
     body = {k: v for k, v in request.raw.items() if k not in KEPT_BY_MODELSHIP}
-    context = inlined([*history, *request.input_items], request.images)
+    context = compaction.expanded(inlined([*history, *request.input_items], request.images))
     body.update(input=context, stream=True, store=False)
     return body
 

@@ -74,6 +74,12 @@ def input_items(value: Any) -> list[dict[str, Any]]:
             item.setdefault("status", "completed")
         elif kind == "reasoning":
             item.setdefault("id", new_id("rs"))
+        elif kind == "compaction":  # made by /v1/responses/compact (compaction.py checks it)
+            if not isinstance(item.get("encrypted_content"), str) or not item["encrypted_content"]:
+                raise bad(
+                    f"input[{index}] needs encrypted_content.", f"input[{index}].encrypted_content"
+                )
+            item.setdefault("id", new_id("cmp"))
         elif kind == "mcp_approval_response":
             if not isinstance(item.get("approval_request_id"), str) or not isinstance(
                 item.get("approve"), bool

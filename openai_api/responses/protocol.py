@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai_api.responses import compaction
 from openai_api.responses.fields import (
     bad,
     conversation_id,
@@ -270,7 +271,7 @@ def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
-    for item in items:
+    for item in compaction.expanded(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]

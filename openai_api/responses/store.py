@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
-from openai_api.responses import conversations, quotas
+from openai_api.responses import compaction, conversations, quotas
 from openai_api.responses.input_items import check_tool_outputs
 
 if TYPE_CHECKING:
@@ -87,8 +87,9 @@ async def earlier_items(
 ) -> list[dict[str, Any]]:
     """The items a request continues from (its conversation's items, or its previous
     response's conversation and output), its function call outputs checked against them
-    and its own calls. `known`: continuations a WebSocket holds in memory (responses made on
-    it, stored or not), looked up before the store."""
+    and its own calls, and every compaction item checked as the caller's. `known`:
+    continuations a WebSocket holds in memory (responses made on it, stored or not), looked
+    up before the store."""
     items: list[dict[str, Any]] = []
     previous = request.previous_response_id
     if request.conversation:
@@ -107,6 +108,9 @@ async def earlier_items(
     elif previous:
         items = await run(history, identity, previous)
     check_tool_outputs(items, request.input_items)
+    earlier = "conversation" if request.conversation else "previous_response_id"
+    compaction.check(identity, items, earlier)
+    compaction.check(identity, request.input_items)
     return items
 
 
