@@ -1,7 +1,7 @@
 """What the layers above the control plane do when it changes something.
 
 deployments imports no upper layer (DESIGN.md, "Architecture rules"): where a change here
-must cause something there (LiteLLM's list, the on-demand controller's backoff), this module
+must cause something there (LiteLLM's list, the live admin), this module
 calls the functions the upper layer registered at start-up. Plain lists of functions, called
 in order; no Django signals.
 """
@@ -17,9 +17,6 @@ if TYPE_CHECKING:
 # What LiteLLM should list may have changed: a state entered or left, a mode switched, a
 # deployment removed. The on-demand app registers its LiteLLM sync request.
 listing_changed: list[Callable[[], None]] = []
-# A mode switch or a new configuration: the on-demand start backoff of a deployment is
-# forgiven (its id is passed).
-start_failures_forgiven: list[Callable[[int], None]] = []
 # A deployment's state changed (its id is passed): the live admin is told.
 state_changed: list[Callable[[int], None]] = []
 
@@ -49,11 +46,6 @@ reports = Reports()
 def listing_has_changed() -> None:
     for hook in list(listing_changed):
         hook()
-
-
-def forgive_start_failures(deployment_id: int) -> None:
-    for hook in list(start_failures_forgiven):
-        hook(deployment_id)
 
 
 def state_has_changed(deployment_id: int) -> None:

@@ -170,6 +170,10 @@ class Deployment(Versioned):
     # future, and no stop of an on-demand deployment is approved before it passes. It is
     # extended ahead of time, not per request, and a gateway that dies simply lets it lapse.
     lease_until = models.DateTimeField(null=True, blank=True)
+    # Raised whenever past start failures are forgiven (a mode switch, a new configuration):
+    # each gateway process's start backoff holds only while the row shows the value it
+    # failed under, so the forgiveness reaches every process through the row it reads.
+    failures_forgiven = models.PositiveIntegerField(default=0, editable=False)
 
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from deployments import audit, hooks, host_access, tasks
@@ -128,7 +129,7 @@ def update(
             audit.record(
                 "update", current, user=user, actor=actor, before=before, after=current.snapshot()
             )
-            hooks.forgive_start_failures(current.pk)
+            forgive_start_failures(current)
             running = current.running_fingerprint
             if running and running != deployment_fingerprint(current):
                 chosen = strategy or settings.MSHIP_REPLACE_STRATEGY
@@ -147,6 +148,12 @@ def mode_switch(deployment: Deployment, changes: Mapping[str, Any]) -> str | Non
     wanted = effective_mode_of(values["mode"], values["system"], values["autoscaling_config"])
     changed = wanted != deployment.effective_mode
     return wanted if changed or deployment.pending_mode not in (None, wanted) else None
+
+
+def forgive_start_failures(deployment: Deployment) -> None:
+    """Past start failures no longer hold back its next on-demand start, in every gateway
+    process: their controllers see the count raised on the row they read before a start."""
+    Deployment.objects.filter(pk=deployment.pk).update(failures_forgiven=F("failures_forgiven") + 1)
 
 
 def check_mode(deployment: Deployment, mode: str) -> None:
@@ -190,7 +197,7 @@ def set_mode(
         if not updated:  # removed since the caller read it: no audit row for nothing
             raise Gone(deployment.pk)
         deployment.refresh_from_db()
-        hooks.forgive_start_failures(deployment.pk)
+        forgive_start_failures(deployment)
         audit.record(
             "ondemand_mode",
             deployment,

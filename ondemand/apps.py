@@ -14,7 +14,6 @@ class OndemandConfig(AppConfig):
         from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
-        hooks.register(hooks.start_failures_forgiven, registry.forgive_start_failures)
         hooks.register(hooks.state_changed, live.publish_state_change)
         hooks.reports.ondemand_status = status.status_of
         hooks.reports.litellm_statuses = litellm.deployment_statuses

@@ -182,6 +182,10 @@ class Controller:
         self, view: View, entry: Entry, now: float
     ) -> asyncio.Task[StartOutcome] | None:
         """The start a waiter follows: the running one, or one begun for it."""
+        if view.failures_forgiven != entry.failures_forgiven:
+            # Forgiven since (a mode switch, a new configuration), maybe in another process.
+            entry.failures_forgiven = view.failures_forgiven
+            self.reset_backoff(view.id)
         if now < entry.backoff_until:
             raise errors.start_failed(view.name, entry.failure)
         if not view.on_demand and entry.attempt is None:

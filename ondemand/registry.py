@@ -56,11 +56,6 @@ def controllers() -> list[Controller]:
     return list(_controllers.values())
 
 
-def forgive_start_failures(deployment_id: int) -> None:
-    for ctl in controllers():
-        ctl.reset_backoff(deployment_id)
-
-
 class ControllerSlots:
     """On-demand slots for the /v1 dispatcher, from this event loop's controller."""
 

@@ -40,6 +40,8 @@ class View:
     # engines hold on each device now.
     demand: Demand | None = None
     held: tuple[tuple[int, float], ...] = ()
+    # Raised on the row whenever its start failures are forgiven (from any process).
+    failures_forgiven: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Entry:
     backoff_s: float = 0.0
     backoff_until: float = 0.0
     failure: str = ""
+    failures_forgiven: int = 0  # the row's count as last seen: a new one voids the backoff
     lease_until: float = float("-inf")  # clock time our lease on the row runs out
     idle_timeout_s: float = 0.0  # the deployment's, as of its last grant
     lease_wall_until: float = float("-inf")  # our lease's end in wall time, as written

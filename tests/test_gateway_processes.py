@@ -17,7 +17,7 @@ import openai
 import pytest
 from django.conf import settings
 
-from deployments import deployer
+from deployments import deployer, operations
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from openai_api.rate_limits import rate_limiter
@@ -236,6 +236,27 @@ def test_it_starts_an_on_demand_model_once_for_a_burst_through_both_processes(
     starts = DeploymentEvent.objects.filter(deployment=lazy, kind=State.STARTING)
     assert starts.count() == 1
     assert len(lazy.engine_urls) == 1
+
+
+def test_it_forgives_a_start_failure_in_another_process_after_a_change_here(
+    other: str, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """The other process backs off after a failed start; a new configuration saved here
+    (the admin or /api) forgives it there too: the next request starts the model."""
+    flaky = make_deployment(
+        "flaky", mode="on_demand", idle_timeout_s=600, config={"fail_at_start": True}
+    )
+    client = sdk(other, api_key())
+    wait_until(lambda: "flaky" in {m.id for m in client.models.list()}, 5)
+    for _ in range(2):  # the second is refused by the backoff, without a start
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.chat.completions.create(model="flaky", messages=HI)
+        assert (failed.value.status_code, failed.value.code) == (503, "start_failed")
+    flaky.refresh_from_db()
+    flaky.config = {"reply": "fixed"}
+    operations.update(flaky, None, actor="test", work=lambda *_: None)
+    answer = client.chat.completions.create(model="flaky", messages=HI)
+    assert answer.choices[0].message.content == "fixed"
 
 
 def test_it_makes_room_once_for_a_burst_through_both_processes(

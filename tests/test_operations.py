@@ -130,12 +130,7 @@ def test_it_switches_the_mode_through_set_mode_whichever_door_changed_it(
     door: str, ops: User, make_deployment: Any, tmp_path: Path
 ) -> None:
     deployment = make_deployment("switched", config=sim(), mode="always_on", idle_timeout_s=600)
-    forgiven: list[int] = []
-    hooks.register(hooks.start_failures_forgiven, forgiven.append)
-    try:
-        answer = change(door, deployment, ops, tmp_path, mode="on_demand")
-    finally:
-        hooks.start_failures_forgiven.remove(forgiven.append)
+    answer = change(door, deployment, ops, tmp_path, mode="on_demand")
     assert answer is None or answer.status_code in (200, 302)
 
     deployment.refresh_from_db()
@@ -147,7 +142,7 @@ def test_it_switches_the_mode_through_set_mode_whichever_door_changed_it(
     assert deployment.lease_until is not None
     expected = timezone.now() + timedelta(seconds=600)
     assert abs((deployment.lease_until - expected).total_seconds()) < 30
-    assert deployment.pk in forgiven
+    assert deployment.failures_forgiven > 0  # read by every gateway process's controller
     # The mode is not also written as a plain update.
     assert not AuditEntry.objects.filter(deployment=deployment, action="update").exists()
 
