@@ -110,6 +110,16 @@ class DeploymentAdmin(admin.ModelAdmin):
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
     form = admin_options.deployment_form()
 
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """A new deployment is offered on demand where LiteLLM is enabled and its last sync
+        succeeded (the on-demand seed's deploy wizard): its name stays callable while it is
+        stopped. Elsewhere, and in /api, the default is always on."""
+        initial: dict[str, Any] = super().get_changeform_initial_data(request)
+        litellm = hooks.reports.litellm_site_status() or {}
+        if litellm.get("litellm_ready"):
+            initial.setdefault("mode", Mode.ON_DEMAND)
+        return initial
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         return [*super().get_fieldsets(request, obj), *admin_options.fieldsets()]
 

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from rest_framework.test import APIClient
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
+from ondemand.models import LiteLLMStatus
 from openai_api.models import ApiKey
 from tests.conftest import REPO
 
@@ -47,6 +49,25 @@ def form_of(name: str, **fields: Any) -> dict[str, Any]:
         "responses": "gateway",
         **fields,
     }
+
+
+@pytest.mark.parametrize("synced", [True, False], ids=["litellm_ready", "last_sync_failed"])
+def test_it_offers_on_demand_for_a_new_deployment_where_litellm_is_ready(
+    staff: Client, settings: Any, synced: bool
+) -> None:
+    settings.MSHIP_LITELLM_URL = "http://litellm.internal:4000"
+    LiteLLMStatus.objects.create(pk=1, ok=synced, error="" if synced else "LiteLLM answered 500")
+    page = staff.get("/admin/deployments/deployment/add/").content.decode()
+    offered = re.search(r'<select name="mode"[^>]*>.*?</select>', page, re.S)
+    assert offered is not None
+    chosen = re.search(r'<option value="(\w*)" selected>', offered.group(0))
+    assert (chosen.group(1) if chosen else "") == ("on_demand" if synced else "")
+    # /api's default stays always on: the deploy form chooses, as the seed's wizard does.
+    api = APIClient()
+    api.force_authenticate(User.objects.get(username="admin"))
+    body = {"name": "by-api", "model": "simulated", "loader": "simulated", "memory_gib": 1}
+    made = api.post("/api/deployments/", body, format="json").json()
+    assert made["effective_mode"] == "always_on"
 
 
 def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: Any) -> None:
