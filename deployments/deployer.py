@@ -177,9 +177,14 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
 
 
 def restart(
-    deployment_id: int, *, actor: str = "system", timeout_s: float | None = None
+    deployment_id: int,
+    *,
+    actor: str = "system",
+    timeout_s: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Deployment:
     """Start a planned, stopped or failed deployment; anything else is left as it is.
+    `on_start` is called once this call has marked it starting (it started it).
 
     Raises InsufficientMemory (leaving the deployment as it was) when it does not fit.
     """
@@ -220,6 +225,8 @@ def restart(
         )
         if not started:
             return deployment
+        if on_start is not None:
+            on_start()
         return _bring_up(deployment, prior, actor, timeout)
 
 
@@ -381,13 +388,18 @@ def rest(
     return stop(deployment_id, precheck=precheck, actor=actor, reason=reason)
 
 
-def wake(deployment_id: int, *, actor: str = "system") -> Deployment:
-    """Wake a sleeping engine; it takes its memory back, so it passes the fit check first."""
+def wake(
+    deployment_id: int, *, actor: str = "system", on_start: Callable[[], None] | None = None
+) -> Deployment:
+    """Wake a sleeping engine; it takes its memory back, so it passes the fit check first.
+    `on_start` is called once this call is about to wake it (it woke it)."""
     with start_gate():
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state != State.ASLEEP:
             return deployment
         fit_or_refuse(deployment, actor, waking=True)
+        if on_start is not None:
+            on_start()
         try:
             _post_each(deployment, "/wake_up")
         except httpx.HTTPError as exc:

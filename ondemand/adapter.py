@@ -103,13 +103,19 @@ def _budget() -> Budget:
 
 
 def _restart(deployment_id: int) -> None:
-    row = deployer.restart(deployment_id, actor=ACTOR)
-    audit.record("ondemand_start", row, actor=ACTOR, text=f"started for a request: {row.state}")
+    # Audited only where this call started it: not when it already ran or was starting.
+    started: list[bool] = []
+    row = deployer.restart(deployment_id, actor=ACTOR, on_start=lambda: started.append(True))
+    if started:
+        text = f"started for a request: {row.state}"
+        audit.record("ondemand_start", row, actor=ACTOR, text=text)
 
 
 def _wake(deployment_id: int) -> None:
-    row = deployer.wake(deployment_id, actor=ACTOR)
-    audit.record("ondemand_start", row, actor=ACTOR, text=f"woken for a request: {row.state}")
+    woken: list[bool] = []
+    row = deployer.wake(deployment_id, actor=ACTOR, on_start=lambda: woken.append(True))
+    if woken:
+        audit.record("ondemand_start", row, actor=ACTOR, text=f"woken for a request: {row.state}")
 
 
 def _sample(deployment_id: int) -> Load | None:

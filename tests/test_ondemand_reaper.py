@@ -199,6 +199,19 @@ def test_it_audits_a_wake_for_a_request_as_it_audits_a_start(make_deployment: An
     assert (woken.actor, woken.text) == ("ondemand", "woken for a request: ready")
 
 
+def test_it_audits_a_start_for_a_request_only_where_it_started_the_model(
+    make_deployment: Any,
+) -> None:
+    lazy = make_deployment("lazy", mode="on_demand")
+    adapter = DjangoDeployer()
+    asyncio.run(adapter.restart(lazy.pk))
+    asyncio.run(adapter.restart(lazy.pk))  # already running: nothing started
+    asyncio.run(adapter.wake(lazy.pk))  # not asleep: nothing woken
+    assert Deployment.objects.get(pk=lazy.pk).state == State.READY
+    audited = AuditEntry.objects.filter(action="ondemand_start")
+    assert list(audited.values_list("text", flat=True)) == ["started for a request: ready"]
+
+
 def test_it_keeps_starts_off_the_threads_the_gateways_reads_use(make_deployment: Any) -> None:
     """A cold start holds a thread for as long as the engine takes to come up; the reads
     of the gateway (the route table, the response store, the lease) must not queue behind
