@@ -47,7 +47,7 @@ run: setup-run
 	@$(MAKE) --no-print-directory system-deps || echo "Without espeak-ng and ffmpeg (Debian" \
 		"packages), speech is wav and pcm only and transcription reads WAV only."
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py make_tiny_model var/models/tiny.gguf --if-missing
+	$(PY) manage.py fetch_example_model smollm2 --into var/models
 	$(PY) manage.py make_tiny_model var/models/tiny-embed.gguf --embedding --if-missing
 	$(PY) manage.py make_tiny_model var/models/tiny-whisper.bin --kind whisper --if-missing
 	$(PY) manage.py serve --models examples/models.yaml

@@ -189,6 +189,12 @@ def install(python: str, args: list[str], log: TextIO, timeout: float) -> None:
         run([python, "-m", "pip", "--disable-pip-version-check", "install", *args], log, timeout)
 
 
+def download(python: str, args: list[str], log: TextIO, timeout: float) -> None:
+    """`pip download ARGS` with the pip of `python`'s environment (uv downloads nothing
+    without installing it), from pip's configured indexes."""
+    run([python, "-m", "pip", "--disable-pip-version-check", "download", *args], log, timeout)
+
+
 def uninstall(python: str, names: list[str], log: TextIO, timeout: float) -> None:
     if installer(python) == "uv":
         uv = uv_binary(python) or "uv"

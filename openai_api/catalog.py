@@ -49,10 +49,13 @@ class Route:
     system: bool = False
     networks: tuple[str, ...] = ()  # the engines' Docker networks (subnets)
     sees_images: bool = False  # its chat takes image parts
+    reads_files: bool = False  # its chat takes file parts (a PDF, as OpenAI's do)
     responses_by_engine: bool = False  # /v1/responses passed to the engine's own
     # The most tokens a request may ask for (Loader.output_token_limit); None: the site's
     # MSHIP_MAX_OUTPUT_TOKENS.
     max_output_tokens: int | None = None
+    # Its chat takes a forced function by name (Loader.names_forced_tool).
+    names_forced_tool: bool = True
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,10 @@ def route_of(d: Deployment) -> Route:
         system=d.system,
         networks=tuple(str(subnet) for h in handles for subnet in h.get("subnets", ())),
         sees_images=loader.sees_images(spec) if loader else False,
+        reads_files=loader.reads_files(spec) if loader else False,
         responses_by_engine=d.responses == ResponsesBy.ENGINE,
         max_output_tokens=loader.output_token_limit(spec) if loader else None,
+        names_forced_tool=loader.names_forced_tool if loader else True,
     )
 
 

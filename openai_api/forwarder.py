@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from django.conf import settings
 
+from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
 
@@ -88,8 +89,7 @@ async def engine_error_of(response: aiohttp.ClientResponse) -> tuple[str, str | 
     raw = await response.read()
     try:
         error = json.loads(raw)["error"]
-        code = error.get("code")
-        return str(error["message"]), (str(code) if code not in (None, "") else None)
+        return str(error["message"]), openai_code(response.status, error)
     except (ValueError, KeyError, TypeError, AttributeError):
         text = raw.decode(errors="replace")[:500]
         return text or f"the engine answered {response.status}", None
@@ -229,6 +229,8 @@ class Forwarder:
                 await self._relay_into_open_stream(send, response)
             elif call.transform is not None:
                 await self._relay_transformed(send, response, request_id, call.transform)
+            elif response.status >= 400:
+                await self._relay_transformed(send, response, request_id, None)
             else:
                 await send(
                     {
@@ -257,10 +259,15 @@ class Forwarder:
         send: Send,
         response: aiohttp.ClientResponse,
         request_id: str,
-        transform: Callable[[bytes], bytes],
+        transform: Callable[[bytes], bytes] | None,
     ) -> None:
+        """The engine's whole answer, changed: a success by `transform`, an error's numeric
+        code made a word (engine_error_codes)."""
         raw = await response.read()
-        body = transform(raw) if response.status == 200 else raw
+        if response.status == 200:
+            body = transform(raw) if transform is not None else raw
+        else:
+            body = normalized(response.status, raw) or raw
         headers = [
             (name, value)
             for name, value in downstream_headers(response, request_id)

@@ -18,6 +18,7 @@ from openai_api.bodies import form_field, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC, UNVERSIONED
+from openai_api.engine_dialect import chat_body
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.models import shown_prefix
@@ -92,6 +93,8 @@ async def handle(exchange: Exchange) -> None:
         return await responses.create(exchange, route, caller.identity, data or {})
     if endpoint not in route.endpoints:
         raise unsupported(route, name, endpoint)
+    if endpoint == "chat/completions" and data and (said := chat_body(route, data)) is not data:
+        body = json.dumps(said).encode()
     traffic = Traffic(route, endpoint, path, body, streaming, data)
     await relay(exchange, traffic, lambda on_queued: dispatcher.slot(route, on_queued))
 
@@ -191,8 +194,13 @@ def requested_model(content_type: str, body: bytes) -> tuple[str, bool, dict[str
     data = json_value(body)
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
         raise GatewayError(400, "The body must be a JSON object with a 'model'.", "missing_model")
-    stream = data.get("stream") is True
-    return data["model"], stream, data
+    stream = data.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # As OpenAI answers: "yes" or 1 is no boolean, not a stream asked for.
+        raise GatewayError(
+            400, "'stream' must be a boolean (true or false).", "invalid_type", param="stream"
+        )
+    return data["model"], stream is True, data
 
 
 async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) -> None:

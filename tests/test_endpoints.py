@@ -4,6 +4,8 @@ that read it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -11,6 +13,8 @@ from deployments.loaders import LOADERS, EngineSpec
 from ondemand import health_probe
 from openai_api.catalog import Route
 from openai_api.endpoints import ENDPOINTS, ONDEMAND, PUBLIC, notice_eligible
+from openai_api.engine_dialect import chat_body
+from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError
 
 ROUTE = Route(
@@ -59,3 +63,47 @@ def test_it_gives_the_queued_notice_only_where_the_registry_says() -> None:
     assert not notice_eligible("responses", streaming=True)  # its events have no place for it
     assert not notice_eligible("embeddings", streaming=False)
     assert not notice_eligible("no/such/path", streaming=False)
+
+
+def test_it_says_a_forced_function_as_llama_cpp_reads_it_and_as_is_elsewhere() -> None:
+    roll = {"type": "function", "function": {"name": "roll"}}
+    flip = {"type": "function", "function": {"name": "flip"}}
+    body = {
+        "tools": [roll, flip],
+        "tool_choice": {"type": "function", "function": {"name": "flip"}},
+    }
+    llama = replace(ROUTE, loader="llama_server", names_forced_tool=False)
+    assert chat_body(llama, body) == {"tools": [flip], "tool_choice": "required"}
+    assert chat_body(ROUTE, body) is body  # vLLM's and the simulated engine's read it as is
+    assert chat_body(llama, {**body, "tool_choice": "auto"})["tool_choice"] == "auto"
+    with pytest.raises(GatewayError) as refused:
+        chat_body(llama, {**body, "tool_choice": {"type": "function", "function": {"name": "x"}}})
+    assert (refused.value.status, refused.value.param) == (400, "tool_choice")
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "code"),
+    [
+        (400, {"code": 400, "type": "exceed_context_size_error"}, "context_length_exceeded"),
+        (
+            400,
+            {"code": 400, "message": "This model's maximum context length is 8"},
+            "context_length_exceeded",
+        ),
+        (400, {"code": 400, "type": "invalid_request_error"}, "invalid_request"),
+        (400, {"code": "400"}, "invalid_request"),
+        (404, {"code": 404}, "not_found"),
+        (500, {"code": 500, "type": "server_error"}, "engine_error"),
+        (400, {"code": "invalid_value"}, "invalid_value"),  # a word stays
+        (400, {"type": "invalid_request_error"}, None),  # no code stays none
+    ],
+)
+def test_it_makes_an_engines_numeric_error_code_a_word(
+    status: int, error: dict[str, Any], code: str | None
+) -> None:
+    assert openai_code(status, error) == code
+    rewritten = normalized(status, json.dumps({"error": error}).encode())
+    if isinstance(error.get("code"), int) or str(error.get("code", "")).isdigit():
+        assert rewritten is not None and json.loads(rewritten)["error"]["code"] == code
+    else:
+        assert rewritten is None

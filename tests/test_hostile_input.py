@@ -60,6 +60,15 @@ def test_it_refuses_json_nested_too_deep_before_parsing_it(gw: httpx.Client) -> 
     assert gw.post("/v1/chat/completions", json=body).status_code == 200
 
 
+@pytest.mark.parametrize("stream", ["yes", "false", 1, {}])
+def test_it_refuses_a_stream_flag_that_is_no_boolean(gw: httpx.Client, stream: Any) -> None:
+    body = {"model": "sim", "messages": [{"role": "user", "content": "x"}], "stream": stream}
+    error = openai_error(gw.post("/v1/chat/completions", json=body), 400)
+    assert (error["code"], error["param"]) == ("invalid_type", "stream")
+    # null is no stream, as OpenAI reads it.
+    assert gw.post("/v1/chat/completions", json={**body, "stream": None}).status_code == 200
+
+
 @pytest.mark.parametrize("after", ["--1", "²", "1e3", "9" * 40, " 1"])
 def test_it_refuses_a_starting_after_that_is_no_sequence_number(
     gw: httpx.Client, after: str
@@ -190,7 +199,9 @@ def test_it_ends_a_responses_stream_that_breaks_with_response_failed(
     body = {"model": "sim", "input": "hi", "stream": True, "store": False}
     with gw.stream("POST", "/v1/responses", json=body) as answer:
         assert answer.status_code == 200
-        events = [json.loads(line[5:]) for line in answer.iter_lines() if line.startswith("data:")]
+        lines = [line for line in answer.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"  # the stream still ends as the specification says
+    events = [json.loads(line[5:]) for line in lines[:-1]]
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["error"]["code"] == "internal_error"
 

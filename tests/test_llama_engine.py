@@ -289,3 +289,43 @@ def test_it_counts_input_tokens_with_llama_cpps_own_tokenizer(
     prompt = httpx.post(url + "/apply-template", json={"messages": chat}).json()["prompt"]
     tokens = httpx.post(url + "/tokenize", json={"content": prompt}).json()["tokens"]
     assert counted.input_tokens == len(tokens) > 0
+
+
+ROLL: Any = {"type": "function", "function": {"name": "roll", "parameters": {"type": "object"}}}
+FLIP: Any = {"type": "function", "function": {"name": "flip", "parameters": {"type": "object"}}}
+
+
+def test_it_says_llama_cpps_errors_and_forced_tools_in_openais_words(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    serving("tiny", **tiny(tiny_models, n_ctx=256))
+    client = sdk(gateway_url, api_key())
+    too_long: list[Any] = [{"role": "user", "content": "the cat sat " * 400}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=too_long, max_tokens=4)
+    # llama.cpp says "code": 400 and its own type; a client reads OpenAI's word.
+    assert refused.value.code == "context_length_exceeded", refused.value.body
+    with pytest.raises(openai.BadRequestError) as streamed:
+        client.responses.create(model="tiny", input="the cat sat " * 400, max_output_tokens=4)
+    assert streamed.value.code == "context_length_exceeded", streamed.value.body
+    # A forced function reaches llama.cpp as the word it reads; one not offered is a 400.
+    forced = client.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=4,
+        tools=[ROLL, FLIP],
+        tool_choice={"type": "function", "function": {"name": "flip"}},
+    )
+    assert forced.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.chat.completions.create(
+            model="tiny",
+            messages=HI,
+            max_tokens=4,
+            tools=[ROLL],
+            tool_choice={"type": "function", "function": {"name": "fly"}},
+        )
+    assert unknown.value.body["param"] == "tool_choice"  # type: ignore[index]

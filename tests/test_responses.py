@@ -263,6 +263,11 @@ def test_it_says_incomplete_when_the_engine_stops_on_max_output_tokens(
         ({"tool_choice": {"type": "mcp", "server_label": "x"}}, "MCP"),
         ({"background": True, "store": False}, "background"),
         ({"input": 5}, "input"),
+        # A string is no boolean: "yes" (or "false") is refused, never taken as true.
+        ({"stream": "yes"}, "'stream' must be a boolean"),
+        ({"store": "no"}, "'store' must be a boolean"),
+        ({"background": 1}, "'background' must be a boolean"),
+        ({"tool_choice": {"type": "function", "name": "roll"}}, "not among the tools"),
         ({"previous_response_id": "resp_nope"}, None),
     ],
 )
@@ -481,12 +486,15 @@ def test_it_fails_the_response_when_the_engine_dies_mid_stream(
     with httpx.stream(
         "POST", gateway_url + "/v1/responses", json=body, headers=headers, timeout=30
     ) as answer:
+        lines: list[str] = []
         for line in answer.iter_lines():
-            if line.startswith("data: "):
+            lines.append(line)
+            if line.startswith("data: {"):
                 events.append(json.loads(line[6:]))
                 if events[-1]["type"] == "response.output_text.delta" and pid:
                     os.kill(pid, signal.SIGKILL)  # the engine dies mid-answer
                     pid = 0
+    assert [line for line in lines if line][-1] == "data: [DONE]"  # the spec's terminal event
     kinds = [e["type"] for e in events]
     assert kinds[-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["status"] == "failed"

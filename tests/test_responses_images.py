@@ -90,6 +90,14 @@ def test_it_refuses_images_for_a_model_that_does_not_take_them(
     with pytest.raises(openai.BadRequestError) as inherited:
         client.responses.create(model="blind", input="and?", previous_response_id=earlier.id)
     assert inherited.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    # A file to a model whose engine reads none (vLLM's and llama.cpp's chats refuse them).
+    with pytest.raises(openai.BadRequestError) as no_files:
+        client.responses.create(
+            model="blind",
+            input=look({"type": "input_file", "file_data": PDF, "filename": "note.pdf"}),
+        )
+    assert no_files.value.body["param"] == "input[0].content[1]"  # type: ignore[index]
+    assert "'blind' does not read files" in str(no_files.value)
     assert len(sent_to(seeing)) == 1  # nothing refused reached an engine
 
 

@@ -150,13 +150,24 @@ def tool_call_delta(tool: str, arguments: str) -> dict[str, Any]:
 
 
 def chosen_tool(state: SimState, body: dict[str, Any]) -> str | None:
-    """With `tool_call`, the tool to call when tools are offered (`tool_name`, else the
-    first), unless the conversation ends with a tool's answer."""
+    """The tool to call, as a model would: the one `tool_choice` forces (a function by
+    name, or any with "required"); else, with `tool_call`, the configured one when offered
+    (`tool_name`, else the first), unless the conversation ends with a tool's answer or
+    `tool_choice` is "none"."""
     offered = [t.get("function", {}).get("name") for t in body.get("tools") or []]
-    if not state.config.tool_call or not offered or last_tool_result(state, body) is not None:
+    choice = body.get("tool_choice", "auto")
+    if not offered or choice == "none":
         return None
+    if isinstance(choice, dict):  # {"type": "function", "function": {"name": ...}}
+        forced = (choice.get("function") or {}).get("name") or choice.get("name")
+        return forced if forced in offered else None
     wanted = state.config.tool_name
-    return wanted if wanted in offered else offered[0]
+    configured = wanted if wanted in offered else offered[0]
+    if choice == "required":
+        return configured
+    if not state.config.tool_call or last_tool_result(state, body) is not None:
+        return None
+    return configured
 
 
 def last_tool_result(state: SimState, body: dict[str, Any]) -> str | None:

@@ -99,6 +99,9 @@ class Loader:
     takes_plugins: ClassVar[bool] = False
     # The engine imports Python files a model folder holds (diffusers' custom components).
     imports_model_code: ClassVar[bool] = False
+    # Its chat completions take a forced function as OpenAI writes it (`tool_choice`:
+    # {"type": "function", "function": {"name": ...}}); llama.cpp's take only words.
+    names_forced_tool: ClassVar[bool] = True
 
     @property
     def serves_metrics(self) -> bool:
@@ -144,6 +147,11 @@ class Loader:
     def sees_images(self, spec: EngineSpec) -> bool:
         """Whether its chat takes image parts (a Responses `input_image` is refused with a
         400 naming the part where it does not)."""
+        return False
+
+    def reads_files(self, spec: EngineSpec) -> bool:
+        """Its chat takes file parts (OpenAI's `file`: a PDF as data). vLLM's and llama.cpp's
+        refuse them, so none does unless its loader says so."""
         return False
 
     def output_token_limit(self, spec: EngineSpec) -> int | None:

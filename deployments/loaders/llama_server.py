@@ -48,6 +48,7 @@ class LlamaServerLoader(Loader):
     container_binary = "/app/llama-server"
     context_option = "n_ctx"
     context_default = 4096  # llama-server's -c, as argv() passes it
+    names_forced_tool = False  # "Wrong type supplied for parameter 'tool_choice'"
     # Tuning and sampling defaults. Not here: anything naming a file (--log-file,
     # --slot-save-path, --lora, --chat-template-file, --path, --api-key-file, -md…), a URL
     # (-mu, --hf-*, --rpc), the address (--host, --port), --props (clients would change the

@@ -104,6 +104,9 @@ class SimulatedLoader(ShippedEngineLoader):
     def sees_images(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("vision"))
 
+    def reads_files(self, spec: EngineSpec) -> bool:
+        return bool(spec.config.get("vision"))  # it stands in for a multimodal model
+
     def can_sleep(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("enable_sleep_mode"))  # as vLLM's flag
 

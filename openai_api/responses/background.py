@@ -27,7 +27,7 @@ from openai_api.responses.engine_turn import conclude
 from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.respond import respond
 from openai_api.responses.run_notices import notices
-from openai_api.responses.translator import Event, sse
+from openai_api.responses.translator import DONE, Event, sse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -202,4 +202,4 @@ async def stream_out(exchange: Exchange, events: AsyncIterator[Event]) -> None:
             await exchange.send(
                 {"type": "http.response.body", "body": sse(event), "more_body": True}
             )
-        await exchange.send({"type": "http.response.body", "body": b""})
+        await exchange.send({"type": "http.response.body", "body": DONE})

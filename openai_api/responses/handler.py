@@ -16,7 +16,7 @@ from openai_api.forwarder import cancel_on_hangup
 from openai_api.keepalive import SseOpener
 from openai_api.responses import background, fields, store
 from openai_api.responses.foreground import Opening, run
-from openai_api.responses.translator import Event, StreamTranslator, sse
+from openai_api.responses.translator import DONE, Event, StreamTranslator, sse
 from openai_api.responses.turn import prepare
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class HttpOut:
 
     async def end(self) -> None:
         if self.opener is not None:
-            await self.opener.write(b"")
+            await self.opener.write(DONE)
             await self.exchange.send({"type": "http.response.body", "body": b""})
         else:
             await self.exchange.json(200, json.dumps(self.translator.response).encode())

@@ -131,12 +131,13 @@ def check_part(part: dict[str, Any], param: str) -> None:
             )
 
 
-def image_parts(items: list[dict[str, Any]]) -> list[str]:
-    """Where the items hold images, as the params that name them."""
+def image_parts(items: list[dict[str, Any]], kind: str = "input_image") -> list[str]:
+    """Where the items hold images (or parts of another `kind`: input_file), as the params
+    that name them."""
     return [
         f"input[{index}].content[{number}]"
         for index, item in enumerate(items)
         if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
         for number, part in enumerate(item["content"])
-        if isinstance(part, dict) and part.get("type") == "input_image"
+        if isinstance(part, dict) and part.get("type") == kind
     ]

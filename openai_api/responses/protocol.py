@@ -123,6 +123,17 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
     tool_choice = data.get("tool_choice", "auto")
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "mcp":
         raise bad("tool_choice cannot force an MCP tool here.", "tool_choice")
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        names = {tool.get("name") for tool in tools if tool.get("type") == "function"}
+        if tool_choice.get("name") not in names:
+            raise bad(
+                f"tool_choice forces the function {tool_choice.get('name')!r}, which is not"
+                " among the tools.",
+                "tool_choice",
+            )
+    for flag in ("stream", "background", "store"):
+        if data.get(flag) is not None and not isinstance(data[flag], bool):
+            raise bad(f"'{flag}' must be a boolean (true or false).", flag)
     store = data.get("store", True) is not False
     background = data.get("background") is True
     if background and not store:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openai_api.engine_dialect import chat_body
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol
 from openai_api.responses.engine_events import engine_request
@@ -28,5 +29,5 @@ async def respond(
     if route.responses_by_engine:
         body = engine_request(request, history)
     else:
-        body = protocol.chat_request(request, history)
+        body = chat_body(route, protocol.chat_request(request, history))
     return await generate(route, body, translator, emit, request_id)

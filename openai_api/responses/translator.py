@@ -429,6 +429,10 @@ class StreamTranslator:
         }
 
 
+# The Open Responses specification's terminal event, after the last event of a stream.
+DONE = b"data: [DONE]\n\n"
+
+
 def sse(event: Event) -> bytes:
     # orjson: an event per token, and the stdlib's encoder was a visible share of a stream.
     return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

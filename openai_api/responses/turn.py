@@ -55,12 +55,19 @@ async def prepare(
     if not route.sees_images and (images := image_parts(request.input_items)):
         raise bad(f"The model {route.name!r} does not take images ({images[0]} is one).", images[0])
     history = await store.earlier_items(identity, request, known)
+    earlier = "conversation" if request.conversation else "previous_response_id"
     if not route.sees_images and image_parts(history):
-        earlier = "conversation" if request.conversation else "previous_response_id"
         raise bad(
             f"The model {route.name!r} does not take images; earlier turns hold some.", earlier
         )
-    earlier = "conversation" if request.conversation else "previous_response_id"
+    if not route.reads_files:
+        if files := image_parts(request.input_items, "input_file"):
+            message = f"The model {route.name!r} does not read files ({files[0]} is one)."
+            raise bad(message, files[0])
+        if image_parts(history, "input_file"):
+            raise bad(
+                f"The model {route.name!r} does not read files; earlier turns hold some.", earlier
+            )
     request.images = await fetch_images(request.input_items, history, earlier)
     response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
     if route.responses_by_engine:
