@@ -209,4 +209,4 @@ def test_it_refuses_a_name_a_deployment_outside_the_file_serves(tmp_path: Path) 
 def test_it_takes_both_example_files() -> None:
     for name in ("models.yaml", "models.full.yaml"):
         declared = load(REPO / "examples" / name)
-        assert {"tiny-chat", "voice", "ears"} <= {d["name"] for d in declared}, name
+        assert {"chat", "voice", "ears"} <= {d["name"] for d in declared}, name

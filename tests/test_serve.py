@@ -29,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("engines")
 
 
 def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_path: Path) -> None:
+    call_command("fetch_example_model", "smollm2", "--into", str(REPO / "var/models"))
     for name, flags in (
-        ("tiny.gguf", []),
         ("tiny-embed.gguf", ["--embedding"]),
         ("tiny-whisper.bin", ["--kind", "whisper"]),
     ):  # as `make run` does
@@ -59,7 +59,7 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         assert states() == {
             "sim-chat": "ready",
             "tiny-embed": "ready",
-            "tiny-chat": "planned",
+            "chat": "planned",
             "voice": "ready",
             "ears": "ready",
         }
@@ -70,7 +70,7 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         key = (tmp_path / "var" / "api_key").read_text().strip()
         assert f"with the key {key}" in (tmp_path / "serve.log").read_text()
         sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60)
-        assert {m.id for m in sdk.models.list()} >= {"sim-chat", "chat", "tiny-chat", "tiny-embed"}
+        assert {m.id for m in sdk.models.list()} >= {"sim-chat", "chat", "smollm2", "tiny-embed"}
         stream = sdk.chat.completions.create(
             model="sim-chat", messages=[{"role": "user", "content": "hi"}], stream=True
         )
@@ -91,13 +91,18 @@ def test_it_serves_the_examples_and_stops_every_engine_on_ctrl_c(site: Any, tmp_
         assert key_file.read_text().startswith("odk-") and key_file.stat().st_mode & 0o77 == 0
         refused = httpx.get(f"{base}/ondemand/1/v1/models")
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
-        # The README's first call: the tiny chat model, on demand, started by it.
+        # The README's first call: the real instruct model (SmolLM2), on demand, started by it.
+        question = "What is the capital of France? Answer in one word."
         answer = sdk.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+            model="chat",
+            messages=[{"role": "user", "content": question}],
+            max_tokens=32,
+            temperature=0,
+            timeout=300,  # its start and a loaded two-core host
         )
-        assert answer.choices[0].message.content
-        assert answer.usage is not None and answer.usage.completion_tokens == 8
-        assert Deployment.objects.get(name="tiny-chat").state == State.READY
+        assert "Paris" in (answer.choices[0].message.content or "")
+        assert answer.choices[0].finish_reason == "stop"
+        assert Deployment.objects.get(name="chat").state == State.READY
         pids = [
             h["pid"]
             for d in Deployment.objects.filter(state=State.READY)
