@@ -198,6 +198,9 @@ class Fleet:
     async def wake(self, deployment_id: int) -> None:
         await self.restart(deployment_id)
 
+    async def prepare(self, deployment_id: int) -> bool:
+        return True  # images and engine environments are there
+
     async def stop(
         self, deployment_id: int, precheck: Any, reason: str, room_for: int | None = None
     ) -> bool:

@@ -21,7 +21,7 @@ from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
-from deployments.launch import fetch_image, launch_all, prepare_engine_env, stop_handles
+from deployments.launch import launch_all, prepare, prepare_start, stop_handles
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import InsufficientMemory, check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, State
@@ -36,6 +36,7 @@ Precheck = Callable[[Deployment], bool]
 
 __all__ = [
     "InsufficientMemory",
+    "prepare",
     "replace",
     "rest",
     "restart",
@@ -106,7 +107,6 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
 def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) -> Deployment:
     """Launch a deployment that is already marked starting and wait for its health."""
     try:
-        prepare_engine_env(deployment)
         handles = launch_all(deployment)
     except EngineUnreachable as exc:
         # Nothing is known to have started: the deployment goes back to how it was, and a
@@ -120,9 +120,8 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
             drop_switch=True,
         )
         raise
-    except (RuntimeError_, engine_envs.EnvFailed) as exc:
-        # The container engine refused the launch, or the engine's environment could not be
-        # installed: the switch is dropped, not applied.
+    except RuntimeError_ as exc:
+        # The container engine refused the launch: the switch is dropped, not applied.
         transition(
             deployment,
             State.FAILED,
@@ -192,27 +191,9 @@ def restart(
     deployment = Deployment.objects.get(pk=deployment_id)
     if deployment.state not in STARTABLE_STATES:
         return deployment
-    fit_or_refuse(deployment, actor)  # nothing is pulled for a start that cannot fit now
-    try:
-        fetch_image(deployment)
-    except EngineUnreachable as exc:
-        # Nothing started: it stays as it was, with the reason, and a mode switch waiting
-        # for this start is dropped (its requests stop waiting for it).
-        prior = deployment.state
-        transition(
-            deployment, prior, expected=[prior], reason=str(exc), actor=actor, drop_switch=True
-        )
-        raise
-    except RuntimeError_ as exc:
-        transition(
-            deployment,
-            State.FAILED,
-            expected=STARTABLE_STATES,
-            reason=str(exc),
-            actor=actor,
-            drop_switch=True,
-        )
-        return deployment
+    fit_or_refuse(deployment, actor)  # nothing is pulled or installed for a start that cannot fit
+    if not prepare(deployment_id, actor=actor):
+        return Deployment.objects.get(pk=deployment_id)
     with start_gate():
         deployment = Deployment.objects.get(pk=deployment_id)
         if deployment.state not in STARTABLE_STATES:
@@ -437,6 +418,14 @@ def replace(deployment_id: int, strategy: str = "blue_green", *, actor: str = "s
 
 
 def _blue_green(deployment: Deployment, actor: str) -> Deployment:
+    def refused(exc: Exception) -> StartFailed:
+        event(deployment, "replace_failed", f"the old configuration keeps serving: {exc}", actor)
+        return StartFailed(str(exc))
+
+    try:
+        prepare_start(deployment)  # the new configuration's image and family, before the gate
+    except (RuntimeError_, engine_envs.EnvFailed) as exc:
+        raise refused(exc) from exc
     with start_gate():
         deployment.refresh_from_db()
         if deployment.state != State.READY:
@@ -446,15 +435,11 @@ def _blue_green(deployment: Deployment, actor: str) -> Deployment:
         event(deployment, "replacing", "starting the new configuration beside the old", actor)
         new_handles: list[Handle] = []
         try:
-            prepare_engine_env(deployment)  # the new configuration may need another family
             new_handles = launch_all(deployment, placed)
             wait_healthy(deployment, new_handles, settings.MSHIP_START_TIMEOUT_S)
-        except (RuntimeError_, StartFailed, engine_envs.EnvFailed) as exc:
+        except (RuntimeError_, StartFailed) as exc:
             stop_handles(deployment, new_handles)
-            event(
-                deployment, "replace_failed", f"the old configuration keeps serving: {exc}", actor
-            )
-            raise StartFailed(str(exc)) from exc
+            raise refused(exc) from exc
         switched = Deployment.objects.filter(
             pk=deployment.pk, state=State.READY, running_fingerprint=old_fp
         ).update(

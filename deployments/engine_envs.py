@@ -187,7 +187,8 @@ def ensure(family: str, progress: Callable[[str], None] = lambda _: None) -> str
         mark_used(target)
         return python(family)
     root().mkdir(parents=True, exist_ok=True)
-    with locked(target):
+    waiting = f"waiting for the {family} engine environment: another install of it is under way"
+    with locked(target, lambda: progress(waiting)):
         why = damage(target)
         if why is None:  # made by whoever held the lock before us
             mark_used(target)
@@ -265,9 +266,14 @@ def with_copied_plugin(family: str, target: Path) -> str:
 
 
 @contextmanager
-def locked(target: Path) -> Iterator[None]:
+def locked(target: Path, waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """The install lock of an environment; `waiting` hears when another holds it first."""
     with lock_path(target).open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 listing_changed: list[Callable[[], None]] = []
 # A deployment's state changed (its id is passed): the live admin is told.
 state_changed: list[Callable[[int], None]] = []
+# What a start does before it takes the start-up gate (its id and the words: "installing
+# its engine environment (family)", "pulling its container image"; "" once that is over):
+# the on-demand gateway tells the requests waiting for the start. Called from the thread
+# that does it.
+start_preparing: list[Callable[[int, str], None]] = []
 
 
 def _nothing(*_: Any) -> None:
@@ -51,6 +56,11 @@ def listing_has_changed() -> None:
 def state_has_changed(deployment_id: int) -> None:
     for hook in list(state_changed):
         hook(deployment_id)
+
+
+def start_is_preparing(deployment_id: int, doing: str) -> None:
+    for hook in list(start_preparing):
+        hook(deployment_id, doing)
 
 
 def register(hooks: list[Callable[..., None]], hook: Callable[..., None]) -> None:

@@ -1,5 +1,5 @@
-"""What a launch needs before and as an engine starts: its container image (pulled before the
-start-up gate), its engine environment (installed), and each replica's command line,
+"""What a launch needs before and as an engine starts: its container image and its engine
+environment (both made before the start-up gate), and each replica's command line,
 environment, GPUs and mounts, handed to the runtime.
 
 Blocking (image pulls, installs, process and container launches): deployer.py calls it from
@@ -12,44 +12,93 @@ import contextlib
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from deployments import engine_envs
+from deployments import engine_envs, hooks
 from deployments.fingerprint import deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import gpu_inventory
 from deployments.models import STARTABLE_STATES, Deployment, State
-from deployments.runtimes import Handle, Launch, RuntimeError_, get_runtime
+from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
+from deployments.transitions import transition
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
-def fetch_image(deployment: Deployment) -> None:
-    """A container's image, pulled before the start-up gate is taken, so that a pull of
-    gigabytes holds up no other start; its progress is the deployment's state reason."""
-    if deployment.runtime != "docker":
-        return
-    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
+def prepare(deployment_id: int, *, actor: str = "system") -> bool:
+    """A start's image pull and engine environment install, outside the start-up gate: True
+    when the start may go on, False when either failed (the deployment failed, with why)."""
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None or deployment.state not in STARTABLE_STATES:
+        return True  # gone, or started meanwhile: its start finds out
+    try:
+        prepare_start(deployment)
+    except EngineUnreachable as exc:
+        # Nothing started: it stays as it was, with the reason, and a mode switch waiting
+        # for this start is dropped (its requests stop waiting for it).
+        prior = deployment.state
+        transition(
+            deployment, prior, expected=[prior], reason=str(exc), actor=actor, drop_switch=True
+        )
+        raise
+    except (RuntimeError_, engine_envs.EnvFailed) as exc:
+        # No image or no environment: the switch is dropped, not applied.
+        transition(
+            deployment,
+            State.FAILED,
+            expected=STARTABLE_STATES,
+            reason=str(exc),
+            actor=actor,
+            drop_switch=True,
+        )
+        return False
+    return True
+
+
+def prepare_start(deployment: Deployment) -> None:
+    """What a start needs before it takes the start-up gate: its image and its engine
+    environment. A pull of gigabytes or an install that compiles an engine takes minutes,
+    and under the gate would hold up every other deployment's start; the start's fit check
+    and its memory come after, under the gate. Each one's progress is the state reason, and
+    the hooks tell the requests waiting for the start."""
+    try:
+        fetch_image(deployment)
+        prepare_engine_env(deployment)
+    finally:
+        hooks.start_is_preparing(deployment.pk, "")
+
+
+def told(deployment: Deployment, doing: str) -> Callable[[str], None]:
+    """A progress line's reader: the state reason of a deployment that has not started yet
+    (a running one's replacement leaves it alone), and the hooks hear what it is doing."""
 
     def progress(line: str) -> None:
         Deployment.objects.filter(pk=deployment.pk, state__in=STARTABLE_STATES).update(
             state_reason=line
         )
+        hooks.start_is_preparing(deployment.pk, doing)
 
-    get_runtime(deployment.runtime).prepare(image, progress)
+    return progress
+
+
+def fetch_image(deployment: Deployment) -> None:
+    """A container's image, pulled unless the container engine has it."""
+    if deployment.runtime != "docker":
+        return
+    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
+    get_runtime(deployment.runtime).prepare(image, told(deployment, "pulling its container image"))
 
 
 def prepare_engine_env(deployment: Deployment) -> None:
     """An engine's family environment, installed before its first start (blocking: minutes
-    for a large family; the state reason says so meanwhile). A container runs it too,
-    mounted from the host (launch_all)."""
+    for a large family). A container runs it too, mounted from the host (launch_all)."""
     family = family_of(deployment)
     if family is None:
         return
-
-    def progress(line: str) -> None:
-        Deployment.objects.filter(pk=deployment.pk, state=State.STARTING).update(state_reason=line)
-
-    engine_envs.ensure(family, progress)
+    engine_envs.ensure(family, told(deployment, f"installing its engine environment ({family})"))
 
 
 def family_of(deployment: Deployment) -> str | None:

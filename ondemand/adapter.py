@@ -111,6 +111,10 @@ def _restart(deployment_id: int) -> None:
         audit.record("ondemand_start", row, actor=ACTOR, text=text)
 
 
+def _prepare(deployment_id: int) -> bool:
+    return deployer.prepare(deployment_id, actor=ACTOR)
+
+
 def _wake(deployment_id: int) -> None:
     woken: list[bool] = []
     row = deployer.wake(deployment_id, actor=ACTOR, on_start=lambda: woken.append(True))
@@ -175,6 +179,9 @@ class DjangoDeployer:
 
     async def wake(self, deployment_id: int) -> None:
         await in_engine_thread(_wake, deployment_id)
+
+    async def prepare(self, deployment_id: int) -> bool:
+        return await in_engine_thread(_prepare, deployment_id)
 
     async def stop(
         self,

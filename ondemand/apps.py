@@ -10,11 +10,19 @@ class OndemandConfig(AppConfig):
     def ready(self) -> None:
         # The control plane calls these hooks; it imports nothing of this app. Imported here,
         # once the apps are loaded: these modules use the models.
-        from ondemand import litellm, live, registry, status, tasks  # noqa: PLC0415 - apps loaded
+        from ondemand import (  # noqa: PLC0415 - apps loaded
+            litellm,
+            live,
+            preparing,
+            registry,
+            status,
+            tasks,
+        )
         from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
         hooks.register(hooks.state_changed, live.publish_state_change)
+        hooks.register(hooks.start_preparing, preparing.tell)
         hooks.reports.ondemand_status = status.status_of
         hooks.reports.litellm_statuses = litellm.deployment_statuses
         hooks.reports.litellm_status = litellm.deployment_status

@@ -342,10 +342,11 @@ class Controller:
         return attempt
 
     async def _attempt(self, view: View) -> StartOutcome:
-        """One start of a deployment, shared by all its waiters: ready, failed, stopped or
-        queued (no memory now); raises does_not_fit."""
-        entry = self.entry(view.id)
-        stopped_a_victim = False
+        """One start, shared by all its waiters (its image and engine environment made first,
+        outside the lock): ready, failed, stopped or queued (no memory now); raises does_not_fit."""
+        if view.state in STARTABLE_STATES and not await self.deployer.prepare(view.id):
+            return self._start_ended(view, await self.deployer.view(view.id))
+        entry, stopped_a_victim = self.entry(view.id), False
         async with self.lock:
             for _ in range(3):
                 current = await self.deployer.view(view.id)
@@ -368,8 +369,7 @@ class Controller:
                     else:
                         return StartOutcome.ELSEWHERE
                 except InsufficientMemory:
-                    made_room = await self._make_room(current, stopped_a_victim)
-                    if not made_room:
+                    if not await self._make_room(current, stopped_a_victim):
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue

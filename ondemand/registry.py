@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from ondemand import preparing
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
@@ -18,7 +19,7 @@ from ondemand.state import Slot, View
 from openai_api.catalog import Route, catalog
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from openai_api.dispatch import WaitNotice
 
 log = logging.getLogger(__name__)
 _controllers: dict[asyncio.AbstractEventLoop, Controller] = {}
@@ -59,11 +60,15 @@ def controllers() -> list[Controller]:
 class ControllerSlots:
     """On-demand slots for the /v1 dispatcher, from this event loop's controller."""
 
-    async def acquire(self, route: Route, on_queued: Callable[[], Any] | None) -> Slot:
+    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot:
         ctl = controller()
-        return await ctl.acquire(
-            route.deployment_id, on_queued=on_queued, hint=view_of_route(route)
-        )
+        on_queued = None if notice is None else notice.on_queued
+        on_preparing = None if notice is None else notice.on_preparing
+        # A start that installs or pulls first (minutes) is told to the request meanwhile.
+        with preparing.listening(route.deployment_id, on_preparing):
+            return await ctl.acquire(
+                route.deployment_id, on_queued=on_queued, hint=view_of_route(route)
+            )
 
     def release(self, slot: Slot) -> None:
         controller().release(slot)

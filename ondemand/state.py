@@ -68,6 +68,12 @@ class Deployer(Protocol):
 
     async def wake(self, deployment_id: int) -> None: ...
 
+    async def prepare(self, deployment_id: int) -> bool:
+        """Pull its image and install its engine environment for a start (outside the
+        controller's lock: minutes, for a large image or a compiled engine); False when
+        that failed (the deployment failed)."""
+        ...
+
     async def stop(
         self,
         deployment_id: int,

@@ -18,7 +18,7 @@ from deployments.models import State
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
     from openai_api.catalog import Route
@@ -30,11 +30,21 @@ class Slot(Protocol):
     urls: tuple[str, ...]
 
 
+class WaitNotice(Protocol):
+    """What a request that waits for an on-demand slot is told (openai_api/queued_notice)."""
+
+    def on_queued(self) -> None:
+        """It has to wait for memory (once)."""
+
+    def on_preparing(self, doing: str) -> None:
+        """The start it waits for is pulling an image or installing an engine environment."""
+
+
 class OnDemandSlots(Protocol):
     """Where on-demand slots come from: the on-demand app's controller, which it registers
     here at start-up (this package imports nothing of it)."""
 
-    async def acquire(self, route: Route, on_queued: Callable[[], Any] | None) -> Slot: ...
+    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot: ...
 
     def release(self, slot: Any) -> None:
         """Give back a slot this source's acquire returned."""
@@ -74,12 +84,12 @@ class Dispatcher:
         self.on_demand: OnDemandSlots | None = None
 
     def slot(
-        self, route: Route, on_queued: Callable[[], Any] | None = None
+        self, route: Route, notice: WaitNotice | None = None
     ) -> AbstractAsyncContextManager[str]:
         """An engine base URL to send one request to, held until the answer is sent.
-        `on_queued` is called once if the request has to wait for memory."""
+        `notice` hears why an on-demand request waits (memory, an install)."""
         if route.on_demand:
-            return self.on_demand_slot(route, on_queued)
+            return self.on_demand_slot(route, notice)
         self.check_servable(route)
         return self.replica(route.urls)
 
@@ -101,7 +111,7 @@ class Dispatcher:
 
     @asynccontextmanager
     async def on_demand_slot(
-        self, route: Route, on_queued: Callable[[], Any] | None = None
+        self, route: Route, notice: WaitNotice | None = None
     ) -> AsyncIterator[str]:
         """A slot from the on-demand controller: it may start the model, make room for it
         or queue; the slot is released after the last byte, on every path."""
@@ -111,7 +121,7 @@ class Dispatcher:
                 503, f"{route.name} is on demand, and no controller runs here.", "not_on_demand"
             )
         try:
-            slot = await slots.acquire(route, on_queued)
+            slot = await slots.acquire(route, notice)
         except with_redis_errors(DatabaseError, OSError) as exc:
             # The controller's database (or broker) is down: say so now rather than hang.
             log.warning("on-demand acquire for %s failed: %r", route.name, exc)

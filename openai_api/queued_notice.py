@@ -7,6 +7,9 @@ it queues; the engine's SSE bytes follow unchanged, and a later error arrives as
 `data: {"error": ...}` then `data: [DONE]`. A non-streaming answer of a request that queued
 gets the notice prepended to its text. Responses and Anthropic messages streams, other
 endpoints and requests asking for structured output never get one.
+
+A stream that waits for a start that first pulls an image or installs an engine environment
+(minutes) is told so too, with a chunk of the same shape for each.
 """
 
 from __future__ import annotations
@@ -54,7 +57,12 @@ def text_for(name: str) -> str:
     )
 
 
-def chunk(endpoint: str, name: str) -> bytes:
+def preparing_text(name: str, doing: str) -> str:
+    return f"[{name} is {doing} before it can start; its answer follows once it has started.]\n\n"
+
+
+def chunk(endpoint: str, name: str, text: str | None = None) -> bytes:
+    text = text_for(name) if text is None else text
     created = int(time.time())
     if endpoint == "completions":
         body: dict[str, Any] = {
@@ -62,7 +70,7 @@ def chunk(endpoint: str, name: str) -> bytes:
             "object": "text_completion",
             "created": created,
             "model": name,
-            "choices": [{"index": 0, "text": text_for(name), "finish_reason": None}],
+            "choices": [{"index": 0, "text": text, "finish_reason": None}],
         }
     else:
         body = {
@@ -73,7 +81,7 @@ def chunk(endpoint: str, name: str) -> bytes:
             "choices": [
                 {
                     "index": 0,
-                    "delta": {"role": "assistant", "content": text_for(name)},
+                    "delta": {"role": "assistant", "content": text},
                     "finish_reason": None,
                 }
             ],
@@ -104,7 +112,8 @@ def prepend(endpoint: str, name: str, raw: bytes) -> bytes:
 
 
 class QueuedNotice:
-    """One request's notice: sent (streaming) or remembered (not) when it queues."""
+    """One request's notice: sent (streaming) or remembered (not) when it queues; a stream
+    also hears what the start it waits for does first (an install, a pull)."""
 
     def __init__(self, opener: SseOpener | None, endpoint: str, name: str, streaming: bool):
         self.opener = opener  # a streaming request's answer, which the chunk may open
@@ -112,16 +121,29 @@ class QueuedNotice:
         self.name = name
         self.streaming = streaming
         self.queued = False
-        self.task: asyncio.Task[None] | None = None
+        self.told: set[str] = set()  # what it was told the start is doing
+        self.tasks: list[asyncio.Task[None]] = []
+        self.closed = False  # the engine is called: nothing more of ours
 
     def on_queued(self) -> None:
-        self.queued = True
-        if self.streaming and self.opener is not None and self.task is None:
-            self.task = asyncio.ensure_future(self.opener.write(chunk(self.endpoint, self.name)))
+        if not self.queued:
+            self.queued = True
+            self._stream(text_for(self.name))
+
+    def on_preparing(self, doing: str) -> None:
+        if doing not in self.told:
+            self.told.add(doing)
+            self._stream(preparing_text(self.name, doing))
+
+    def _stream(self, text: str) -> None:
+        if self.streaming and self.opener is not None and not self.closed:
+            body = chunk(self.endpoint, self.name, text)
+            self.tasks.append(asyncio.ensure_future(self.opener.write(body)))
 
     async def sent(self) -> None:
-        if self.task is not None:
-            await self.task
+        self.closed = True
+        for task in self.tasks:
+            await task
 
     def transform(self) -> Any:
         if self.streaming or not self.queued:

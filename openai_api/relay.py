@@ -22,7 +22,7 @@ from openai_api.queued_notice import eligible as notice_eligible
 if TYPE_CHECKING:
     from openai_api.exchange import Exchange
 
-SlotFactory = Callable[[Callable[[], Any] | None], AbstractAsyncContextManager[str]]
+SlotFactory = Callable[[QueuedNotice | None], AbstractAsyncContextManager[str]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ async def relay(
         async with cancel_on_hangup(exchange), AsyncExitStack() as held:
             # Keepalives while Modelship waits for the slot (a cold start, the queue), not
             # once the engine is called.
-            wanted = slot(notice.on_queued if notice else None)
+            wanted = slot(notice)
             base_url = await enter_kept_alive(held, wanted, opener if keepalive else None)
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's

@@ -40,6 +40,8 @@ class FakeDeployer:
         # With slow_release, a stopped engine's memory reads as used until release(id).
         self.slow_release = False
         self.releasing: dict[int, float] = {}
+        # An install held by the test (its future's result: whether it succeeded).
+        self.installs: dict[int, asyncio.Future[bool]] = {}
 
     def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
         view = View(
@@ -75,6 +77,14 @@ class FakeDeployer:
 
     async def wake(self, deployment_id: int) -> None:
         await self._start(deployment_id)
+
+    async def prepare(self, deployment_id: int) -> bool:
+        held = self.installs.get(deployment_id)
+        if held is None:
+            return True
+        if not await held:
+            self.set_state(deployment_id, "failed")
+        return held.result()
 
     async def _start(self, deployment_id: int) -> None:
         view = self.rows[deployment_id]
@@ -187,6 +197,35 @@ async def test_it_wakes_an_asleep_model(controller: Controller, deployer: FakeDe
     await settle()
     deployer.finish(1)
     assert isinstance(await waiter, Slot)
+
+
+async def test_it_starts_another_model_while_one_installs_its_engine(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    """A start's install (minutes) runs outside the controller's lock: another model starts
+    and serves meanwhile. A failed install fails the start that waited for it."""
+    deployer.add(1, "painter", 2)
+    deployer.add(2, "chat", 2)
+    deployer.add(3, "broken", 2)
+    for held in (1, 3):
+        deployer.installs[held] = asyncio.get_running_loop().create_future()
+    painting = acquiring(controller, 1)
+    await settle()
+    assert controller.status(deployer.rows[1], 1)["phase"] == "starting_for_request"
+    chatting = acquiring(controller, 2)
+    await settle()
+    assert deployer.starts == ["chat"]  # not behind painter's install
+    deployer.finish(2)
+    assert isinstance(await chatting, Slot) and not painting.done()
+    deployer.installs[1].set_result(True)
+    await settle()
+    deployer.finish(1)
+    assert isinstance(await painting, Slot)
+    broken = acquiring(controller, 3)
+    await settle()
+    deployer.installs[3].set_result(False)
+    assert await code_of(broken) == "start_failed"
+    assert deployer.starts == ["chat", "painter"]
 
 
 async def test_it_fails_waiters_and_backs_off_after_a_failed_start(
