@@ -115,11 +115,20 @@ class QueuedNotice:
     """One request's notice: sent (streaming) or remembered (not) when it queues; a stream
     also hears what the start it waits for does first (an install, a pull)."""
 
-    def __init__(self, opener: SseOpener | None, endpoint: str, name: str, streaming: bool):
+    def __init__(
+        self,
+        opener: SseOpener | None,
+        endpoint: str,
+        name: str,
+        streaming: bool,
+        tells_preparing: bool = True,
+    ):
         self.opener = opener  # a streaming request's answer, which the chunk may open
         self.endpoint = endpoint
         self.name = name
         self.streaming = streaming
+        # /v1 only: on /ondemand a stream that only waits for a start gets nothing (the seed).
+        self.tells_preparing = tells_preparing
         self.queued = False
         self.told: set[str] = set()  # what it was told the start is doing
         self.tasks: list[asyncio.Task[None]] = []
@@ -131,7 +140,7 @@ class QueuedNotice:
             self._stream(text_for(self.name))
 
     def on_preparing(self, doing: str) -> None:
-        if doing not in self.told:
+        if self.tells_preparing and doing not in self.told:
             self.told.add(doing)
             self._stream(preparing_text(self.name, doing))
 

@@ -54,7 +54,9 @@ async def relay(
     opener = SseOpener(exchange.send, exchange.request_id) if traffic.streaming else None
     notice = None
     if route.on_demand and notice_eligible(traffic.endpoint, traffic.data, traffic.streaming):
-        notice = QueuedNotice(opener, traffic.endpoint, route.name, traffic.streaming)
+        notice = QueuedNotice(
+            opener, traffic.endpoint, route.name, traffic.streaming, tells_preparing=keepalive
+        )
     try:
         async with cancel_on_hangup(exchange), AsyncExitStack() as held:
             # Keepalives while Modelship waits for the slot (a cold start, the queue), not

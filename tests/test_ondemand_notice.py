@@ -14,6 +14,8 @@ from django.db import connection
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
 from ondemand.registry import controllers
+from openai_api.keepalive import SseOpener
+from openai_api.queued_notice import QueuedNotice
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
 
@@ -153,3 +155,22 @@ def test_it_ends_a_noticed_stream_with_an_error_event_on_timeout(
     wait_until(lambda: AuditEntry.objects.filter(action="ondemand_queue_timeout").exists(), 10)
     entry = AuditEntry.objects.get(action="ondemand_queue_timeout")
     assert (entry.actor, entry.user, entry.object_repr) == ("ondemand", None, "waiting")
+
+
+async def test_it_tells_a_waiting_stream_of_an_install_on_v1_only() -> None:
+    """/v1 streams hear that the start they wait for installs first; /ondemand (LiteLLM's
+    way in) sends nothing before the engine answers, so a failed install stays a status."""
+    for tells in (True, False):
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
+            into.append(message)
+
+        notice = QueuedNotice(
+            SseOpener(send, "rid"), "chat/completions", "painter", True, tells_preparing=tells
+        )
+        notice.on_preparing("installing its engine environment (sdcpp)")
+        await notice.sent()
+        bodies = b"".join(m.get("body", b"") for m in sent)
+        assert (b"painter is installing its engine environment" in bodies) is tells, tells
+        assert bool(sent) is tells  # nothing at all: not even the answer's start
