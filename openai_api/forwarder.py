@@ -70,6 +70,9 @@ REQUEST_DROP = HOP_BY_HOP | {
     "x-dgxmm-health-check",
 }
 RESPONSE_DROP = HOP_BY_HOP | {"server", "date"}
+# An engine's error answer is read whole to put its code in OpenAI's words; past this it is
+# passed on as it comes (an engine, or whatever answers at its address, sets its size).
+ERROR_READ_CAP = 1 << 20
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -83,11 +86,26 @@ def sse_start(request_id: str) -> dict[str, Any]:
     return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
+async def read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    """Up to `cap` bytes of an answer, and whether that was all of it."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= cap:
+        chunk = await response.content.read(cap + 1 - size)
+        if not chunk:
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
 async def engine_error_of(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
     """An engine's error answer: its message (else its text) and its own code, if it gave
     one (vLLM's and llama.cpp's are OpenAI-shaped)."""
-    raw = await response.read()
+    raw, whole = await read_capped(response, ERROR_READ_CAP)
     try:
+        if not whole:
+            raise ValueError("past the cap")
         error = json.loads(raw)["error"]
         return str(error["message"]), openai_code(response.status, error)
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -262,19 +280,28 @@ class Forwarder:
         transform: Callable[[bytes], bytes] | None,
     ) -> None:
         """The engine's whole answer, changed: a success by `transform`, an error's numeric
-        code made a word (engine_error_codes)."""
-        raw = await response.read()
-        if response.status == 200:
-            body = transform(raw) if transform is not None else raw
-        else:
-            body = normalized(response.status, raw) or raw
+        code made a word (engine_error_codes). An error past ERROR_READ_CAP goes on as it is."""
         headers = [
             (name, value)
             for name, value in downstream_headers(response, request_id)
             if name != b"content-length"
         ]
+        start = {"type": "http.response.start", "status": response.status, "headers": headers}
+        if response.status == 200:
+            raw = await response.read()
+            body = transform(raw) if transform is not None else raw
+        else:
+            raw, whole = await read_capped(response, ERROR_READ_CAP)
+            if not whole:
+                await send(start)
+                await send({"type": "http.response.body", "body": raw, "more_body": True})
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            body = normalized(response.status, raw) or raw
         headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send(start)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay_into_open_stream(self, send: Send, response: aiohttp.ClientResponse) -> None:

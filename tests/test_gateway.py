@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
 import threading
 import traceback
 from collections.abc import Callable
@@ -190,6 +192,61 @@ def test_it_passes_engine_errors_through_unchanged(
         )
     assert failed.value.status_code == 503
     assert failed.value.code == "engine_sleeping"
+
+
+class ErrorEngine:
+    """Whatever answers at an engine's address with a 500 of a numeric code, `pad` bytes
+    long: llama.cpp's shape, or a broken proxy's flood."""
+
+    def __init__(self) -> None:
+        self.pad = 0
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                error = {"message": "x" * engine.pad, "type": "server_error", "code": 500}
+                body = json.dumps({"error": error}).encode()
+                self.send_response(500)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_it_words_an_engine_error_code_but_passes_a_huge_error_on_as_it_came(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    """An engine's numeric error code becomes OpenAI's word; an error body past the gateway's
+    read cap (1 MiB) is not held whole in memory to do it: it goes on byte for byte."""
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    engine = ErrorEngine()
+    try:
+        make_deployment("flood", state="ready", engine_urls=[engine.url])
+        seen_by_gateway(lambda s: "flood" in s.routes)
+        sdk = client(gateway_url, api_key())
+        with pytest.raises(openai.InternalServerError) as small:
+            sdk.chat.completions.create(model="flood", messages=[{"role": "user", "content": "x"}])
+        assert small.value.code == "engine_error"
+        engine.pad = 3 << 20
+        huge = httpx.post(
+            gateway_url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {api_key()}"},
+            json={"model": "flood", "messages": [{"role": "user", "content": "x"}]},
+            timeout=30,
+        )
+        assert huge.status_code == 500
+        assert huge.json()["error"]["code"] == 500  # as the engine sent it
+        assert len(huge.json()["error"]["message"]) == 3 << 20
+    finally:
+        engine.server.shutdown()
 
 
 def test_it_speaks_anthropic_messages(
