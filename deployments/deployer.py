@@ -332,13 +332,27 @@ def sleep(
     except BaseException:
         transition(deployment, State.READY, expected=[State.STOPPING], actor=actor)
         raise
+    if not Deployment.objects.filter(pk=deployment.pk).exists():
+        # Deleted while its engine went to sleep: nothing would track that engine again.
+        stop_orphans(deployment)
+        return False
     if why:
         why = f"sleep not supported by this engine here ({why})"
         event(deployment, "sleep_ignored", why, actor=actor)
         return _take_down(deployment, State.READY, actor=actor, reason=f"{why}: stopping instead")
-    return transition(
-        deployment, State.ASLEEP, expected=[State.STOPPING], reason=reason, actor=actor
-    )
+    if transition(deployment, State.ASLEEP, expected=[State.STOPPING], reason=reason, actor=actor):
+        return True
+    if not Deployment.objects.filter(pk=deployment.pk).exists():
+        stop_orphans(deployment)
+    return False
+
+
+def stop_orphans(deployment: Deployment) -> None:
+    """Stop the engines of a row that is gone (logged: there is no row for an event)."""
+    try:
+        stop_handles(deployment, handles_of(deployment))
+    except (EngineUnreachable, RuntimeError_) as exc:
+        log.error("%s: its engines outlived its deletion: %s", deployment.name, exc)
 
 
 def _all_asleep(deployment: Deployment) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
 from deployments import audit, deployer, hooks
 from deployments.memory import InsufficientMemory
-from deployments.models import Deployment
+from deployments.models import Deployment, State
 from deployments.runtimes import EngineUnreachable
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,14 @@ def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "syst
 def remove(deployment_id: int, actor: str = "system") -> bool:
     """Stop the engine, then delete the deployment."""
     deployer.stop(deployment_id, actor=actor, reason="removed")
-    deployment = Deployment.objects.filter(pk=deployment_id).first()
-    if deployment is None:
-        return False
-    audit.record("delete", deployment, actor=actor, before=deployment.snapshot())
-    deployment.delete()
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().filter(pk=deployment_id).first()
+        if deployment is None:
+            return False
+        audit.record("delete", deployment, actor=actor, before=deployment.snapshot())
+        deployment.delete()
+    if deployment.state not in (State.PLANNED, State.STOPPED, State.FAILED):
+        # The stop found it busy (going to sleep, or asleep by now): its engines go with it.
+        deployer.stop_orphans(deployment)
     hooks.listing_has_changed()  # its entries leave LiteLLM
     return True
