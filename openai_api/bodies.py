@@ -50,6 +50,14 @@ async def parsed(
     return parse(content_type, body)
 
 
+async def json_bytes(value: Any, size: int) -> bytes:
+    """`value` as JSON text, made as `parsed` reads: in a thread where it came from a big
+    body (`size` bytes)."""
+    if size > INLINE_PARSE_BYTES:
+        return await asyncio.to_thread(lambda: json.dumps(value).encode())
+    return json.dumps(value).encode()
+
+
 def too_deep(body: bytes, limit: int = MAX_DEPTH) -> bool:
     """Whether JSON text nests deeper than `limit` (read without parsing it, in time
     linear in its size: a few passes in C, no Python bytecode per byte)."""

@@ -21,23 +21,50 @@ def forced_name(choice: dict[str, Any]) -> Any:
 def chat_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
     """`body` for the route's engine. llama.cpp takes `tool_choice` as a word only (an
     object is logged as the wrong type and dropped): a forced function becomes "required"
-    with that function the only one offered, which is what forcing it means."""
+    with that function the only one offered, which is what forcing it means, and a choice of
+    allowed tools becomes its mode with only those tools offered."""
     choice = body.get("tool_choice")
     if route.names_forced_tool or not isinstance(choice, dict):
         return body
-    name = forced_name(choice)
+    if choice.get("type") == "function":
+        name = forced_name(choice)
+        names = {name} if isinstance(name, str) else set()
+        return {**body, "tools": offered(body, names, name), "tool_choice": "required"}
+    if choice.get("type") == "allowed_tools":
+        # Chat nests the choice under "allowed_tools"; the Responses API has it flat.
+        nested = choice.get("allowed_tools")
+        spec = nested if isinstance(nested, dict) else choice
+        mode, listed = spec.get("mode"), spec.get("tools")
+        if mode not in ("auto", "required") or not isinstance(listed, list):
+            raise GatewayError(
+                400,
+                'tool_choice of allowed tools needs a mode ("auto" or "required") and tools.',
+                "invalid_value",
+                param="tool_choice",
+            )
+        names = {
+            name
+            for tool in listed
+            if isinstance(tool, dict) and isinstance(name := forced_name(tool), str)
+        }
+        return {**body, "tools": offered(body, names, sorted(names)), "tool_choice": mode}
+    return body
+
+
+def offered(body: dict[str, Any], names: set[str], named: Any) -> list[dict[str, Any]]:
+    """The request's function tools of those names; a 400 where there are none."""
     tools = [
         tool
         for tool in body.get("tools") or []
         if isinstance(tool, dict)
         and isinstance(tool.get("function"), dict)
-        and tool["function"].get("name") == name
+        and tool["function"].get("name") in names
     ]
-    if not isinstance(name, str) or not tools:
+    if not tools:
         raise GatewayError(
             400,
-            f"tool_choice forces the function {name!r}, which is not among the tools.",
+            f"tool_choice names {named!r}, which is not among the tools.",
             "invalid_value",
             param="tool_choice",
         )
-    return {**body, "tools": tools, "tool_choice": "required"}
+    return tools

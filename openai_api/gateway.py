@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 from deployments.models import Deployment
 from openai_api.auth import Caller, authenticate, last_used
-from openai_api.bodies import form_field, json_value, parsed
+from openai_api.bodies import form_field, json_bytes, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC, UNVERSIONED
@@ -94,7 +94,7 @@ async def handle(exchange: Exchange) -> None:
     if endpoint not in route.endpoints:
         raise unsupported(route, name, endpoint)
     if endpoint == "chat/completions" and data and (said := chat_body(route, data)) is not data:
-        body = json.dumps(said).encode()
+        body = await json_bytes(said, len(body))
     traffic = Traffic(route, endpoint, path, body, streaming, data)
     await relay(exchange, traffic, lambda on_queued: dispatcher.slot(route, on_queued))
 

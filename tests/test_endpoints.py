@@ -68,7 +68,7 @@ def test_it_gives_the_queued_notice_only_where_the_registry_says() -> None:
 def test_it_says_a_forced_function_as_llama_cpp_reads_it_and_as_is_elsewhere() -> None:
     roll = {"type": "function", "function": {"name": "roll"}}
     flip = {"type": "function", "function": {"name": "flip"}}
-    body = {
+    body: dict[str, Any] = {
         "tools": [roll, flip],
         "tool_choice": {"type": "function", "function": {"name": "flip"}},
     }
@@ -79,6 +79,30 @@ def test_it_says_a_forced_function_as_llama_cpp_reads_it_and_as_is_elsewhere() -
     with pytest.raises(GatewayError) as refused:
         chat_body(llama, {**body, "tool_choice": {"type": "function", "function": {"name": "x"}}})
     assert (refused.value.status, refused.value.param) == (400, "tool_choice")
+    # Allowed tools, as chat nests them and as the Responses API has them flat.
+    nested: dict[str, Any] = {
+        "mode": "auto",
+        "tools": [{"type": "function", "function": {"name": "roll"}}],
+    }
+    flat: dict[str, Any] = {"mode": "required", "tools": [{"type": "function", "name": "roll"}]}
+    choices: list[tuple[dict[str, Any], str]] = [
+        ({"allowed_tools": nested}, "auto"),
+        (flat, "required"),
+    ]
+    for choice, word in choices:
+        allowed = {**body, "tool_choice": {"type": "allowed_tools", **choice}}
+        assert chat_body(llama, allowed) == {"tools": [roll], "tool_choice": word}
+        assert chat_body(ROUTE, allowed) is allowed
+    for wrong in (
+        {"type": "allowed_tools", "mode": "none", "tools": []},
+        {"type": "allowed_tools", "mode": "auto", "tools": [{"name": ["roll"]}]},
+        {"type": "function", "function": {"name": {"x": 1}}},
+    ):
+        with pytest.raises(GatewayError) as refused:
+            chat_body(llama, {**body, "tool_choice": wrong})
+        assert (refused.value.status, refused.value.param) == (400, "tool_choice")
+    other = {**body, "tool_choice": {"type": "custom", "name": "x"}}
+    assert chat_body(llama, other) is other  # not ours to say: the engine answers it
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from openai_api.engine_dialect import chat_body
 from openai_api.errors import GatewayError
 from openai_api.mcp import egress
 from openai_api.mcp.client import Connection, McpFailure, McpServer, McpTool
@@ -104,6 +105,7 @@ async def run(
         messages += await run_approved(asked_item, approval, connections, translator, emit)
     body = protocol.chat_request(request, [])
     body["tools"] = [*mcp_function_tools(offered), *protocol.function_tools(request.tools)]
+    body = chat_body(route, body)
     budget = request.raw.get("max_tool_calls") or float("inf")
     for _ in range(MAX_TURNS):
         body["messages"] = messages
