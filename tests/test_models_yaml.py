@@ -198,6 +198,7 @@ def test_it_refuses_a_name_a_deployment_outside_the_file_serves(tmp_path: Path) 
     with pytest.raises(CommandError) as failure:
         deploy(write(tmp_path, [simulated("second", aliases=["shared"])], "second.yaml"))
     assert "'shared' is served by both 'first' and 'second'" in str(failure.value)
+    assert "rename or delete the one that holds it" in str(failure.value)  # and how
     assert not Deployment.objects.filter(name="second").exists()
     # Reconciling removes the first, so the name is free.
     deploy(

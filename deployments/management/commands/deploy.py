@@ -56,7 +56,14 @@ class Command(BaseCommand):
             entries = load(options["file"])
             clashes = clashes_with_others(entries, reconcile=options["reconcile"])
             if clashes:
-                raise ModelsFileError(clashes)
+                raise ModelsFileError(
+                    [
+                        *clashes,
+                        "a served name belongs to one deployment: rename or delete the one"
+                        " that holds it (the admin, or DELETE /api/deployments/<id>/), or"
+                        " deploy with --reconcile to make the deployments this file exactly",
+                    ]
+                )
         except ModelsFileError as exc:
             raise CommandError(
                 f"{options['file']}: nothing was changed.\n"
