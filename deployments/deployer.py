@@ -21,7 +21,7 @@ from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
-from deployments.launch import launch_all, prepare, prepare_start, stop_handles
+from deployments.launch import launch_all, needs_of, prepare, prepare_start, stop_handles
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import InsufficientMemory, check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, State
@@ -61,6 +61,8 @@ def failure_reason(deployment: Deployment, handles: list[Handle], headline: str)
     return f"{headline}\n--- engine log (last lines) ---\n{tail}" if tail else headline
 
 
+# Prepares of one start, where its configuration changes while it prepares (then, the gate).
+PREPARE_TRIES = 3
 HEALTH_POLL_FAST_S = 0.02
 HEALTH_POLL_FAST_FOR_S = 5.0
 HEALTH_POLL_SLOW_S = 0.5
@@ -192,23 +194,33 @@ def restart(
     if deployment.state not in STARTABLE_STATES:
         return deployment
     fit_or_refuse(deployment, actor)  # nothing is pulled or installed for a start that cannot fit
-    if not prepare(deployment_id, actor=actor):
-        return Deployment.objects.get(pk=deployment_id)
-    with start_gate():
-        deployment = Deployment.objects.get(pk=deployment_id)
-        if deployment.state not in STARTABLE_STATES:
-            return deployment
-        placed = fit_or_refuse(deployment, actor)
-        prior = deployment.state
-        # An autoscaled deployment starts again from its initial count (replicas=0).
-        started = transition(
-            deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed, replicas=0
-        )
-        if not started:
-            return deployment
-        if on_start is not None:
-            on_start()
-        return _bring_up(deployment, prior, actor, timeout)
+    for attempt in range(PREPARE_TRIES):
+        prepared = prepare(deployment_id, actor=actor)
+        if prepared is None:
+            return Deployment.objects.get(pk=deployment_id)
+        with start_gate():
+            deployment = Deployment.objects.get(pk=deployment_id)
+            if deployment.state not in STARTABLE_STATES:
+                return deployment
+            if needs_of(deployment) != prepared:
+                if attempt + 1 < PREPARE_TRIES:
+                    continue  # its configuration changed as it prepared: prepare the new one
+                # Changing on and on: prepared here, under the gate, once.
+                if prepare(deployment_id, actor=actor) is None:
+                    return Deployment.objects.get(pk=deployment_id)
+                deployment.refresh_from_db()
+            placed = fit_or_refuse(deployment, actor)
+            prior = deployment.state
+            # An autoscaled deployment starts again from its initial count (replicas=0).
+            started = transition(
+                deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed, replicas=0
+            )
+            if not started:
+                return deployment
+            if on_start is not None:
+                on_start()
+            return _bring_up(deployment, prior, actor, timeout)
+    raise AssertionError("unreachable: the last try starts or returns")
 
 
 def fit_or_refuse(deployment: Deployment, actor: str, *, waking: bool = False) -> list[list[int]]:

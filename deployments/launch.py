@@ -28,12 +28,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def prepare(deployment_id: int, *, actor: str = "system") -> bool:
-    """A start's image pull and engine environment install, outside the start-up gate: True
-    when the start may go on, False when either failed (the deployment failed, with why)."""
+Needs = tuple[str | None, str | None]
+
+
+def needs_of(deployment: Deployment) -> Needs:
+    """What a start prepares for: the engine family and, in a container, the image."""
+    image = None
+    if deployment.runtime == "docker":
+        image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
+    return family_of(deployment), image
+
+
+def prepare(deployment_id: int, *, actor: str = "system") -> Needs | None:
+    """A start's image pull and engine environment install, outside the start-up gate: what
+    was prepared when the start may go on, None when either failed (the deployment failed,
+    with why)."""
     deployment = Deployment.objects.filter(pk=deployment_id).first()
     if deployment is None or deployment.state not in STARTABLE_STATES:
-        return True  # gone, or started meanwhile: its start finds out
+        return (None, None)  # gone, or started meanwhile: its start finds out
     try:
         prepare_start(deployment)
     except EngineUnreachable as exc:
@@ -54,8 +66,8 @@ def prepare(deployment_id: int, *, actor: str = "system") -> bool:
             actor=actor,
             drop_switch=True,
         )
-        return False
-    return True
+        return None
+    return needs_of(deployment)
 
 
 def prepare_start(deployment: Deployment) -> None:
@@ -86,9 +98,9 @@ def told(deployment: Deployment, doing: str) -> Callable[[str], None]:
 
 def fetch_image(deployment: Deployment) -> None:
     """A container's image, pulled unless the container engine has it."""
-    if deployment.runtime != "docker":
+    image = needs_of(deployment)[1]
+    if image is None:
         return
-    image = deployment.image or get_loader(deployment.loader).image(EngineSpec.of(deployment))
     get_runtime(deployment.runtime).prepare(image, told(deployment, "pulling its container image"))
 
 

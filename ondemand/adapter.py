@@ -112,7 +112,7 @@ def _restart(deployment_id: int) -> None:
 
 
 def _prepare(deployment_id: int) -> bool:
-    return deployer.prepare(deployment_id, actor=ACTOR)
+    return deployer.prepare(deployment_id, actor=ACTOR) is not None
 
 
 def _wake(deployment_id: int) -> None:

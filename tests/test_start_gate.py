@@ -196,3 +196,29 @@ def test_it_installs_a_family_once_for_two_starts_at_once(
         start.join(60)
     assert [Deployment.objects.get(pk=d.pk).state for d in (first, second)] == [State.READY] * 2
     assert held_install.builds == 1
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_starts_on_the_environment_of_the_configuration_it_starts(
+    make_deployment: Any, held_install: HeldInstall, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration changed while its start installed (outside the gate) to one of
+    another engine family: that family is installed before the engine launches, not
+    launched on an environment that is not there."""
+    (engine_envs.REQUIREMENTS_DIR / "other.txt").write_text("termcolor==3.3.0\n")
+    held_family = launch.family_of
+    monkeypatch.setattr(
+        launch,
+        "family_of",
+        lambda d: "other" if (d.config or {}).get("reply") == "other" else held_family(d),
+    )
+    painter = make_deployment("painter", config={"reply": "held"})
+    start = in_thread(deployer.restart, painter.pk)
+    assert held_install.began.wait(30)
+    Deployment.objects.filter(pk=painter.pk).update(config={"reply": "other"})
+    held_install.release.set()
+    start.join(60)
+    painter.refresh_from_db()
+    assert painter.state == State.READY, painter.state_reason
+    assert held_install.builds == 2  # held, then other
+    assert engine_envs.ready("other")
