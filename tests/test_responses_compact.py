@@ -11,8 +11,9 @@ import httpx
 import openai
 import pytest
 
+from openai_api.errors import GatewayError
 from openai_api.responses.compact import PROMPT
-from openai_api.responses.compaction import SUMMARY_HEADING
+from openai_api.responses.compaction import SUMMARY_HEADING, check, new_item
 from tests.open_responses_schema import conforming_sdk
 
 if TYPE_CHECKING:
@@ -147,3 +148,17 @@ def test_it_keeps_compactions_to_their_caller_and_refuses_an_altered_one(
         assert refused.value.body["param"] == "input[0].encrypted_content"  # type: ignore[index]
     assert served(sim) == before
     assert alice.responses.create(model="sim", input=[item]).status == "completed"
+
+
+def test_it_keeps_a_compaction_its_callers_across_a_secret_key_rotation(settings: Any) -> None:
+    """Django signs with the new key and still reads the old (SECRET_KEY_FALLBACKS): an item
+    made before the rotation is still its caller's, and still nobody else's."""
+    item = new_item("alice", SUMMARY)
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "rotated-" + settings.SECRET_KEY
+    check("alice", [item])
+    with pytest.raises(GatewayError):
+        check("bob", [item])
+    settings.SECRET_KEY_FALLBACKS = []  # the old key retired: its items with it
+    with pytest.raises(GatewayError):
+        check("alice", [item])

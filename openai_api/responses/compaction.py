@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core import signing
 from django.utils.crypto import constant_time_compare, salted_hmac
 
@@ -26,8 +27,14 @@ SALT = "modelship.responses.compaction"
 SUMMARY_HEADING = "Summary of the conversation so far:\n"
 
 
-def owner(identity: str) -> str:
-    return salted_hmac(SALT, identity).hexdigest()[:32]
+def owner(identity: str, secret: str | bytes | None = None) -> str:
+    return salted_hmac(SALT, identity, secret=secret).hexdigest()[:32]
+
+
+def owners(identity: str) -> list[str]:
+    """The caller's owner mark under the secret key and each it replaced: an item made
+    before a key rotation stays its caller's, as its signature stays valid."""
+    return [owner(identity, key) for key in [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]]
 
 
 def new_item(identity: str, summary: str) -> dict[str, Any]:
@@ -60,12 +67,13 @@ def _refused(param: str) -> GatewayError:
 def check(identity: str, items: list[dict[str, Any]], param: str | None = None) -> None:
     """Every compaction item among `items` was made here for this caller; a 400 naming the
     first that was not (`param`, else the item's place in the input)."""
-    mine = owner(identity)
+    mine = owners(identity)
     for index, item in enumerate(items):
         if item.get("type") != "compaction":
             continue
         payload = _payload(item)
-        if payload is None or not constant_time_compare(str(payload.get("owner")), mine):
+        marked = str(payload.get("owner")) if payload is not None else ""
+        if not any(constant_time_compare(marked, each) for each in mine):
             raise _refused(param or f"input[{index}].encrypted_content")
 
 
