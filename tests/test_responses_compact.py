@@ -125,6 +125,17 @@ def test_it_refuses_a_compaction_without_a_model_or_anything_to_compact(
     assert served(sim) == 0
 
 
+def test_it_answers_502_where_the_model_writes_no_summary(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    """An empty summary would make a compaction item that drops the conversation silently."""
+    mute = serving("mute", config={"max_tokens": 0})
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.compact(model="mute", input="remember the launch date: Tuesday")
+    assert (failed.value.status_code, failed.value.code) == (502, "empty_summary")
+    assert served(mute) == 1  # the model was asked, once
+
+
 def test_it_keeps_compactions_to_their_caller_and_refuses_an_altered_one(
     gateway_url: str, api_key: Callable[..., str], serving: Callable[..., Deployment]
 ) -> None:

@@ -90,6 +90,13 @@ async def compacted(
         for item in answer["output"]
         if item.get("type") == "message" and item.get("role") == "assistant"
     )
+    if not summary.strip():
+        # An item of nothing would drop the conversation it stands for without a word.
+        raise GatewayError(
+            502,
+            "The model could not compact the conversation: it wrote no summary.",
+            "empty_summary",
+        )
     context = [*turn.history, *turn.request.input_items[:-1]]  # without the PROMPT
     kept = [i for i in context if i.get("type") == "message" and i.get("role") == "user"]
     return {
