@@ -76,6 +76,18 @@ def sdk(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
+def known_to(url: str, key: str) -> str:
+    """`key`, once the gateway at `url` knows it: a key made here reaches another process
+    with that one's next refresh (a 401 until then)."""
+    headers = {"authorization": f"Bearer {key}"}
+    wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code != 401, 10)
+    return key
+
+
+def lists(url: str, key: str, name: str) -> bool:
+    return name in {m.id for m in sdk(url, key).models.list()}
+
+
 def burst(urls: list[str], key: str, model: str) -> list[str]:
     """One chat request to each of `urls` at once; the answers' texts."""
     results: list[str] = []
@@ -104,14 +116,11 @@ def test_it_shows_a_route_change_in_every_process_within_the_refresh(
     serving: Callable[..., Deployment],
 ) -> None:
     sim = serving("sim")
-    key = api_key()
+    key = known_to(other, api_key())
     Deployment.objects.filter(pk=sim.pk).update(aliases=["renamed"], version=sim.version + 1)
 
-    def listed(url: str) -> bool:
-        return "renamed" in {m.id for m in sdk(url, key).models.list()}
-
     # MSHIP_ROUTE_REFRESH_S is 0.05 s in both: well within a second.
-    wait_until(lambda: listed(gateway_url) and listed(other), 5)
+    wait_until(lambda: lists(gateway_url, key, "renamed") and lists(other, key, "renamed"), 5)
 
 
 def test_it_stops_a_background_run_cancelled_through_another_process(
@@ -123,7 +132,7 @@ def test_it_stops_a_background_run_cancelled_through_another_process(
     """The run lives here; the cancel arrives there. The run's heartbeat reads the cancel
     back and closes the engine request."""
     sim = serving("sim", config={"reply": "slow " * 50, "tokens_per_second": 5})
-    key = api_key()
+    key = known_to(other, api_key())
     queued = sdk(gateway_url, key).responses.create(model="sim", input="x", background=True)
     wait_until(lambda: sim_stats(sim, "/sim/stats")["running"] == 1, 10)
     assert sdk(other, key).responses.cancel(queued.id).status == "cancelled"
@@ -168,7 +177,7 @@ def test_it_resumes_a_background_stream_through_another_process(
 ) -> None:
     site.REDIS_URL = REDIS  # the replay log both processes read
     serving("sim", config={"reply": "a b c d e f g h", "tokens_per_second": 40})
-    key = api_key()
+    key = known_to(other, api_key())
     first: list[Any] = []
     stream = sdk(gateway_url, key).responses.create(
         model="sim", input="x", background=True, stream=True
@@ -229,7 +238,7 @@ def test_it_starts_an_on_demand_model_once_for_a_burst_through_both_processes(
         config={"reply": "up", "startup_delay_s": 1},
     )
     seen_by_gateway(lambda s: "lazy" in s.routes)
-    results = burst([gateway_url, other] * 8, api_key(), "lazy")
+    results = burst([gateway_url, other] * 8, known_to(other, api_key()), "lazy")
     assert results == ["up"] * 16
     lazy.refresh_from_db()
     assert lazy.state == State.READY
@@ -246,8 +255,9 @@ def test_it_forgives_a_start_failure_in_another_process_after_a_change_here(
     flaky = make_deployment(
         "flaky", mode="on_demand", idle_timeout_s=600, config={"fail_at_start": True}
     )
-    client = sdk(other, api_key())
-    wait_until(lambda: "flaky" in {m.id for m in client.models.list()}, 5)
+    key = known_to(other, api_key())
+    client = sdk(other, key)
+    wait_until(lambda: lists(other, key, "flaky"), 5)
     for _ in range(2):  # the second is refused by the backoff, without a start
         with pytest.raises(openai.APIStatusError) as failed:
             client.chat.completions.create(model="flaky", messages=HI)
@@ -281,7 +291,7 @@ def test_it_makes_room_once_for_a_burst_through_both_processes(
     # Past their idle timeout, and their leases lapsed: either may be stopped for it.
     Deployment.objects.filter(pk__in=[d.pk for d in idle]).update(lease_until=None)
     time.sleep(1.5)
-    results = burst([gateway_url, other] * 6, api_key(), "new")
+    results = burst([gateway_url, other] * 6, known_to(other, api_key()), "new")
     # Each waited for memory, and was told so before its answer.
     assert len(results) == 12 and all(r.endswith("\n\nnew") for r in results), results
     made_room = DeploymentEvent.objects.filter(
