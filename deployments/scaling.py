@@ -16,8 +16,9 @@ from django.db import transaction
 
 from deployments import audit
 from deployments.audit import event
-from deployments.deployer import StartFailed, drain, handles_of, wait_healthy
+from deployments.deployer import drain
 from deployments.gate import start_gate
+from deployments.health_wait import StartFailed, handles_of, wait_healthy
 from deployments.launch import launch_all, stop_handles
 from deployments.memory import InsufficientMemory, check_fit_more
 from deployments.models import Deployment, State

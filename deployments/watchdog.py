@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from deployments import tasks
 from deployments.audit import event
-from deployments.deployer import failure_reason, handles_of
+from deployments.health_wait import failure_reason, handles_of
 from deployments.launch import stop_handles
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable, get_runtime
