@@ -110,6 +110,25 @@ def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
     assert completion.usage.completion_tokens == 7
 
 
+def test_it_takes_a_default_answer_length_and_sampling_from_its_operator(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    """llama-server's -n is the length of an answer whose request names none (make run's
+    chat: 1,024, so a small model rambling stops long before its context's end); a request's
+    max_tokens still goes past it. The sampling flags are the defaults a request overrides."""
+    flags = ["--n-predict", "9", "--temp", "0.2", "--top-p", "0.9", "--repeat-penalty", "1.1"]
+    serving("capped", **tiny(tiny_models, extra_args=flags))
+    client = sdk(gateway_url, api_key())
+    unnamed = client.chat.completions.create(model="capped", messages=HI)
+    named = client.chat.completions.create(model="capped", messages=HI, max_tokens=20)
+    assert unnamed.usage is not None and unnamed.usage.completion_tokens == 9
+    assert unnamed.choices[0].finish_reason == "length"
+    assert named.usage is not None and named.usage.completion_tokens == 20
+
+
 def test_it_embeds_one_vector_per_input(
     tiny_models: dict[str, Path],
     serving: Callable[..., Deployment],

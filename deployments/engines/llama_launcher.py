@@ -34,6 +34,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=sorted(POOLING))
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--jinja", action="store_true")
+    # The most tokens an answer may have (-1: up to the context), and the default length of
+    # a request that names none.
+    p.add_argument("-n", "--predict", "--n-predict", type=int, default=-1)
+    # Sampling for a request that sets none (a model card's recommended settings).
+    p.add_argument("--temp", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--repeat-penalty", type=float)
     return p
 
 
@@ -60,6 +67,16 @@ def params_of(args: argparse.Namespace) -> Any:
     params.n_parallel = args.parallel
     params.endpoint_metrics = args.metrics
     params.use_jinja = args.jinja
+    params.n_predict = args.predict
+    sampling = params.sampling
+    for name, value in (
+        ("temp", args.temp),
+        ("top_p", args.top_p),
+        ("penalty_repeat", args.repeat_penalty),
+    ):
+        if value is not None:
+            setattr(sampling, name, value)
+    params.sampling = sampling
     params.embedding = args.embedding
     if args.alias:
         params.model_alias = {a.strip() for a in args.alias.split(",") if a.strip()}
