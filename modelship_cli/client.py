@@ -1,8 +1,9 @@
-"""The REST API as the command line reaches it: where (MSHIP_URL), with which token
-(MSHIP_TOKEN, else the admin token `make run` keeps in var/), and errors as exit codes."""
+"""The REST API as the command line reaches it: where and with which token (the
+environment, the file `modelship login` writes, the site's var/), and errors as exit codes."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +24,75 @@ class CliError(Exception):
         self.code = code
 
 
-def var_dir() -> Path:
-    return Path(os.environ.get("MSHIP_VAR_DIR", "var"))
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def saved(name: str) -> str:
+def config_file() -> Path:
+    """Where `modelship login` keeps the site and its token (the user's config directory)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "modelship" / "credentials.json"
+
+
+def site_var() -> Path | None:
+    """The site's var/ (MSHIP_VAR_DIR, else the nearest var/ holding an admin token from here
+    up: `make run` keeps its credentials there)."""
+    named = os.environ.get("MSHIP_VAR_DIR")
+    if named:
+        return Path(named)
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / "var" / "admin_token").is_file():
+            return folder / "var"
+    return None
+
+
+def read_saved() -> dict[str, str]:
     try:
-        return (var_dir() / name).read_text().strip()
-    except OSError:
-        return ""
+        saved = json.loads(config_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in saved.items() if isinstance(v, str)} if isinstance(saved, dict) else {}
+
+
+def write_saved(values: dict[str, str]) -> Path:
+    """The credentials file, readable by its owner only (it holds an admin token)."""
+    path = config_file()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an older file of wider mode
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(values, file, indent=2)
+    return path
+
+
+@dataclass(frozen=True)
+class Found:
+    """One credential and where it came from; `tried` says where it was looked for."""
+
+    value: str
+    source: str
+    tried: tuple[str, ...]
+
+
+def first_of(env_names: tuple[str, ...], saved: dict[str, str], key: str, var: str) -> Found:
+    tried: list[str] = []
+    for name in env_names:
+        tried.append(name)
+        if os.environ.get(name):
+            return Found(os.environ[name], name, tuple(tried))
+    tried.append(str(config_file()))
+    if saved.get(key):
+        return Found(saved[key], str(config_file()), tuple(tried))
+    folder = site_var()
+    tried.append(str(folder / var) if folder else f"var/{var} here or above")
+    if folder is not None:
+        try:
+            value = (folder / var).read_text().strip()
+        except OSError:
+            value = ""
+        if value:
+            return Found(value, str(folder / var), tuple(tried))
+    return Found("", "", tuple(tried))
 
 
 @dataclass(frozen=True)
@@ -39,14 +100,31 @@ class Config:
     url: str
     token: str
     api_key: str
+    token_found: Found | None = None
 
     @classmethod
     def from_env(cls) -> Config:
+        """Each from the first that has it: MODELSHIP_* (or MSHIP_*) variables, the file
+        `modelship login` wrote, then the site's var/ when run inside the site."""
+        saved = read_saved()
+        url = os.environ.get("MODELSHIP_URL") or os.environ.get("MSHIP_URL") or saved.get("url")
+        token = first_of(("MODELSHIP_TOKEN", "MSHIP_TOKEN"), saved, "token", "admin_token")
+        key = first_of(("MODELSHIP_API_KEY", "MSHIP_API_KEY"), saved, "api_key", "api_key")
         return cls(
-            url=os.environ.get("MSHIP_URL", "http://127.0.0.1:8000").rstrip("/"),
-            token=os.environ.get("MSHIP_TOKEN") or saved("admin_token"),
-            api_key=os.environ.get("MSHIP_API_KEY") or saved("api_key"),
+            url=(url or DEFAULT_URL).rstrip("/"),
+            token=token.value,
+            api_key=key.value,
+            token_found=token,
         )
+
+    def token_hint(self) -> str:
+        """Where the token came from, or everywhere it was looked for."""
+        found = self.token_found
+        if found is None:
+            return ""
+        if found.value:
+            return f" (the token from {found.source})"
+        return f" (no token: tried {', '.join(found.tried)}; `modelship login` saves one)"
 
 
 class Api:
@@ -113,8 +191,7 @@ def check(answer: httpx.Response, config: Config) -> None:
         body = {"detail": answer.text[:200]}
     message = describe(body)
     if answer.status_code in (401, 403):
-        hint = "" if config.token else " (set MSHIP_TOKEN to an /api token)"
-        raise CliError(f"not allowed: {message}{hint}", UNREACHABLE)
+        raise CliError(f"not allowed: {message}{config.token_hint()}", UNREACHABLE)
     if answer.status_code == 404:
         raise CliError(message, NOT_FOUND)
     raise CliError(message, REFUSED)

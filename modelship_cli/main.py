@@ -1,14 +1,16 @@
-"""modelship ps | logs | start | stop | sleep | wake | deploy | keys | run.
+"""modelship ps | logs | start | stop | sleep | wake | deploy | keys | run | login.
 
-Talks to a running Modelship through its REST API (and /v1 for `run`): MSHIP_URL (default
-http://127.0.0.1:8000), MSHIP_TOKEN (else var/admin_token, which `make run` writes) and
-MSHIP_API_KEY for `run` (else var/api_key). Exit codes: 0 done, 1 refused or failed,
-2 not found, 3 Modelship unreachable or the token not allowed.
+Talks to a running Modelship through its REST API (and /v1 for `run`). The site, its /api
+token and a /v1 key come from MODELSHIP_URL, MODELSHIP_TOKEN and MODELSHIP_API_KEY (or their
+MSHIP_ names), else the file `modelship login` saves, else the site's var/ (where `make run`
+keeps them) when run inside the site. Exit codes: 0 done, 1 refused or failed, 2 not found,
+3 Modelship unreachable or the token not allowed.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 import time
@@ -19,10 +21,20 @@ from rich.console import Console
 from rich.live import Live
 
 from modelship_cli import render
-from modelship_cli.client import NOT_FOUND, OK, REFUSED, Api, CliError, Config
+from modelship_cli.client import (
+    DEFAULT_URL,
+    NOT_FOUND,
+    OK,
+    REFUSED,
+    Api,
+    CliError,
+    Config,
+    write_saved,
+)
 
 SETTLED = {"ready", "failed", "stopped", "planned", "asleep"}
 POLL_S = 0.5
+QUEUED_GRACE_S = 30.0  # for the task queue to take up the work (a busy host's cluster)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -30,10 +42,17 @@ err = Console(stderr=True, highlight=False)
 
 def ps(api: Api, args: argparse.Namespace) -> int:
     rows = sorted(api.pages("/api/deployments/"), key=lambda r: r["name"])
+    if args.running:
+        rows = [r for r in rows if r["state"] in render.RUNNING]
+    elif not args.all:
+        rows = [r for r in rows if r["state"] not in render.QUIET]
     if args.json:
-        print(json.dumps([dict(zip(render.COLUMNS, render.ps_row(r), strict=True)) for r in rows]))
-    else:
-        out.print(render.ps_table(rows))
+        print(json.dumps([render.record(r) for r in rows]))
+        return OK
+    out.print(render.ps_table(rows))
+    for line in render.failures(rows):
+        out.print(line, markup=False, highlight=False)
+    out.print(render.host_line(api.get("/api/host")), markup=False)
     return OK
 
 
@@ -50,7 +69,12 @@ def logs(api: Api, args: argparse.Namespace) -> int:
         return OK
     event = ""
     for line in api.stream("GET", path, params={"follow": "true", "replica": args.replica}):
-        if line.startswith(":"):  # the stream is open
+        if line.startswith(":"):  # the stream is open: what came before it, then what comes
+            answer = api.get(path, tail=args.tail)
+            for replica in answer["replicas"]:
+                if replica["replica"] == args.replica:
+                    for before in replica["lines"]:
+                        print(before)
             err.print(f"[dim](following {row['name']}, replica {args.replica})[/dim]")
         elif line.startswith("event:"):
             event = line[6:].strip()
@@ -68,7 +92,7 @@ def operate(api: Api, args: argparse.Namespace) -> int:
     answer = api.post(f"/api/deployments/{row['id']}/{args.command}/")
     out.print(f"{row['name']}: {args.command} {answer['status']}")
     if args.wait and answer["status"] == "queued":
-        return wait_for(api, {row["name"]: row["id"]})
+        return wait_for(api, {row["name"]: row["id"]}, {row["id"]: row["state"]})
     return OK
 
 
@@ -88,20 +112,31 @@ def deploy(api: Api, args: argparse.Namespace) -> int:
     if not args.wait:
         return OK
     touched = set(answer["created"]) | set(answer["updated"])
-    return wait_for(api, {n: i for n, i in answer["ids"].items() if n in touched})
+    ids = {n: i for n, i in answer["ids"].items() if n in touched}
+    # An always-on one has a start queued: it is not done while it is still as it was.
+    rows = [api.get(f"/api/deployments/{pk}/") for pk in ids.values()]
+    before = {r["id"]: r["state"] for r in rows if r.get("effective_mode") == "always_on"}
+    return wait_for(api, ids, before)
 
 
-def wait_for(api: Api, ids: dict[str, int]) -> int:
+def wait_for(api: Api, ids: dict[str, int], before: dict[int, str]) -> int:
     """Until each deployment settles (ready, failed, …), its state and progress (an image
-    pull, an environment's install) shown live; 1 when one failed."""
+    pull, an environment's install) shown live; 1 when one failed. One whose queued work
+    has not taken it yet (still in its state `before`) is waited for up to QUEUED_GRACE_S:
+    a start refused for memory leaves it as it was."""
     if not ids:
         return OK
-    time.sleep(POLL_S)  # the queued work takes the row first
+    grace_until = time.monotonic() + QUEUED_GRACE_S
+
+    def settled(row: dict[str, Any]) -> bool:
+        untouched = before.get(row["id"]) == row["state"] and time.monotonic() < grace_until
+        return row["state"] in SETTLED and not untouched
+
     with Live(console=out, refresh_per_second=4, transient=not out.is_terminal) as live:
         while True:
             rows = [api.get(f"/api/deployments/{pk}/") for pk in ids.values()]
             live.update(render.progress_table(rows))
-            if all(r["state"] in SETTLED for r in rows):
+            if all(settled(r) for r in rows):
                 break
             time.sleep(POLL_S)
     failed = [r for r in rows if r["state"] == "failed"]
@@ -168,11 +203,37 @@ def run(api: Api, args: argparse.Namespace) -> int:
     return OK
 
 
+def login(_: Api, args: argparse.Namespace) -> int:
+    """Save a site and its /api token for every later command, from any directory."""
+    url = (args.url or Config.from_env().url).rstrip("/")
+    if args.token:
+        token = args.token
+    elif sys.stdin.isatty():
+        token = getpass.getpass(f"/api token for {url}: ")
+    else:
+        token = sys.stdin.readline()
+    token = token.strip()
+    if not token:
+        raise CliError("no token given (--token, or on stdin)", REFUSED)
+    config = Config(url=url, token=token, api_key=args.api_key or "")
+    Api(config).get("/api/host")  # the site answers and takes the token
+    values = {"url": url, "token": token}
+    if args.api_key:
+        values["api_key"] = args.api_key
+    out.print(f"logged in to {url}; saved in {write_saved(values)}")
+    return OK
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="modelship", description=__doc__.split("\n\n")[1])
     sub = top.add_subparsers(dest="command", required=True)
-    listing = sub.add_parser("ps", help="deployments, their state, GPUs, load and idle time")
+    listing = sub.add_parser(
+        "ps", help="deployments (not stopped or planned: -a for all), GPUs, load, idle time"
+    )
     listing.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    shown = listing.add_mutually_exclusive_group()
+    shown.add_argument("-a", "--all", action="store_true", help="stopped and planned ones too")
+    shown.add_argument("--running", action="store_true", help="only those whose engine runs")
     listing.set_defaults(handler=ps)
     tail = sub.add_parser("logs", help="an engine's log")
     tail.add_argument("name")
@@ -205,6 +266,11 @@ def parser() -> argparse.ArgumentParser:
     talk.add_argument("prompt", nargs="?")
     talk.add_argument("--max-tokens", type=int)
     talk.set_defaults(handler=run)
+    sign_in = sub.add_parser("login", help="save a site and its /api token for later commands")
+    sign_in.add_argument("url", nargs="?", help=f"the site (default: {DEFAULT_URL})")
+    sign_in.add_argument("--token", help="the /api token (default: asked, or read from stdin)")
+    sign_in.add_argument("--api-key", help="a /v1 key for `modelship run`")
+    sign_in.set_defaults(handler=login)
     return top
 
 

@@ -7,7 +7,22 @@ from typing import Any
 
 from rich.table import Table
 
-COLUMNS = ("NAME", "STATE", "MODE", "GPUS", "MEMORY", "IN FLIGHT", "QUEUED", "IDLE UNTIL")
+COLUMNS = (
+    "NAME",
+    "STATE",
+    "SINCE",
+    "MODE",
+    "MODEL",
+    "GPUS",
+    "MEMORY",
+    "IN FLIGHT",
+    "QUEUED",
+    "IDLE UNTIL",
+)
+# The states of a deployment whose engine runs (ps --running); `ps` leaves out only those
+# with nothing to show (stopped, planned), like docker's, and -a shows every one.
+RUNNING = ("starting", "ready", "asleep", "stopping")
+QUIET = ("stopped", "planned")
 
 
 def gpus_of(row: dict[str, Any]) -> str:
@@ -17,45 +32,116 @@ def gpus_of(row: dict[str, Any]) -> str:
     return " ".join(",".join(str(i) for i in replica) for replica in placed)
 
 
-def idle_until(row: dict[str, Any], now: datetime) -> str:
-    """When an idle on-demand deployment is put away: its last request plus its timeout."""
+def seconds_of(moment: Any) -> float | None:
+    """A time the API gives (ISO, or seconds since the epoch) in seconds since the epoch."""
+    if isinstance(moment, int | float):
+        return float(moment)
+    if isinstance(moment, str) and moment:
+        return datetime.fromisoformat(moment).timestamp()
+    return None
+
+
+def idle_left_s(row: dict[str, Any], now: datetime) -> int | None:
+    """Seconds until an idle on-demand deployment is put away (its last request plus its
+    timeout); None where no countdown runs (busy, not ready, not on demand)."""
     ondemand = row.get("ondemand") or {}
-    last = ondemand.get("last_request_at")
+    last = seconds_of(ondemand.get("last_request_at"))
     if row.get("effective_mode") != "on_demand" or row.get("state") != "ready":
+        return None
+    if ondemand.get("inflight") or last is None:
+        return None
+    return max(0, int(last + float(row.get("idle_timeout_s") or 0) - now.timestamp()))
+
+
+def age(seconds: float | None) -> str:
+    """A duration as `docker ps` says one, in its largest unit."""
+    if seconds is None:
         return "-"
-    if ondemand.get("inflight") or not last:
-        return "busy" if ondemand.get("inflight") else "-"
-    # Seconds since the epoch (or an ISO time).
-    since = (
-        float(last) if isinstance(last, int | float) else datetime.fromisoformat(last).timestamp()
-    )
-    due = since + float(row.get("idle_timeout_s") or 0)
-    left = int(due - now.timestamp())
-    return "now" if left <= 0 else f"in {left // 60}m{left % 60:02d}s"
+    whole = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= size:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def record(row: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
+    """One deployment for scripts (ps --json): machine keys, numbers without units."""
+    now = now or datetime.now(UTC)
+    ondemand = row.get("ondemand") or {}
+    on_demand = row.get("effective_mode") == "on_demand"
+    since = seconds_of(row.get("state_changed_at"))
+    return {
+        "name": row["name"],
+        "state": row["state"],
+        "state_since": row.get("state_changed_at"),
+        "in_state_s": None if since is None else max(0, int(now.timestamp() - since)),
+        "mode": row.get("effective_mode", row.get("mode")),
+        "loader": row.get("loader"),
+        "model": row.get("model"),
+        "gpus": row.get("gpus") or [],
+        "need_gib": float(row.get("need_gib") or 0),
+        "in_flight": ondemand.get("inflight") if on_demand else None,
+        "queued": ondemand.get("queued") if on_demand else None,
+        "idle_left_s": idle_left_s(row, now),
+        "reason": row.get("state_reason") or "",
+    }
+
+
+def model_of(row: dict[str, Any]) -> str:
+    """The loader and the model's last path part: what a column can hold."""
+    model = str(row.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+    return f"{row.get('loader')}: {model}" if model else str(row.get("loader"))
 
 
 def ps_row(row: dict[str, Any], now: datetime | None = None) -> tuple[str, ...]:
-    ondemand = row.get("ondemand") or {}
-    counts = ondemand if row.get("effective_mode") == "on_demand" else {}
+    facts = record(row, now)
+    left = facts["idle_left_s"]
+    busy = facts["in_flight"] and facts["state"] == "ready"
+    idle = "busy" if busy else "-" if left is None else f"in {left // 60}m{left % 60:02d}s"
+    counts = ("-" if facts[k] is None else str(facts[k]) for k in ("in_flight", "queued"))
     return (
         row["name"],
         row["state"],
-        row.get("effective_mode", row.get("mode", "")).replace("_", " "),
+        age(facts["in_state_s"]),
+        str(facts["mode"] or "").replace("_", " "),
+        model_of(row),
         gpus_of(row),
-        f"{float(row.get('need_gib') or 0):g} GiB",
-        str(counts.get("inflight", "-")),
-        str(counts.get("queued", "-")),
-        idle_until(row, now or datetime.now(UTC)),
+        f"{facts['need_gib']:g} GiB",
+        *counts,
+        "now" if left == 0 else idle,
     )
 
 
 def ps_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in COLUMNS:
-        table.add_column(column)
+        table.add_column(column, no_wrap=column != "MODEL", overflow="fold")
     for row in rows:
         table.add_row(*ps_row(row))
     return table
+
+
+def failures(rows: list[dict[str, Any]]) -> list[str]:
+    """Each failed deployment's reason, whole (its engine log's last lines included)."""
+    return [
+        f"{row['name']} failed: {row.get('state_reason') or 'no reason recorded'}"
+        for row in rows
+        if row["state"] == "failed"
+    ]
+
+
+def host_line(host: dict[str, Any]) -> str:
+    """The memory the deployments hold of the budget, and each GPU's."""
+    parts = [f"host: {host.get('held_gib', 0):g} of {host.get('capacity_gib', 0):g} GiB held"]
+    ondemand = host.get("on_demand_capacity_gib")
+    if ondemand is not None:
+        parts.append(f"on demand may use {ondemand:g} GiB")
+    for gpu in host.get("gpus") or []:
+        parts.append(
+            f"GPU {gpu['index']} ({gpu.get('name') or 'unnamed'}):"
+            f" {gpu.get('held_gib', 0):g} of {gpu.get('total_gib', 0):g} GiB held"
+        )
+    return " · ".join(parts)
 
 
 def progress_table(rows: list[dict[str, Any]]) -> Table:

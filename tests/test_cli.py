@@ -7,16 +7,13 @@ import json
 import re
 import select
 import subprocess
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
 from deployments.runtimes.process import free_port
 from openai_api.models import ApiKey
 from tests.conftest import REPO
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -39,12 +36,13 @@ models:
 
 
 def cli(
-    env: dict[str, str], *args: str, stdin: str | None = None
+    env: dict[str, str], *args: str, stdin: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(REPO / ".venv/bin/modelship"), *args],
         env={**env, "COLUMNS": "160"},
         input=stdin,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,13 +59,15 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     assert "created: talker, napper" in deployed.stdout
     assert "talker: ready" in deployed.stdout
 
-    listed = cli(live, "ps")
+    listed = cli(live, "ps", "-a")
     assert listed.returncode == 0, listed.stderr
-    header, *rows = listed.stdout.splitlines()
+    header, *rows, host = listed.stdout.splitlines()
     assert header.split() == [
         "NAME",
         "STATE",
+        "SINCE",
         "MODE",
+        "MODEL",
         "GPUS",
         "MEMORY",
         "IN",
@@ -77,12 +77,40 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
         "UNTIL",
     ]
     by_name = {row.split()[0]: row.split() for row in rows}
-    assert by_name["talker"][1:3] == ["ready", "always"]
+    assert by_name["talker"][1] == "ready" and by_name["talker"][3:6] == [
+        "always",
+        "on",
+        "simulated:",
+    ]
+    assert re.fullmatch(r"\d+[smhd]", by_name["talker"][2])  # how long it has been ready
     assert by_name["napper"][1] in ("planned", "stopped")
-    as_json = {r["NAME"]: r for r in json.loads(cli(live, "ps", "--json").stdout)}
-    assert as_json["napper"]["MODE"] == "on demand" and as_json["talker"]["MEMORY"] == "1 GiB"
+    assert host.startswith("host: 1 of 8 GiB held · on demand may use 7 GiB")
+    # Without -a, like docker's: nothing that is stopped or planned.
+    assert {r.split()[0] for r in cli(live, "ps").stdout.splitlines()[1:-1]} == {"talker"}
+    records = json.loads(cli(live, "ps", "--json", "-a").stdout)
+    as_json = {r["name"]: r for r in records}
+    assert as_json["napper"]["mode"] == "on_demand" and as_json["talker"]["need_gib"] == 1.0
+    assert as_json["talker"]["in_flight"] is None and isinstance(
+        as_json["talker"]["in_state_s"], int
+    )
+    assert set(as_json["talker"]) == {
+        "name",
+        "state",
+        "state_since",
+        "in_state_s",
+        "mode",
+        "loader",
+        "model",
+        "gpus",
+        "need_gib",
+        "in_flight",
+        "queued",
+        "idle_left_s",
+        "reason",
+    }
 
-    # logs -f follows the engine as it prints (one line per request it serves).
+    # logs -f prints what the log holds (so far, the engine's start), then follows the
+    # engine as it prints (one line per request it serves).
     follower = subprocess.Popen(
         [str(REPO / ".venv/bin/modelship"), "logs", "talker", "-f"],
         env=live,
@@ -93,30 +121,51 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     try:
         assert follower.stdout is not None and follower.stderr is not None
         assert "(following talker, replica 0)" in follower.stderr.readline()
-        followed = ""
+        started = follower.stdout.readline()
+        assert started.startswith("=== ") and "--served-model-name talker" in started
+        served = "POST /v1/chat/completions"
+        followed: list[str] = []
         for _ in range(5):  # the engine's log may be opened just after the stream
             answer = cli(live, "run", "talker", "hello")
             assert answer.returncode == 0, answer.stderr
             assert answer.stdout.strip() == "the quick brown fox"
-            if select.select([follower.stdout], [], [], 3)[0]:
-                followed = follower.stdout.readline().strip()
+            while served not in followed and select.select([follower.stdout], [], [], 3)[0]:
+                followed.append(follower.stdout.readline().strip())
+            if served in followed:
                 break
-        assert followed == "POST /v1/chat/completions"
+        assert served in followed, followed
     finally:
         follower.terminate()
         follower.wait(10)
     tail = cli(live, "logs", "talker", "-n", "5")
     assert "POST /v1/chat/completions" in tail.stdout
+    # -f -n N: the last N lines at once, then it follows.
+    caught_up = subprocess.Popen(
+        [str(REPO / ".venv/bin/modelship"), "logs", "talker", "-f", "-n", "1"],
+        env=live,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert caught_up.stdout is not None and caught_up.stderr is not None
+        assert caught_up.stdout.readline().strip() == "POST /v1/chat/completions"
+        assert "(following talker, replica 0)" in caught_up.stderr.readline()
+    finally:
+        caught_up.terminate()
+        caught_up.wait(10)
 
     # run starts an on-demand model; the prompt may come on stdin.
     woke = cli(live, "run", "napper", stdin="wake up")
     assert woke.returncode == 0 and woke.stdout.strip(), woke.stderr
-    napping = {r["NAME"]: r for r in json.loads(cli(live, "ps", "--json").stdout)}["napper"]
-    assert napping["STATE"] == "ready" and napping["IN FLIGHT"] == "0"
-    assert re.fullmatch(r"in [45]m\d\ds", napping["IDLE UNTIL"]), napping
+    napping = {r["name"]: r for r in json.loads(cli(live, "ps", "--json").stdout)}["napper"]
+    assert napping["state"] == "ready" and napping["in_flight"] == 0
+    assert 240 <= napping["idle_left_s"] <= 300, napping
+    shown = {r.split()[0]: r for r in cli(live, "ps", "--running").stdout.splitlines()[1:-1]}
+    assert re.search(r" in [45]m\d\ds\s*$", shown["napper"]), shown
     assert cli(live, "stop", "napper", "--wait").returncode == 0
-    assert "napper" in cli(live, "ps").stdout
-    stopped = {r["NAME"]: r["STATE"] for r in json.loads(cli(live, "ps", "--json").stdout)}
+    assert "napper" not in cli(live, "ps").stdout
+    stopped = {r["name"]: r["state"] for r in json.loads(cli(live, "ps", "-a", "--json").stdout)}
     assert stopped["napper"] == "stopped"
 
 
@@ -146,3 +195,40 @@ def test_it_manages_keys_and_exits_with_codes_a_script_can_use(
     assert denied.returncode == 3 and "not allowed" in denied.stderr
     gone = cli({**live, "MSHIP_URL": f"http://127.0.0.1:{free_port('127.0.0.1')}"}, "ps")
     assert gone.returncode == 3 and "cannot reach Modelship" in gone.stderr
+
+
+def test_it_finds_its_credentials_from_any_directory_and_says_where_it_looked(
+    live: dict[str, str], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    url = live["MSHIP_URL"]
+    var = Path(live["MSHIP_VAR_DIR"])
+    token = (var / "admin_token").read_text().strip()
+    config = tmp_path / "config"
+    bare = {k: v for k, v in live.items() if not k.startswith("MSHIP_") or k == "MSHIP_Q_NAME"}
+    bare["XDG_CONFIG_HOME"] = str(config)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # not under the site
+    inside = var.parent / "deep" / "inside"
+    inside.mkdir(parents=True)
+
+    lost = cli({**bare, "MODELSHIP_URL": url}, "ps", cwd=elsewhere)
+    assert lost.returncode == 3
+    assert "no token: tried MODELSHIP_TOKEN, MSHIP_TOKEN, " in lost.stderr
+    assert str(config / "modelship" / "credentials.json") in lost.stderr
+    assert "`modelship login` saves one" in lost.stderr
+    # Inside the site (any folder under it): its var/, as `make run` left it.
+    assert cli({**bare, "MODELSHIP_URL": url}, "ps", cwd=inside).returncode == 0
+    # The environment, by Modelship's name.
+    denied = cli({**bare, "MODELSHIP_URL": url, "MODELSHIP_TOKEN": "nope"}, "ps", cwd=elsewhere)
+    assert denied.returncode == 3 and "(the token from MODELSHIP_TOKEN)" in denied.stderr
+    # `modelship login` checks the token, then saves it for every directory, for its owner.
+    refused = cli(bare, "login", url, "--token", "nope", cwd=elsewhere)
+    assert refused.returncode == 3 and not (config / "modelship").exists()
+    logged = cli(bare, "login", url, stdin=token + "\n", cwd=elsewhere)
+    assert logged.returncode == 0, logged.stderr
+    saved = config / "modelship" / "credentials.json"
+    assert f"logged in to {url}" in logged.stdout
+    assert json.loads(saved.read_text()) == {"url": url, "token": token}
+    assert saved.stat().st_mode & 0o777 == 0o600
+    listed = cli(bare, "ps", "--json", cwd=elsewhere)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []
