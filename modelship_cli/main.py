@@ -157,11 +157,16 @@ def keys(api: Api, args: argparse.Namespace) -> int:
         err.print(f"[dim]{made['name']} ({made['prefix']}-…), shown once:[/dim]")
         print(made["key"])
     elif args.action == "list":
-        rows = list(api.pages("/api/keys/"))
-        for row in rows:
+        # Tab-separated, a header first: a table to read and a script's `cut -f`.
+        print("\t".join(("ID", "PREFIX", "NAME", "STATE", "MODELS", "RATE", "LAST USED")))
+        for row in api.pages("/api/keys/"):
             models = ",".join(row["allowed_models"]) or "all"
             state = "revoked" if row["revoked"] else "active"
-            print(f"{row['id']}\t{row['prefix']}\t{row['name']}\t{state}\t{models}")
+            limit = row.get("rate_per_minute")
+            rate = f"{'no limit' if limit is None else f'{limit}/min'} ({row.get('rate_from')})"
+            used = (row.get("last_used") or "never").split(".")[0].replace("T", " ")
+            fields = (row["id"], row["prefix"], row["name"], state, models, rate, used)
+            print("\t".join(str(f) for f in fields))
     else:
         key = find_key(api, args.name)
         api.post(f"/api/keys/{key['id']}/revoke/")

@@ -16,10 +16,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "visible_prefix",
-        "created",
+        "status",
+        "rate",
         "last_used",
-        "revoked",
-        "requests_per_minute",
+        "created",
     )
     list_filter = ("revoked",)
     search_fields = ("name", "prefix")
@@ -34,6 +34,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "last_used",
     )
     actions = ("revoke",)
+
+    @admin.display(description="status", ordering="revoked")
+    def status(self, obj: ApiKey) -> str:
+        # Words: a boolean column shows an active key as a red cross (revoked: False).
+        return "revoked" if obj.revoked else "active"
+
+    @admin.display(description="rate", ordering="requests_per_minute")
+    def rate(self, obj: ApiKey) -> str:
+        limit, whose = obj.rate()
+        return f"{'no limit' if limit is None else f'{limit:,}/min'} ({whose})"
 
     @admin.display(description="key begins")
     def visible_prefix(self, obj: ApiKey) -> str:

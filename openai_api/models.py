@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from django.conf import settings
 from django.db import models
 
 from common.json_shapes import list_of_names
@@ -41,7 +42,10 @@ class ApiKey(Versioned):
         help_text="Served names or aliases this key may call; empty: all.",
     )
     requests_per_minute = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Empty: no limit."
+        null=True,
+        blank=True,
+        help_text="Empty: the site's default (MSHIP_DEFAULT_RPM, 6,000 unless set; 0 there: no"
+        " limit).",
     )
 
     class Meta:
@@ -50,6 +54,13 @@ class ApiKey(Versioned):
 
     def __str__(self) -> str:
         return f"{self.name} ({shown_prefix(self.prefix)}-…)"
+
+    def rate(self) -> tuple[int | None, str]:
+        """The requests per minute the gateway lets it make (None: no limit), and whose
+        figure that is: the key's own or the site's default."""
+        if self.requests_per_minute:
+            return self.requests_per_minute, "key"
+        return settings.MSHIP_DEFAULT_RPM or None, "site default"
 
     @classmethod
     def issue(cls, name: str, **fields: object) -> tuple[ApiKey, str]:

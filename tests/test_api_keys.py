@@ -3,11 +3,13 @@ revoked, every change audited."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from rest_framework.test import APIClient
 
 from deployments.models import AuditEntry
@@ -53,6 +55,14 @@ def test_it_creates_restricts_and_revokes_a_key_that_the_gateway_honours(
 
     listed = staff.get("/api/keys/").json()["results"]
     assert [k["name"] for k in listed] == ["ci-bot"] and "key" not in listed[0]
+    assert (listed[0]["rate_per_minute"], listed[0]["rate_from"]) == (100, "key")
+    unset = staff.post("/api/keys/", {"name": "plain"}, format="json").json()
+    site.MSHIP_DEFAULT_RPM = 6000
+    shown = staff.get(f"/api/keys/{unset['id']}/").json()
+    assert (shown["rate_per_minute"], shown["rate_from"]) == (6000, "site default")
+    site.MSHIP_DEFAULT_RPM = 0
+    assert staff.get(f"/api/keys/{unset['id']}/").json()["rate_per_minute"] is None  # no limit
+    staff.delete(f"/api/keys/{unset['id']}/")
     assert secret not in staff.get(f"/api/keys/{body['id']}/").content.decode()
 
     restricted = staff.patch(f"/api/keys/{body['id']}/", {"allowed_models": ["one"]}, format="json")
@@ -99,3 +109,23 @@ def test_it_lets_only_users_with_the_key_permissions_manage_keys(db: None) -> No
     assert client.post(f"/api/keys/{key.pk}/revoke/").status_code == 403
     assert APIClient().get("/api/keys/").status_code in (401, 403)
     assert not ApiKey.objects.get(pk=key.pk).revoked
+
+
+def test_it_lists_keys_in_the_admin_in_words(db: None, site: Any) -> None:
+    """Active and revoked as words (a boolean column drew an active key as a red cross), and
+    the rate the gateway applies, the key's own or the site's default, named."""
+    site.MSHIP_DEFAULT_RPM = 6000
+    ApiKey.issue("own-rate", requests_per_minute=30)
+    ApiKey.issue("gone", revoked=True)
+    browser = Client()
+    browser.force_login(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
+    page = browser.get("/admin/openai_api/apikey/").content.decode()
+    rows = {
+        name: re.sub(r"<[^>]+>", " ", row)
+        for row in re.findall(r"<tr[^>]*>.*?</tr>", page, re.S)
+        for name in ("own-rate", "gone")
+        if f">{name}<" in row
+    }
+    assert re.search(r"\bactive\b.*30/min \(key\)", rows["own-rate"], re.S)
+    assert re.search(r"\brevoked\b.*6,000/min \(site default\)", rows["gone"], re.S)
+    assert "icon-no" not in page and "icon-yes" not in page

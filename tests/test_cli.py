@@ -13,7 +13,7 @@ import pytest
 
 from deployments.runtimes.process import free_port
 from openai_api.models import ApiKey
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -178,8 +178,16 @@ def test_it_manages_keys_and_exits_with_codes_a_script_can_use(
     key = ApiKey.objects.get(name="ci")
     assert secret.startswith(f"msk-{key.prefix}-") and key.allowed_models == ["talker"]
     assert key.requests_per_minute == 30
-    listed = cli(live, "keys", "list").stdout
-    assert f"msk-{key.prefix}\tci\tactive\ttalker" in listed and secret not in listed
+    cli(live, "run", "talker", "hi")  # the site's own key: used, and at the site's rate
+    wait_until(lambda: ApiKey.objects.filter(last_used__isnull=False).exists(), 10)
+    header, *rows = cli(live, "keys", "list").stdout.splitlines()
+    assert header.split("\t") == ["ID", "PREFIX", "NAME", "STATE", "MODELS", "RATE", "LAST USED"]
+    listed = {row.split("\t")[2]: row.split("\t")[3:] for row in rows}
+    assert listed["ci"] == ["active", "talker", "30/min (key)", "never"]
+    site_key = next(name for name in listed if name != "ci")
+    assert listed[site_key][2] == "6000/min (site default)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", listed[site_key][3])
+    assert secret not in "\n".join(rows)
     assert cli(live, "keys", "revoke", "ci").returncode == 0
     key.refresh_from_db()
     assert key.revoked

@@ -18,6 +18,18 @@ class ApiKeySerializer(StrictNumbers, serializers.ModelSerializer):
         help_text="Served names or aliases this key may call; empty: all.",
     )
 
+    rate_per_minute = serializers.SerializerMethodField(
+        help_text="What the gateway lets it make per minute: its own limit, else the site's"
+        " default; null: no limit."
+    )
+    rate_from = serializers.SerializerMethodField(help_text='"key" or "site default".')
+
+    def get_rate_per_minute(self, obj: ApiKey) -> int | None:
+        return obj.rate()[0]
+
+    def get_rate_from(self, obj: ApiKey) -> str:
+        return obj.rate()[1]
+
     class Meta:
         model = ApiKey
         fields: tuple[str, ...] = (
@@ -26,6 +38,8 @@ class ApiKeySerializer(StrictNumbers, serializers.ModelSerializer):
             "prefix",
             "allowed_models",
             "requests_per_minute",
+            "rate_per_minute",
+            "rate_from",
             "revoked",
             "created",
             "last_used",
