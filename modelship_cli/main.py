@@ -1,4 +1,5 @@
-"""modelship ps | logs | start | stop | sleep | wake | deploy | keys | run | login.
+"""modelship ps | logs | describe | events | start | stop | sleep | wake | deploy | keys | run |
+login.
 
 Talks to a running Modelship through its REST API (and /v1 for `run`). The site, its /api
 token and a /v1 key come from MODELSHIP_URL, MODELSHIP_TOKEN and MODELSHIP_API_KEY (or their
@@ -34,6 +35,7 @@ from modelship_cli.client import (
 
 SETTLED = {"ready", "failed", "stopped", "planned", "asleep"}
 POLL_S = 0.5
+EVENTS_POLL_S = 1.0
 QUEUED_GRACE_S = 30.0  # for the task queue to take up the work (a busy host's cluster)
 
 out = Console(highlight=False)
@@ -208,6 +210,37 @@ def run(api: Api, args: argparse.Namespace) -> int:
     return OK
 
 
+def describe(api: Api, args: argparse.Namespace) -> int:
+    row = api.deployment(args.name)
+    events = api.get("/api/events/", deployment=row["id"])["results"][: args.events]
+    if args.json:
+        print(json.dumps({**row, "events": events}))
+        return OK
+    for line in render.description(row, events):
+        print(line)
+    return OK
+
+
+def events(api: Api, args: argparse.Namespace) -> int:
+    """The latest events (of one deployment, or all), oldest first; -f then prints each new
+    one as it is recorded (polled: the API keeps them, newest first)."""
+    params: dict[str, Any] = {}
+    if args.name:
+        params["deployment"] = api.deployment(args.name)["id"]
+    latest = api.get("/api/events/", **params)["results"][: args.tail]
+    for event in reversed(latest):
+        print(render.event_line(event), flush=True)
+    if not args.follow:
+        return OK
+    seen = max((e["id"] for e in latest), default=0)
+    while True:
+        time.sleep(EVENTS_POLL_S)
+        new = [e for e in api.get("/api/events/", **params)["results"] if e["id"] > seen]
+        for event in sorted(new, key=lambda e: e["id"]):
+            print(render.event_line(event), flush=True)
+            seen = event["id"]
+
+
 def login(_: Api, args: argparse.Namespace) -> int:
     """Save a site and its /api token for every later command, from any directory."""
     url = (args.url or Config.from_env().url).rstrip("/")
@@ -271,6 +304,16 @@ def parser() -> argparse.ArgumentParser:
     talk.add_argument("prompt", nargs="?")
     talk.add_argument("--max-tokens", type=int)
     talk.set_defaults(handler=run)
+    described = sub.add_parser("describe", help="everything about a deployment, events too")
+    described.add_argument("name")
+    described.add_argument("--events", type=int, default=10, help="how many (default 10)")
+    described.add_argument("--json", action="store_true", help="the API's row and its events")
+    described.set_defaults(handler=describe)
+    happened = sub.add_parser("events", help="what happened to deployments, oldest first")
+    happened.add_argument("name", nargs="?", help="one deployment's only")
+    happened.add_argument("-n", "--tail", type=int, default=20, help="how many (default 20)")
+    happened.add_argument("-f", "--follow", action="store_true", help="then each new one")
+    happened.set_defaults(handler=events)
     sign_in = sub.add_parser("login", help="save a site and its /api token for later commands")
     sign_in.add_argument("url", nargs="?", help=f"the site (default: {DEFAULT_URL})")
     sign_in.add_argument("--token", help="the /api token (default: asked, or read from stdin)")

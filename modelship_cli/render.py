@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,3 +153,92 @@ def progress_table(rows: list[dict[str, Any]]) -> Table:
         reason = (row.get("state_reason") or "").split("\n", 1)[0]
         table.add_row(row["name"], row["state"], reason[:100])
     return table
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event as `modelship events` prints it: when (to the second), which, what, who."""
+    when = str(event.get("time") or "").split(".")[0].replace("T", " ").removesuffix("Z")
+    name = event.get("deployment_name") or "-"
+    return f"{when}  {name}  {event.get('kind')}  [{event.get('actor')}]  {event.get('text')}"
+
+
+# What `describe` shows of a deployment, in this order, under these labels.
+DESCRIBED = (
+    ("Name", "name"),
+    ("Aliases", "aliases"),
+    ("State", "state"),
+    ("Since", "state_changed_at"),
+    ("Mode", "effective_mode"),
+    ("Mode switch waiting", "pending_mode"),
+    ("Idle timeout (s)", "idle_timeout_s"),
+    ("Use case", "usecase"),
+    ("Loader", "loader"),
+    ("Model", "model"),
+    ("Runtime", "runtime"),
+    ("Image", "image"),
+    ("Command", "command"),
+    ("Memory (GiB)", "need_gib"),
+    ("GPUs per replica", "num_gpus"),
+    ("GPUs held", "gpus"),
+    ("Replicas", "replicas"),
+    ("Engine URLs", "engine_urls"),
+    ("Configuration", "config"),
+    ("Running its configuration", "config_current"),
+    ("On demand", "ondemand"),
+    ("When idle", "when_idle"),
+    ("LiteLLM", "litellm"),
+    ("Created", "created"),
+    ("Updated", "updated"),
+)
+
+
+def shown(value: Any) -> str:
+    if value in (None, "", [], {}):
+        return "-"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def moment(value: Any) -> str:
+    """A time the API gives, to the second, in UTC."""
+    seconds = seconds_of(value)
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def on_demand_text(ondemand: Any) -> str:
+    if not isinstance(ondemand, dict):
+        return "-"
+    last = ondemand.get("last_request_at")
+    return (
+        f"{ondemand.get('inflight', 0)} in flight, {ondemand.get('queued', 0)} queued,"
+        f" last request {moment(last) if last else 'none'}"
+    )
+
+
+FORMATS = {
+    "state_changed_at": moment,
+    "created": moment,
+    "updated": moment,
+    "ondemand": on_demand_text,
+}
+
+
+def description(row: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """Everything the change page shows, as `kubectl describe` would: a label per line, the
+    failure's whole reason, then the deployment's latest events, oldest first."""
+    width = max(len(label) for label, _ in DESCRIBED) + 1
+    lines = [
+        f"{label + ':':<{width}} {FORMATS.get(key, shown)(row.get(key))}"
+        for label, key in DESCRIBED
+    ]
+    reason = row.get("state_reason") or ""
+    lines.append("Reason:" if reason else f"{'Reason:':<{width}} -")
+    lines.extend(f"  {line}" for line in reason.splitlines())
+    lines.append("Events:" if events else f"{'Events:':<{width}} -")
+    lines.extend(f"  {event_line(e)}" for e in reversed(events))
+    return lines

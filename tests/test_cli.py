@@ -168,6 +168,36 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     stopped = {r["name"]: r["state"] for r in json.loads(cli(live, "ps", "-a", "--json").stdout)}
     assert stopped["napper"] == "stopped"
 
+    # describe: what the change page shows, then its events, oldest first.
+    described = cli(live, "describe", "napper")
+    assert described.returncode == 0, described.stderr
+    lines = described.stdout.splitlines()
+    fields = dict(re.findall(r"^([A-Z][^:]*):\s+(.*)$", described.stdout, re.M))
+    assert (fields["Name"], fields["State"], fields["Mode"]) == ("napper", "stopped", "on_demand")
+    assert fields["Loader"] == "simulated" and fields["Memory (GiB)"] == "1.0"
+    kinds = [line.split()[3] for line in lines[lines.index("Events:") + 1 :]]
+    assert kinds == ["starting", "ready", "stopping", "stopped"], kinds
+    as_json = json.loads(cli(live, "describe", "napper", "--json").stdout)
+    assert as_json["name"] == "napper" and as_json["events"][0]["kind"] == "stopped"
+
+    # events -f: the latest, then each new one as it happens.
+    watcher = subprocess.Popen(
+        [str(REPO / ".venv/bin/modelship"), "events", "napper", "-f", "-n", "1"],
+        env=live,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert watcher.stdout.readline().split()[2:4] == ["napper", "stopped"]
+        assert cli(live, "start", "napper", "--wait").returncode == 0
+        happened = [watcher.stdout.readline().split()[3] for _ in range(2)]
+        assert happened == ["starting", "ready"], happened
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+
 
 def test_it_manages_keys_and_exits_with_codes_a_script_can_use(
     live: dict[str, str], tmp_path: Path
