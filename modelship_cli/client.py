@@ -133,7 +133,8 @@ class Api:
         headers = {"authorization": f"Token {config.token}"} if config.token else {}
         self.http = httpx.Client(base_url=config.url, headers=headers, timeout=timeout)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer, checked: an error answer is a CliError with its exit code."""
         try:
             answer = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -141,7 +142,15 @@ class Api:
                 f"cannot reach Modelship at {self.config.url}: {exc}", UNREACHABLE
             ) from exc
         check(answer, self.config)
+        return answer
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        answer = self.send(method, path, **kwargs)
         return answer.json() if answer.content else None
+
+    def v1_headers(self) -> dict[str, str]:
+        """/v1 takes the site's API key (Bearer), not the /api token."""
+        return {"authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params=params)

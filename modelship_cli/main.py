@@ -11,6 +11,7 @@ keeps them) when run inside the site. Exit codes: 0 done, 1 refused or failed, 2
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import json
 import sys
@@ -184,9 +185,69 @@ def find_key(api: Api, wanted: str) -> dict[str, Any]:
 
 
 def run(api: Api, args: argparse.Namespace) -> int:
-    """Stream a chat answer, like `ollama run`: the prompt from the argument, else stdin."""
+    """Use a model as its use case has it, like `ollama run`: chat streams an answer,
+    embeddings print the vector, speech and images are written to a file, transcription
+    and translation read one. The prompt comes from the argument, else stdin."""
+    usecase = usecase_of(api, args.name)
+    if usecase in ("transcription", "translation"):
+        return transcribe(api, args, usecase)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    headers = {"authorization": f"Bearer {api.config.api_key}"} if api.config.api_key else {}
+    if usecase == "embed":
+        body = {"model": args.name, "input": prompt}
+        answer = api.call("POST", "/v1/embeddings", json=body, headers=api.v1_headers())
+        print(json.dumps(answer["data"][0]["embedding"]))
+        return OK
+    if usecase == "tts":
+        target = Path(args.output or f"{args.name}.mp3")
+        fmt = target.suffix.lstrip(".").lower() or "mp3"
+        body = {"model": args.name, "input": prompt, "voice": args.voice, "response_format": fmt}
+        answer = api.send("POST", "/v1/audio/speech", json=body, headers=api.v1_headers())
+        return written(target, answer.content)
+    if usecase == "image":
+        target = Path(args.output or f"{args.name}.png")
+        body = {"model": args.name, "prompt": prompt, "response_format": "b64_json"}
+        made = api.call("POST", "/v1/images/generations", json=body, headers=api.v1_headers())
+        return written(target, base64.b64decode(made["data"][0]["b64_json"]))
+    return chat(api, args, prompt)
+
+
+def usecase_of(api: Api, name: str) -> str:
+    """The deployment's use case, through /api; chat where only a /v1 key is at hand."""
+    if not api.config.token:
+        return "generate"
+    return str(api.deployment(name).get("usecase") or "generate")
+
+
+def written(target: Path, content: bytes) -> int:
+    try:
+        target.write_bytes(content)
+    except OSError as exc:
+        raise CliError(f"{target}: {exc.strerror}", REFUSED) from exc
+    print(f"wrote {target} ({len(content):,} bytes)")
+    return OK
+
+
+def transcribe(api: Api, args: argparse.Namespace, usecase: str) -> int:
+    if args.prompt is None:
+        raise CliError(f"{args.name} takes an audio file: modelship run {args.name} FILE")
+    audio = Path(args.prompt)
+    try:
+        data = audio.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{audio}: {exc.strerror}", NOT_FOUND) from exc
+    path = "/v1/audio/transcriptions" if usecase == "transcription" else "/v1/audio/translations"
+    answer = api.call(
+        "POST",
+        path,
+        data={"model": args.name},
+        files={"file": (audio.name, data)},
+        headers=api.v1_headers(),
+    )
+    print(answer["text"])
+    return OK
+
+
+def chat(api: Api, args: argparse.Namespace, prompt: str) -> int:
     body = {
         "model": args.name,
         "messages": [{"role": "user", "content": prompt}],
@@ -194,7 +255,7 @@ def run(api: Api, args: argparse.Namespace) -> int:
     }
     if args.max_tokens:
         body["max_tokens"] = args.max_tokens
-    for line in api.stream("POST", "/v1/chat/completions", json=body, headers=headers):
+    for line in api.stream("POST", "/v1/chat/completions", json=body, headers=api.v1_headers()):
         if not line.startswith("data:"):
             continue  # keepalives while an on-demand model starts
         data = line[5:].strip()
@@ -258,7 +319,7 @@ def login(_: Api, args: argparse.Namespace) -> int:
     values = {"url": url, "token": token}
     if args.api_key:
         values["api_key"] = args.api_key
-    out.print(f"logged in to {url}; saved in {write_saved(values)}")
+    print(f"logged in to {url}; saved in {write_saved(values)}")
     return OK
 
 
@@ -299,10 +360,12 @@ def parser() -> argparse.ArgumentParser:
     revoke = key_sub.add_parser("revoke")
     revoke.add_argument("name", help="the key's id, name or msk- prefix")
     key.set_defaults(handler=keys)
-    talk = sub.add_parser("run", help="stream a chat answer from a model")
+    talk = sub.add_parser("run", help="use a model: chat, embed, speak, paint or transcribe")
     talk.add_argument("name")
-    talk.add_argument("prompt", nargs="?")
-    talk.add_argument("--max-tokens", type=int)
+    talk.add_argument("prompt", nargs="?", help="the prompt (else stdin), or the audio file")
+    talk.add_argument("--max-tokens", type=int, help="chat: the longest answer")
+    talk.add_argument("-o", "--output", help="speech or an image: the file (default NAME.mp3/png)")
+    talk.add_argument("--voice", default="alloy", help="speech: the voice (default alloy)")
     talk.set_defaults(handler=run)
     described = sub.add_parser("describe", help="everything about a deployment, events too")
     described.add_argument("name")

@@ -3,12 +3,14 @@ ps, deploy --wait, logs and logs -f, run, start and stop, keys; exit codes a scr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import select
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from deployments.runtimes.process import free_port
@@ -208,7 +210,9 @@ def test_it_manages_keys_and_exits_with_codes_a_script_can_use(
     key = ApiKey.objects.get(name="ci")
     assert secret.startswith(f"msk-{key.prefix}-") and key.allowed_models == ["talker"]
     assert key.requests_per_minute == 30
-    cli(live, "run", "talker", "hi")  # the site's own key: used, and at the site's rate
+    site_secret = (Path(live["MSHIP_VAR_DIR"]) / "api_key").read_text().strip()
+    bearer = {"authorization": f"Bearer {site_secret}"}
+    assert httpx.get(live["MSHIP_URL"] + "/v1/models", headers=bearer).status_code == 200
     wait_until(lambda: ApiKey.objects.filter(last_used__isnull=False).exists(), 10)
     header, *rows = cli(live, "keys", "list").stdout.splitlines()
     assert header.split("\t") == ["ID", "PREFIX", "NAME", "STATE", "MODELS", "RATE", "LAST USED"]
@@ -270,3 +274,57 @@ def test_it_finds_its_credentials_from_any_directory_and_says_where_it_looked(
     listed = cli(bare, "ps", "--json", cwd=elsewhere)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout) == []
+
+
+MEDIA = """
+models:
+  - name: vectors
+    model: simulated
+    loader: simulated
+    usecase: embed
+    runtime: process
+    memory_gib: 1
+  - name: ears
+    model: simulated
+    loader: simulated
+    usecase: transcription
+    runtime: process
+    memory_gib: 1
+  - name: voice
+    model: espeak
+    loader: tts
+    usecase: tts
+    runtime: process
+    memory_gib: 0.3
+"""
+
+
+def test_it_runs_a_model_as_its_use_case_has_it(live: dict[str, str], tmp_path: Path) -> None:
+    """`modelship run` embeds, transcribes a file and writes speech to one, as it chats (an
+    image model's is in test_images)."""
+    models = tmp_path / "media.yaml"
+    models.write_text(MEDIA)
+    deployed = cli(live, "deploy", "-f", str(models), "--wait")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+    vector = cli(live, "run", "vectors", "a sentence to embed")
+    assert vector.returncode == 0, vector.stderr
+    assert all(isinstance(x, float) for x in json.loads(vector.stdout)) and json.loads(
+        vector.stdout
+    )
+
+    recording = tmp_path / "hello.wav"
+    recording.write_bytes(b"RIFF" + bytes(range(256)) * 4)
+    heard = cli(live, "run", "ears", str(recording))
+    digest = hashlib.sha256(recording.read_bytes()).hexdigest()
+    assert heard.returncode == 0 and heard.stdout.strip() == f"1028 bytes sha256={digest}"
+    no_file = cli(live, "run", "ears")
+    assert no_file.returncode == 1 and "ears takes an audio file" in no_file.stderr
+    absent = cli(live, "run", "ears", str(tmp_path / "absent.wav"))
+    assert absent.returncode == 2 and "absent.wav" in absent.stderr
+
+    spoken = cli(live, "run", "voice", "hello there", "-o", str(tmp_path / "hello-out.wav"))
+    assert spoken.returncode == 0, spoken.stderr
+    assert "wrote" in spoken.stdout and (tmp_path / "hello-out.wav").read_bytes()[:4] == b"RIFF"
+    nowhere = cli(live, "run", "voice", "hi", "-o", str(tmp_path / "no" / "such" / "x.wav"))
+    assert nowhere.returncode == 1 and "x.wav" in nowhere.stderr

@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import socket
+import subprocess
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -17,12 +18,13 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 from PIL import Image
 
 from deployments.models import Deployment, State
-from tests.conftest import reap, wait_until
+from tests.conftest import REPO, env_for_subprocess, reap, wait_until
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
@@ -99,6 +101,32 @@ def test_it_generates_pngs_of_the_asked_size(client: openai.OpenAI, painter: Dep
     url = str((as_url.data or [])[0].url)
     assert url.startswith("data:image/png;base64,")
     assert png(url.split(",", 1)[1]).size == (64, 64)  # the pipeline's own size by default
+
+
+def test_it_paints_into_a_file_from_the_command_line(
+    painter: Deployment, gateway_url: str, api_key: Callable[..., str], tmp_path: Path
+) -> None:
+    """`modelship run` on an image model writes the PNG it was given (-o)."""
+    User.objects.create_superuser("ops", "o@example.com", "pw-123456")
+    token = io.StringIO()
+    call_command("api_token", "ops", stdout=token)
+    env = env_for_subprocess(
+        MODELSHIP_URL=gateway_url,
+        MODELSHIP_TOKEN=token.getvalue().strip(),
+        MODELSHIP_API_KEY=api_key(),
+    )
+    target = tmp_path / "lighthouse.png"
+    painted = subprocess.run(
+        [str(REPO / ".venv/bin/modelship"), "run", "painter", "a lighthouse", "-o", str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert painted.returncode == 0, painted.stderr
+    assert f"wrote {target}" in painted.stdout
+    image = Image.open(target)
+    assert (image.format, image.size) == ("PNG", (64, 64))
 
 
 def test_it_edits_an_image_with_and_without_a_mask(
