@@ -16,9 +16,17 @@ from django.utils.html import format_html
 from deployments import admin_options, display, hooks, host_access, operations
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
-from deployments.loaders import LOADERS, EngineSpec
+from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.memory import host_summary, need_gib
-from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+from deployments.models import (
+    STARTABLE_STATES,
+    AuditEntry,
+    Deployment,
+    DeploymentEvent,
+    Mode,
+    State,
+)
+from deployments.operations import Outcome
 from deployments.refusals import OperationRefused
 
 if TYPE_CHECKING:
@@ -50,6 +58,12 @@ def run_operation(
             outcome = operation(deployment, request.user)
         except OperationRefused as exc:
             modeladmin.message_user(request, f"{deployment.name}: {exc}", messages.ERROR)
+            continue
+        if verb != "mode" and outcome != Outcome.QUEUED:
+            # Nothing was done: it is in that state already (a start of a ready one).
+            modeladmin.message_user(
+                request, f"{deployment.name} is {outcome}: nothing to {verb}", messages.WARNING
+            )
             continue
         modeladmin.message_user(request, f"{deployment.name}: {verb} {outcome}")
 
@@ -348,7 +362,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         # The live panel of an existing deployment's page (change_form.html).
         if obj is not None and obj.pk:
             context["live"] = {
-                "buttons": [(op, button.label) for op, button in BUTTONS.items()],
+                "buttons": buttons_for(obj),
                 "may_operate": self.has_change_permission(request, obj),
                 "tails": tails(obj, ADMIN_LOG_LINES),
                 "replicas": range(obj.replica_count),
@@ -359,10 +373,15 @@ class DeploymentAdmin(admin.ModelAdmin):
 
 
 def to_on_demand(deployment: Deployment, user: Any) -> str:
+    if deployment.mode == Mode.ON_DEMAND and not deployment.pending_mode:
+        return "already on_demand"  # a stale page's button: nothing is switched
     return operations.set_mode(deployment, Mode.ON_DEMAND, user).effective_mode
 
 
 def to_always_on(deployment: Deployment, user: Any) -> str:
+    runs = not operations.needs_start(deployment, Mode.ALWAYS_ON)
+    if deployment.mode == Mode.ALWAYS_ON and not deployment.pending_mode and runs:
+        return "already always_on"
     deployment = operations.set_mode(deployment, Mode.ALWAYS_ON, user)
     return (deployment.pending_mode and "always on once started") or deployment.effective_mode
 
@@ -371,17 +390,50 @@ class Button(NamedTuple):
     operation: Callable[[Deployment, Any], Any]
     verb: str  # the word its message uses
     label: str
+    states: tuple[str, ...] = ()  # the states it does something in (none: any)
+    mode: str = ""  # a mode switch: the mode it switches to
+    confirm: str = ""  # asked before it is pressed
 
 
 # The operations a deployment's page offers as buttons (and the list as actions).
 BUTTONS: dict[str, Button] = {
-    "start": Button(operations.start, "start", "Start"),
-    "stop": Button(operations.stop, "stop", "Stop"),
-    "sleep": Button(operations.sleep, "sleep", "Sleep"),
-    "wake": Button(operations.wake, "wake", "Wake"),
-    "on_demand": Button(to_on_demand, "mode", "Switch to on demand"),
-    "always_on": Button(to_always_on, "mode", "Switch to always on"),
+    "start": Button(operations.start, "start", "Start", tuple(STARTABLE_STATES)),
+    "stop": Button(
+        operations.stop,
+        "stop",
+        "Stop",
+        (State.STARTING, State.READY, State.ASLEEP, State.FAILED),
+        confirm="Stop {name}? Requests to it fail until it runs again.",
+    ),
+    "sleep": Button(operations.sleep, "sleep", "Sleep", (State.READY,)),
+    "wake": Button(operations.wake, "wake", "Wake", (State.ASLEEP,)),
+    "on_demand": Button(to_on_demand, "mode", "Switch to on demand", mode=Mode.ON_DEMAND),
+    "always_on": Button(to_always_on, "mode", "Switch to always on", mode=Mode.ALWAYS_ON),
 }
+
+
+def buttons_for(deployment: Deployment) -> list[dict[str, Any]]:
+    """The page's buttons: each enabled in the states it acts in (the live panel keeps that
+    so as the state changes), sleep only where the engine sleeps, no switch to the mode it
+    is in."""
+    sleeps = get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment))
+    shown = []
+    for op, button in BUTTONS.items():
+        if button.mode and button.mode == deployment.effective_mode and not deployment.pending_mode:
+            continue
+        if op == "sleep" and not sleeps:
+            continue
+        enabled = not button.states or deployment.state in button.states
+        shown.append(
+            {
+                "op": op,
+                "label": button.label,
+                "enabled": enabled,
+                "states": " ".join(button.states),
+                "confirm": button.confirm.format(name=deployment.name),
+            }
+        )
+    return shown
 
 
 def press(

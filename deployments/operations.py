@@ -185,6 +185,8 @@ def set_mode(
     check_mode(deployment, mode)
     old = deployment.effective_mode
     start = needs_start(deployment, mode)
+    if deployment.mode == mode and not deployment.pending_mode and not start:
+        return deployment  # in that mode already: nothing to switch, no audit row
     with transaction.atomic():
         if start and old == Mode.ON_DEMAND:
             updated = Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)

@@ -132,11 +132,28 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
     assert browser.find_element(By.ID, "log-pause").text == "Pause"
     assert browser.save_screenshot(str(ARTIFACTS / "live-admin-deployment.png"))
 
-    # Its Stop button: the operation's message, then the state as it changes.
-    browser.find_element(By.CSS_SELECTOR, 'button[name="op"][value="stop"]').click()
+    # Its buttons follow its state: only what does something now is enabled, and no switch
+    # to the mode it is in is offered.
+    def enabled(d: WebDriver) -> set[str]:
+        buttons = d.find_elements(By.CSS_SELECTOR, 'button[name="op"]')
+        return {str(b.get_attribute("value")) for b in buttons if b.is_enabled()}
+
+    offered = {b.get_attribute("value") for b in browser.find_elements(By.NAME, "op")}
+    assert "always_on" not in offered and "on_demand" in offered
+    assert enabled(browser) == {"stop", "on_demand"}
+    # Its Stop button asks first; dismissed, nothing happens.
+    stop = 'button[name="op"][value="stop"]'
+    browser.find_element(By.CSS_SELECTOR, stop).click()
+    assert "Stop talker?" in browser.switch_to.alert.text
+    browser.switch_to.alert.dismiss()
+    assert Deployment.objects.get(pk=talker.pk).state == "ready"
+    # Confirmed: the operation's message, then the state and the buttons as it changes.
+    browser.find_element(By.CSS_SELECTOR, stop).click()
+    browser.switch_to.alert.accept()
     until(browser, lambda d: "talker: stop queued" in text_of(d, "ul.messagelist").lower())
     panel_badge = f'#live-panel [data-live="state"][data-id="{talker.pk}"]'
     until(browser, lambda d: text_of(d, panel_badge) == "stopped")
+    until(browser, lambda d: enabled(d) == {"start", "on_demand"})
     until(
         browser,
         lambda d: "not running" in text_of(d, "#log-status") or "gone" in text_of(d, "#log-status"),

@@ -68,6 +68,12 @@
       el.textContent = ago(row.last_request_at);
     }
     if (row.id === mine) log.engine(RUNNING.includes(row.state));
+    // A button does something only in its states: enabled as the state changes.
+    for (const button of document.querySelectorAll('button[data-states][data-id="' + row.id + '"]')) {
+      const acts = button.dataset.states.split(" ").includes(row.state);
+      button.disabled = !acts;
+      button.title = acts ? "" : "not while it is " + row.state;
+    }
   }
 
   function gone(id) {
@@ -214,6 +220,12 @@
 
     return { engine: engine };
   })();
+
+  // A button that asks first (Stop): pressed only once confirmed.
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest && event.target.closest("button[data-confirm]");
+    if (button && !window.confirm(button.dataset.confirm)) event.preventDefault();
+  });
 
   setInterval(function () {
     for (const el of document.querySelectorAll('[data-live="last_request_at"]')) {
