@@ -180,7 +180,7 @@ DESCRIBED = (
     ("Memory (GiB)", "need_gib"),
     ("GPUs per replica", "num_gpus"),
     ("GPUs held", "gpus"),
-    ("Replicas", "replicas"),
+    ("Replicas", "num_replicas"),
     ("Engine URLs", "engine_urls"),
     ("Configuration", "config"),
     ("Running its configuration", "config_current"),
