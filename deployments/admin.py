@@ -20,9 +20,7 @@ from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.memory import host_summary, need_gib
 from deployments.models import (
     STARTABLE_STATES,
-    AuditEntry,
     Deployment,
-    DeploymentEvent,
     Mode,
     State,
 )
@@ -442,30 +440,6 @@ def press(
     run_operation(modeladmin, request, rows, BUTTONS[button].operation, BUTTONS[button].verb)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-@admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnlyAdmin):
-    list_display = ("time", "actor", "action", "object_repr", "request_id")
-    list_filter = ("action", "actor")
-    search_fields = ("object_repr", "request_id", "text")
-
-
-@admin.register(DeploymentEvent)
-class DeploymentEventAdmin(ReadOnlyAdmin):
-    list_display = ("time", "deployment_name", "kind", "actor", "text")
-    list_filter = ("kind", "actor")
-    search_fields = ("deployment_name", "text")
-
-
-# The /api tokens' admin, kept in a module of its own (this one is long enough).
-from deployments import admin_tokens  # noqa: E402, F401
+# The /api tokens' and the audit trail's admins, kept in modules of their own (this one is
+# long enough).
+from deployments import admin_audit, admin_tokens  # noqa: E402, F401

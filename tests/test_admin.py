@@ -128,6 +128,15 @@ def test_it_audits_a_change_made_in_the_admin(staff: Client, make_deployment: An
     assert ((entry.before or {})["memory_gib"], (entry.after or {})["memory_gib"]) == (1.0, 3.0)
     assert entry.actor == "admin"
     assert Deployment.objects.get(pk=deployment.pk).memory_gib == 3
+    # The trail shows it to the second, with the fields it changed, each from what to what.
+    listed = staff.get("/admin/deployments/auditentry/").content.decode()
+    row = next(r for r in re.findall(r"<tr[^>]*>.*?</tr>", listed, re.S) if ">update<" in r)
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row)
+    assert re.search(r'class="field-changed">memory_gib<', row)
+    shown = staff.get(f"/admin/deployments/auditentry/{entry.pk}/change/").content.decode()
+    assert re.search(
+        r"<tr><th>memory_gib</th><td><code>1.0</code></td><td><code>3.0</code></td></tr>", shown
+    )
 
 
 def test_it_keeps_audit_and_events_read_only(staff: Client) -> None:
