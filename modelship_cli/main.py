@@ -40,7 +40,7 @@ EVENTS_POLL_S = 1.0
 QUEUED_GRACE_S = 30.0  # for the task queue to take up the work (a busy host's cluster)
 
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a message as one line
 
 
 def ps(api: Api, args: argparse.Namespace) -> int:
