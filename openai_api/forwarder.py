@@ -99,6 +99,16 @@ async def read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes
     return b"".join(parts), False
 
 
+async def pass_on(send: Send, response: aiohttp.ClientResponse, head: bytes = b"") -> None:
+    """The rest of an engine's answer as it comes (after `head`, what was read of it), then
+    the end of the caller's."""
+    if head:
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+    async for chunk in response.content.iter_any():
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def engine_error_of(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
     """An engine's error answer: its message (else its text) and its own code, if it gave
     one (vLLM's and llama.cpp's are OpenAI-shaped)."""
@@ -257,9 +267,7 @@ class Forwarder:
                         "headers": downstream_headers(response, request_id),
                     }
                 )
-                async for chunk in response.content.iter_any():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await pass_on(send, response)
         except aiohttp.ClientError as exc:
             # The engine went away mid-answer: end the answer where it broke.
             log.warning("engine stream broke: %s", exc)
@@ -294,10 +302,7 @@ class Forwarder:
             raw, whole = await read_capped(response, ERROR_READ_CAP)
             if not whole:
                 await send(start)
-                await send({"type": "http.response.body", "body": raw, "more_body": True})
-                async for chunk in response.content.iter_any():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await pass_on(send, response, raw)
                 return
             body = normalized(response.status, raw) or raw
         headers.append((b"content-length", str(len(body)).encode()))
@@ -311,9 +316,7 @@ class Forwarder:
             message, code = await engine_error_of(response)
             await send_sse_error(send, response.status, message, code or "upstream_error")
             return
-        async for chunk in response.content.iter_any():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await pass_on(send, response)
 
     async def close(self) -> None:
         for session in self.sessions.values():
