@@ -25,7 +25,7 @@ from django.db import connection
 from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
 
-from deployments import engine_envs
+from deployments import deployer, engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from openai_api.access import writer
@@ -321,6 +321,31 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
             raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+class HeldSleep:
+    """Engines' /sleep, held (vLLM's takes up to a minute): `began` is set once a sleep is
+    asked of an engine, which gets it when the test sets `release`."""
+
+    def __init__(self) -> None:
+        self.began = threading.Event()
+        self.release = threading.Event()
+
+
+@pytest.fixture
+def held_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSleep]:
+    held = HeldSleep()
+    post_each = deployer._post_each
+
+    def slow_sleep(deployment: Deployment, path: str) -> None:
+        if path.startswith("/sleep"):
+            held.began.set()
+            held.release.wait(scaled(60))
+        post_each(deployment, path)
+
+    monkeypatch.setattr(deployer, "_post_each", slow_sleep)
+    yield held
+    held.release.set()  # a test that failed half-way leaves no sleep waiting
 
 
 def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:

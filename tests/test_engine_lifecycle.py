@@ -17,6 +17,7 @@ from deployments.models import Deployment, DeploymentEvent, State
 from deployments.refusals import CannotSleep
 from deployments.runtimes.process import ProcessRuntime
 from tests.conftest import (
+    HeldSleep,
     answers,
     chat,
     in_thread,
@@ -200,27 +201,17 @@ def test_it_stops_an_engine_that_takes_a_sleep_and_stays_awake(make_deployment: 
 
 
 def test_it_stops_the_engine_of_a_deployment_deleted_while_it_goes_to_sleep(
-    make_deployment: Any, monkeypatch: pytest.MonkeyPatch
+    make_deployment: Any, held_sleep: HeldSleep
 ) -> None:
     """A delete that comes while the engine takes its /sleep (up to a minute on vLLM) finds
     the row stopping: the engine goes with the row, not left asleep with nothing to track it."""
     deployment = make_deployment(config=sim(enable_sleep_mode=True))
     deployer.restart(deployment.pk)
     url = Deployment.objects.get(pk=deployment.pk).engine_url
-    in_sleep, let_sleep = threading.Event(), threading.Event()
-    post_each = deployer._post_each
-
-    def slow_sleep(deployment: Deployment, path: str) -> None:
-        if path.startswith("/sleep"):
-            in_sleep.set()
-            let_sleep.wait(scaled(60))
-        post_each(deployment, path)
-
-    monkeypatch.setattr(deployer, "_post_each", slow_sleep)
     sleeping = in_thread(deployer.sleep, deployment.pk)
-    assert in_sleep.wait(scaled(30))
+    assert held_sleep.began.wait(scaled(30))
     assert tasks.remove(deployment.pk)
-    let_sleep.set()
+    held_sleep.release.set()
     sleeping.join()
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert not answers(url + "/is_sleeping")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -23,7 +22,7 @@ from ondemand.adapter import in_thread as off_the_loop
 from ondemand.controller import Controller
 from ondemand.lease import extend
 from ondemand.reaper import reap_once
-from tests.conftest import REPO, env_for_subprocess, in_thread, reap, scaled
+from tests.conftest import REPO, HeldSleep, env_for_subprocess, in_thread, reap, scaled
 from tests.fake_clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -261,7 +260,7 @@ def test_it_writes_the_lease_the_reaper_reads_when_a_long_stream_ends(
 
 @pytest.mark.parametrize("ignore_sleep", [False, True], ids=["sleeps", "stays_awake"])
 def test_it_gives_no_slot_on_an_engine_going_to_sleep_and_the_request_wakes_it(
-    make_deployment: Any, monkeypatch: pytest.MonkeyPatch, ignore_sleep: bool
+    make_deployment: Any, held_sleep: HeldSleep, ignore_sleep: bool
 ) -> None:
     """The engine's /sleep takes its time (up to a minute on vLLM); a request that comes
     meanwhile waits instead of getting a slot on an engine about to sleep, and starts it
@@ -270,16 +269,6 @@ def test_it_gives_no_slot_on_an_engine_going_to_sleep_and_the_request_wakes_it(
         "sleepy", mode="on_demand", config={"enable_sleep_mode": True, "ignore_sleep": ignore_sleep}
     )
     deployer.restart(sleepy.pk)
-    in_sleep, let_sleep = threading.Event(), threading.Event()
-    post_each = deployer._post_each
-
-    def slow_sleep(deployment: Deployment, path: str) -> None:
-        if path.startswith("/sleep"):
-            in_sleep.set()
-            let_sleep.wait(scaled(60))
-        post_each(deployment, path)
-
-    monkeypatch.setattr(deployer, "_post_each", slow_sleep)
 
     async def race() -> tuple[bool, bool, str]:
         clock = FakeClock()
@@ -293,12 +282,12 @@ def test_it_gives_no_slot_on_an_engine_going_to_sleep_and_the_request_wakes_it(
 
         clock.wait = wait  # type: ignore[method-assign]
         sleeping = asyncio.ensure_future(in_engine_thread(deployer.sleep, sleepy.pk))
-        await asyncio.to_thread(in_sleep.wait)
+        await asyncio.to_thread(held_sleep.began.wait)
         request = asyncio.ensure_future(controller.acquire(sleepy.pk))
         first = asyncio.ensure_future(waits.wait())
         await asyncio.wait({request, first}, return_when=asyncio.FIRST_COMPLETED)
         granted_during_sleep = request.done()
-        let_sleep.set()
+        held_sleep.release.set()
         put_away = await sleeping
         state = await off_the_loop(lambda: Deployment.objects.get(pk=sleepy.pk).state)
         controller.notify()  # the route table's listener does this in the gateway
