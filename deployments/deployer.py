@@ -290,9 +290,7 @@ def sleep(
     except BaseException:
         transition(deployment, State.READY, expected=[State.STOPPING], actor=actor)
         raise
-    if not Deployment.objects.filter(pk=deployment.pk).exists():
-        # Deleted while its engine went to sleep: nothing would track that engine again.
-        stop_orphans(deployment)
+    if _orphaned(deployment):
         return False
     if why:
         why = f"sleep not supported by this engine here ({why})"
@@ -300,9 +298,17 @@ def sleep(
         return _take_down(deployment, State.READY, actor=actor, reason=f"{why}: stopping instead")
     if transition(deployment, State.ASLEEP, expected=[State.STOPPING], reason=reason, actor=actor):
         return True
-    if not Deployment.objects.filter(pk=deployment.pk).exists():
-        stop_orphans(deployment)
+    _orphaned(deployment)
     return False
+
+
+def _orphaned(deployment: Deployment) -> bool:
+    """Whether the row was deleted while its engine went to sleep; if so its engines are
+    stopped: nothing would track them again."""
+    if Deployment.objects.filter(pk=deployment.pk).exists():
+        return False
+    stop_orphans(deployment)
+    return True
 
 
 def stop_orphans(deployment: Deployment) -> None:
