@@ -63,21 +63,12 @@ def logs(api: Api, args: argparse.Namespace) -> int:
     row = api.deployment(args.name)
     path = f"/api/deployments/{row['id']}/logs/"
     if not args.follow:
-        answer = api.get(path, tail=args.tail)
-        for replica in answer["replicas"]:
-            if len(answer["replicas"]) > 1:
-                out.print(f"[bold]replica {replica['replica']}[/bold]")
-            for line in replica["lines"]:
-                print(line)
+        print_tail(api, path, args.tail)
         return OK
     event = ""
     for line in api.stream("GET", path, params={"follow": "true", "replica": args.replica}):
         if line.startswith(":"):  # the stream is open: what came before it, then what comes
-            answer = api.get(path, tail=args.tail)
-            for replica in answer["replicas"]:
-                if replica["replica"] == args.replica:
-                    for before in replica["lines"]:
-                        print(before)
+            print_tail(api, path, args.tail, only=args.replica)
             err.print(f"[dim](following {row['name']}, replica {args.replica})[/dim]")
         elif line.startswith("event:"):
             event = line[6:].strip()
@@ -88,6 +79,19 @@ def logs(api: Api, args: argparse.Namespace) -> int:
                 return OK
             print(text, flush=True)
     return OK
+
+
+def print_tail(api: Api, path: str, lines: int, only: int | None = None) -> None:
+    """The last lines of each replica's log (of one, `only`), each under its name where
+    there are several."""
+    replicas = api.get(path, tail=lines)["replicas"]
+    if only is not None:
+        replicas = [r for r in replicas if r["replica"] == only]
+    for replica in replicas:
+        if len(replicas) > 1:
+            out.print(f"[bold]replica {replica['replica']}[/bold]")
+        for line in replica["lines"]:
+            print(line)
 
 
 def operate(api: Api, args: argparse.Namespace) -> int:
