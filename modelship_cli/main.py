@@ -171,7 +171,7 @@ def keys(api: Api, args: argparse.Namespace) -> int:
             state = "revoked" if row["revoked"] else "active"
             limit = row.get("rate_per_minute")
             rate = f"{'no limit' if limit is None else f'{limit}/min'} ({row.get('rate_from')})"
-            used = (row.get("last_used") or "never").split(".")[0].replace("T", " ")
+            used = render.to_the_second(row.get("last_used")) or "never"
             fields = (row["id"], row["prefix"], row["name"], state, models, rate, used)
             print("\t".join(str(f) for f in fields))
     else:

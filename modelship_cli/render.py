@@ -155,9 +155,14 @@ def progress_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def to_the_second(moment: Any) -> str:
+    """An ISO time the API gives, as a line prints it: date and time to the second."""
+    return str(moment or "").split(".")[0].replace("T", " ").removesuffix("Z")
+
+
 def event_line(event: dict[str, Any]) -> str:
     """One event as `modelship events` prints it: when (to the second), which, what, who."""
-    when = str(event.get("time") or "").split(".")[0].replace("T", " ").removesuffix("Z")
+    when = to_the_second(event.get("time"))
     name = event.get("deployment_name") or "-"
     return f"{when}  {name}  {event.get('kind')}  [{event.get('actor')}]  {event.get('text')}"
 
