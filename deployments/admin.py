@@ -370,18 +370,17 @@ class DeploymentAdmin(admin.ModelAdmin):
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 
-def to_on_demand(deployment: Deployment, user: Any) -> str:
-    if deployment.mode == Mode.ON_DEMAND and not deployment.pending_mode:
-        return "already on_demand"  # a stale page's button: nothing is switched
-    return operations.set_mode(deployment, Mode.ON_DEMAND, user).effective_mode
+def to_mode(mode: str) -> Callable[[Deployment, Any], str]:
+    """A mode switch's button: what it switched to, or that it was in that mode already (a
+    stale page's button: nothing is switched)."""
 
+    def switch(deployment: Deployment, user: Any) -> str:
+        if operations.in_mode(deployment, mode):
+            return f"already {mode}"
+        deployment = operations.set_mode(deployment, mode, user)
+        return (deployment.pending_mode and "always on once started") or deployment.effective_mode
 
-def to_always_on(deployment: Deployment, user: Any) -> str:
-    runs = not operations.needs_start(deployment, Mode.ALWAYS_ON)
-    if deployment.mode == Mode.ALWAYS_ON and not deployment.pending_mode and runs:
-        return "already always_on"
-    deployment = operations.set_mode(deployment, Mode.ALWAYS_ON, user)
-    return (deployment.pending_mode and "always on once started") or deployment.effective_mode
+    return switch
 
 
 class Button(NamedTuple):
@@ -405,8 +404,12 @@ BUTTONS: dict[str, Button] = {
     ),
     "sleep": Button(operations.sleep, "sleep", "Sleep", (State.READY,)),
     "wake": Button(operations.wake, "wake", "Wake", (State.ASLEEP,)),
-    "on_demand": Button(to_on_demand, "mode", "Switch to on demand", mode=Mode.ON_DEMAND),
-    "always_on": Button(to_always_on, "mode", "Switch to always on", mode=Mode.ALWAYS_ON),
+    "on_demand": Button(
+        to_mode(Mode.ON_DEMAND), "mode", "Switch to on demand", mode=Mode.ON_DEMAND
+    ),
+    "always_on": Button(
+        to_mode(Mode.ALWAYS_ON), "mode", "Switch to always on", mode=Mode.ALWAYS_ON
+    ),
 }
 
 

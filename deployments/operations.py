@@ -167,6 +167,15 @@ def needs_start(deployment: Deployment, mode: str) -> bool:
     return mode == Mode.ALWAYS_ON and deployment.state in (*STARTABLE_STATES, State.ASLEEP)
 
 
+def in_mode(deployment: Deployment, mode: str) -> bool:
+    """Whether a switch to `mode` has nothing to do: set so, no switch waiting, no start."""
+    return (
+        deployment.mode == mode
+        and not deployment.pending_mode
+        and not needs_start(deployment, mode)
+    )
+
+
 def set_mode(
     deployment: Deployment,
     mode: str,
@@ -183,10 +192,10 @@ def set_mode(
     past start failures and tells LiteLLM; one to on demand restarts the idle timer.
     """
     check_mode(deployment, mode)
+    if in_mode(deployment, mode):
+        return deployment  # nothing to switch: no audit row
     old = deployment.effective_mode
     start = needs_start(deployment, mode)
-    if deployment.mode == mode and not deployment.pending_mode and not start:
-        return deployment  # in that mode already: nothing to switch, no audit row
     with transaction.atomic():
         if start and old == Mode.ON_DEMAND:
             updated = Deployment.objects.filter(pk=deployment.pk).update(pending_mode=mode)
