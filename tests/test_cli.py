@@ -3,12 +3,14 @@ ps, deploy --wait, logs and logs -f, run, start and stop, keys; exit codes a scr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import select
 import subprocess
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import httpx
 import pytest
@@ -16,6 +18,9 @@ import pytest
 from deployments.runtimes.process import free_port
 from openai_api.models import ApiKey
 from tests.conftest import REPO, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -49,6 +54,25 @@ def cli(
         text=True,
         timeout=120,
     )
+
+
+@contextlib.contextmanager
+def running(env: dict[str, str], *args: str) -> Iterator[tuple[IO[str], IO[str]]]:
+    """`modelship ARGS` left running (it follows), its output and errors read line by line;
+    stopped after the block."""
+    process = subprocess.Popen(
+        [str(REPO / ".venv/bin/modelship"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        yield process.stdout, process.stderr
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
@@ -113,17 +137,9 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
 
     # logs -f prints what the log holds (so far, the engine's start), then follows the
     # engine as it prints (one line per request it serves).
-    follower = subprocess.Popen(
-        [str(REPO / ".venv/bin/modelship"), "logs", "talker", "-f"],
-        env=live,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert follower.stdout is not None and follower.stderr is not None
-        assert "(following talker, replica 0)" in follower.stderr.readline()
-        started = follower.stdout.readline()
+    with running(live, "logs", "talker", "-f") as (follower, notes):
+        assert "(following talker, replica 0)" in notes.readline()
+        started = follower.readline()
         assert started.startswith("=== ") and "--served-model-name talker" in started
         served = "POST /v1/chat/completions"
         followed: list[str] = []
@@ -131,31 +147,17 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
             answer = cli(live, "run", "talker", "hello")
             assert answer.returncode == 0, answer.stderr
             assert answer.stdout.strip() == "the quick brown fox"
-            while served not in followed and select.select([follower.stdout], [], [], 3)[0]:
-                followed.append(follower.stdout.readline().strip())
+            while served not in followed and select.select([follower], [], [], 3)[0]:
+                followed.append(follower.readline().strip())
             if served in followed:
                 break
         assert served in followed, followed
-    finally:
-        follower.terminate()
-        follower.wait(10)
     tail = cli(live, "logs", "talker", "-n", "5")
     assert "POST /v1/chat/completions" in tail.stdout
     # -f -n N: the last N lines at once, then it follows.
-    caught_up = subprocess.Popen(
-        [str(REPO / ".venv/bin/modelship"), "logs", "talker", "-f", "-n", "1"],
-        env=live,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert caught_up.stdout is not None and caught_up.stderr is not None
-        assert caught_up.stdout.readline().strip() == "POST /v1/chat/completions"
-        assert "(following talker, replica 0)" in caught_up.stderr.readline()
-    finally:
-        caught_up.terminate()
-        caught_up.wait(10)
+    with running(live, "logs", "talker", "-f", "-n", "1") as (caught_up, notes):
+        assert caught_up.readline().strip() == "POST /v1/chat/completions"
+        assert "(following talker, replica 0)" in notes.readline()
 
     # run starts an on-demand model; the prompt may come on stdin.
     woke = cli(live, "run", "napper", stdin="wake up")
@@ -183,22 +185,11 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     assert as_json["name"] == "napper" and as_json["events"][0]["kind"] == "stopped"
 
     # events -f: the latest, then each new one as it happens.
-    watcher = subprocess.Popen(
-        [str(REPO / ".venv/bin/modelship"), "events", "napper", "-f", "-n", "1"],
-        env=live,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert watcher.stdout is not None
-        assert watcher.stdout.readline().split()[2:4] == ["napper", "stopped"]
+    with running(live, "events", "napper", "-f", "-n", "1") as (watcher, _):
+        assert watcher.readline().split()[2:4] == ["napper", "stopped"]
         assert cli(live, "start", "napper", "--wait").returncode == 0
-        happened = [watcher.stdout.readline().split()[3] for _ in range(2)]
+        happened = [watcher.readline().split()[3] for _ in range(2)]
         assert happened == ["starting", "ready"], happened
-    finally:
-        watcher.terminate()
-        watcher.wait(10)
 
 
 def test_it_manages_keys_and_exits_with_codes_a_script_can_use(
