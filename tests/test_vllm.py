@@ -274,7 +274,12 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     load = read_load(httpx.Client(), lazy.engine_url, get_loader("vllm"))
     assert load is not None and load.idle
 
-    # Idle past its lease: the reaper puts it to sleep on a GPU, else stops it.
+    # Idle past its lease: the reaper puts it to sleep on a GPU, else stops it. First the
+    # gateway lets go of the hung-up request's slot and writes its lease (on a loaded host
+    # after the hang-up is seen), so the lapsed lease written here is the last.
+    wait_until(
+        lambda: all(c.entry(lazy.pk).inflight == 0 and not c._background for c in controllers())
+    )
     Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
     assert reap(site) == ("stopped: tiny-vllm (asleep)" if ON_GPU else "stopped: tiny-vllm")
     lazy.refresh_from_db()
