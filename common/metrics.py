@@ -87,12 +87,19 @@ start_failures = Counter(
     "Starts that ended failed (the engine exited, was unhealthy, or could not launch).",
     ["deployment"],
 )
-route_table_loaded = Gauge(
-    "modelship_route_table_loaded_timestamp_seconds",
-    "When the gateway's route table was last loaded (the oldest over live gateway processes);"
-    " its age is time() minus this.",
-    multiprocess_mode="livemin",
-)
+
+
+@functools.cache
+def route_table_loaded() -> Gauge:
+    """When this gateway process last loaded its route table. Made on first use, so only the
+    processes that load one have it: a gauge made at import is written at 0 by every process
+    of the site (serve's own, the cluster's), and the oldest over them would be 1970."""
+    return Gauge(
+        "modelship_route_table_loaded_timestamp_seconds",
+        "When the gateway's route table was last loaded (the oldest over live gateway"
+        " processes); its age is time() minus this.",
+        multiprocess_mode="livemin",
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
+from django.urls import reverse
 
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
@@ -101,7 +102,12 @@ def engine_metrics_text(deployment: Deployment, replica: int) -> str:
 
 
 def scrape_targets() -> list[dict[str, object]]:
-    """Prometheus HTTP service discovery: one target per running replica that has metrics."""
+    """Prometheus HTTP service discovery: one target per running replica that has metrics.
+
+    The target is the engine's own address, for a Prometheus that reaches it (on this host,
+    on the engines' network); `__meta_modelship_metrics_path` is where Modelship serves the
+    same text, for one that reaches Modelship only (a container, another host): its
+    relabelling takes that path, `replica` as a parameter, and Modelship's address."""
     targets: list[dict[str, object]] = []
     running = Deployment.objects.filter(state__in=(State.READY, State.ASLEEP)).order_by("name")
     for deployment in running:
@@ -113,6 +119,9 @@ def scrape_targets() -> list[dict[str, object]]:
                 "deployment": deployment.name,
                 "replica": str(replica),
                 "loader": deployment.loader,
+                "__meta_modelship_metrics_path": reverse(
+                    "deployment-metrics", args=[deployment.pk]
+                ),
             }
             targets.append({"targets": [address], "labels": labels})
     return targets

@@ -22,6 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from common.networks import networks
 from deployments.api.tokens import user_of_token
 from deployments.metrics_collector import ControlPlaneCollector
+from modelship_site.metrics_series import prepare_known_series
 from modelship_site.metrics_token import has_metrics_token
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
             " (Authorization: Token …) of a user who may view deployments, or a request from"
             " an address in MSHIP_METRICS_ALLOW.",
         )
+    prepare_known_series()  # every deployment's series, at 0 until its first event
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(settings.MSHIP_METRICS_DIR))  # type: ignore[no-untyped-call]
     registry.register(ControlPlaneCollector())

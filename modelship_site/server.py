@@ -31,7 +31,7 @@ import argparse
 import gc
 import os
 import socket
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from django.conf import settings
@@ -219,14 +219,16 @@ class GuardedWebSocketProtocol(AutoWebSocketsProtocol):  # type: ignore[misc, va
         super().connection_lost(exc)
 
 
-def config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
+def config(
+    app: Any, host: str, port: int, lifespan: Literal["on", "off"] = "off", **options: Any
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         http=GuardedHTTPProtocol,
         ws=GuardedWebSocketProtocol,
-        lifespan="off",
+        lifespan=lifespan,
         access_log=False,
         timeout_keep_alive=int(settings.MSHIP_KEEPALIVE_TIMEOUT_S),
         limit_concurrency=settings.MSHIP_MAX_CONNECTIONS or None,
@@ -246,9 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
     from modelship_site.asgi import application  # noqa: PLC0415 - needs the settings module
+    from modelship_site.gateway_start import with_route_table  # noqa: PLC0415 - the catalog needs the apps
 
     freeze_startup_heap()
-    server = uvicorn.Server(config(application, args.host, args.port))
+    served = with_route_table(application)
+    server = uvicorn.Server(config(served, args.host, args.port, lifespan="on"))
     # The socket's family is read from it: a peer's address stays an IP address.
     server.run(sockets=[socket.socket(fileno=args.fd)] if args.fd is not None else None)
 

@@ -182,7 +182,7 @@ def load() -> Snapshot:
     finally:
         # The refresher's thread holds no connection between loads.
         connection.close()
-    metrics.route_table_loaded.set(time.time())
+    metrics.route_table_loaded().set(time.time())
     now = time.monotonic()
     return Snapshot(
         routes=routes, models=tuple(models), keys=keys, loaded_at=now, stamp=seen, read_at=now
@@ -200,6 +200,8 @@ class Catalog:
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
+        # Loaded by `warm` at the start: the first request reads the tables again itself.
+        self._reread = False
         # Called when a reload shows a deployment's state changed (the on-demand controller
         # wakes its waiters on it).
         self.listeners: list[Callable[[], None]] = []
@@ -208,13 +210,14 @@ class Catalog:
         """The route table; 503 when it cannot be loaded or is older than
         MSHIP_ROUTE_STALE_S (the database stopped answering): keys fail closed, a revoked
         key is never honoured from an old table."""
-        if self.snapshot is None:
+        if self.snapshot is None or self._reread:
             if self._first is None:
                 self._first = asyncio.Lock()
             async with self._first:
-                if self.snapshot is None:
+                if self.snapshot is None or self._reread:
                     try:
                         self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                        self._reread = False
                     except DatabaseError as exc:
                         raise GatewayError(
                             503,
@@ -236,6 +239,14 @@ class Catalog:
                 {"retry-after": "5"},
             )
         return self.snapshot
+
+    async def warm(self) -> None:
+        """The gateway's start: the table loaded and its refresher running, so its age is
+        known (and kept current) before any request. The first request still reads the
+        tables itself, as it did with nothing loaded: what was made between the start and
+        it (the key `serve` makes once its gateway runs) is not left to the next refresh."""
+        await self.current()
+        self._reread = True
 
     def request_refresh(self) -> None:
         """Reload soon rather than at the next interval (callable from any thread)."""
@@ -271,7 +282,7 @@ class Catalog:
             return False
         if self.snapshot is snapshot:
             self.snapshot = replace(snapshot, loaded_at=checked)
-            metrics.route_table_loaded.set(time.time())
+            metrics.route_table_loaded().set(time.time())
         return True
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import re
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,6 @@ import httpx
 import openai
 import pytest
 from django.contrib.auth.models import Permission, User
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
@@ -294,27 +292,13 @@ def test_it_proxies_an_engines_own_metrics_and_lists_it_for_prometheus(
     assert targets == [
         {
             "targets": [ports[replica]],
-            "labels": {"deployment": "gauged", "replica": str(replica), "loader": "simulated"},
+            "labels": {
+                "deployment": "gauged",
+                "replica": str(replica),
+                "loader": "simulated",
+                "__meta_modelship_metrics_path": f"/api/deployments/{engine.pk}/metrics/",
+            },
         }
         for replica in (0, 1)
     ]
     assert APIClient().get("/api/prometheus/targets").status_code in (401, 403)
-
-
-def test_it_ships_a_grafana_dashboard_over_metrics_that_exist(client: Any, db: None) -> None:
-    dashboard = json.loads((REPO / "examples/grafana/modelship.json").read_text())
-    queried = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"modelship_[a-z_]+", target["expr"])
-    }
-    defined = {
-        f"{m._name}{suffix}"
-        for m in vars(metrics).values()
-        if isinstance(m, MetricWrapperBase)
-        for suffix in ("", "_total", "_bucket", "_count", "_sum")
-    }
-    text = client.get("/metrics").content.decode()
-    scraped = {family.name for family in text_string_to_metric_families(text)}
-    assert queried and queried <= defined | scraped, queried - defined - scraped

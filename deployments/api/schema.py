@@ -69,7 +69,9 @@ class Holding(serializers.Serializer):
 class TargetsAnswer(serializers.Serializer):
     targets = serializers.ListField(child=serializers.CharField(), help_text="host:port")
     labels = serializers.DictField(
-        child=serializers.CharField(), help_text="deployment, replica, loader"
+        child=serializers.CharField(),
+        help_text="deployment, replica, loader; __meta_modelship_metrics_path: the engine's"
+        " metrics through Modelship (GET /api/deployments/{id}/metrics/?replica=N)",
     )
 
 
