@@ -10,10 +10,11 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from deployments import admin_options, display, hooks, host_access, operations
+from deployments.admin_change import DeploymentPage
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
 from deployments.loaders import LOADERS, EngineSpec, get_loader
@@ -67,57 +68,20 @@ def run_operation(
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
-    list_display = (
-        "name",
-        "state_badge",
-        "loader",
-        "usecase",
-        "runtime",
-        "mode_label",
-        "activity",
-        "last_request",
-        "need",
-        "held",
-        "gpu_list",
-        "engine",
-        "changed",
-    )
+class DeploymentAdmin(DeploymentPage, admin.ModelAdmin):
+    # Grouped so that the list fits 1,280 px: what it is, its state, its requests, its memory.
+    list_display = ("deployment", "state_badge", "mode_label", "activity", "memory", "engine")
     list_filter = ("state", "loader", "usecase", "runtime", "mode", "system")
     search_fields = ("name", "model")
     readonly_fields = (
-        "state",
-        "state_reason_block",
-        "engine_urls",
-        "gpu_list",
-        "runtime_handle",
+        "state_now",
+        "reason",
+        "engines",
         "running_fingerprint",
         "pending_mode",
         "created",
         "updated",
         "state_changed_at",
-    )
-    fieldsets = (
-        (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
-        (
-            "Engine",
-            {
-                "fields": (
-                    "image",
-                    "command",
-                    "config",
-                    "num_replicas",
-                    "autoscaling_config",
-                    "responses",
-                )
-            },
-        ),
-        ("Memory", {"fields": ("memory_gib", "num_gpus", "ray_resources")}),
-        (
-            "Lifecycle",
-            {"fields": ("mode", "idle_timeout_s", "system", "idle_signal", "idle_action")},
-        ),
-        ("State", {"fields": readonly_fields}),
     )
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
     form = admin_options.deployment_form()
@@ -132,9 +96,6 @@ class DeploymentAdmin(admin.ModelAdmin):
             initial.setdefault("mode", Mode.ON_DEMAND)
         return initial
 
-    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [*super().get_fieldsets(request, obj), *admin_options.fieldsets()]
-
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         host = host_summary()
         # The held column reads the summary the page shows above the list (one read).
@@ -144,42 +105,65 @@ class DeploymentAdmin(admin.ModelAdmin):
         finally:
             HOLDING.reset(token)
 
+    @admin.display(description="deployment", ordering="name")
+    def deployment(self, obj: Deployment) -> str:
+        return format_html(
+            '<a class="ms-name" href="{}" title="{}">{}</a><div class="ms-sub">{} · {} · {}</div>',
+            reverse("admin:deployments_deployment_change", args=[obj.pk]),
+            obj.name,
+            obj.name,
+            obj.loader,
+            obj.usecase,
+            obj.runtime,
+        )
+
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Deployment) -> str:
         # data-live: the page's script (static/modelship/live.js) keeps the cell current.
+        status = hooks.reports.ondemand_status(obj)
+        since = obj.state_changed_at.timestamp() if obj.state_changed_at else None
         return format_html(
             '<span class="ms-badge" data-live="state" data-id="{}" style="background:{}" '
-            'title="{}">{}</span>',
+            'title="{}">{}</span><div class="ms-sub">changed <span data-live="state_since" '
+            'data-id="{}" data-time="{}" title="{}">{}</span></div>',
             obj.pk,
             display.colour(obj.state),
-            obj.state_reason[:300],
-            obj.state,
+            obj.state_reason[: display.REASON_CHARS],
+            display.label_of(obj, status),
+            obj.pk,
+            since or "",
+            display.moment(obj.state_changed_at),
+            display.ago(since, time.time()) if since else "—",
         )
 
     @admin.display(description="mode")
     def mode_label(self, obj: Deployment) -> str:
         return live_cell(obj, "mode", display.mode_label(obj))
 
-    @admin.display(description="activity")
+    @admin.display(description="requests")
     def activity(self, obj: Deployment) -> str:
         status = hooks.reports.ondemand_status(obj)
-        label = display.activity_label(status, display.in_flight(obj, status))
-        return live_cell(obj, "activity", label)
-
-    @admin.display(description="last request")
-    def last_request(self, obj: Deployment) -> str:
-        last = display.last_request_at(obj, hooks.reports.ondemand_status(obj))
+        inflight = display.in_flight(obj, status)
+        queued = 0 if status is None else status["queued"]
+        last = display.last_request_at(obj, status)
         return format_html(
-            '<span data-live="last_request_at" data-id="{}" data-time="{}">{}</span>',
+            '{}<div class="ms-sub">last <span data-live="last_request_at" data-id="{}" '
+            'data-time="{}">{}</span></div>',
+            live_cell(obj, "activity", display.activity_label(inflight, queued)),
             obj.pk,
             last or "",
             display.ago(last, time.time()),
         )
 
-    @admin.display(description="held (GiB)")
-    def held(self, obj: Deployment) -> str:
+    @admin.display(description="memory (GiB) held / needs")
+    def memory(self, obj: Deployment) -> str:
         holding = HOLDING.get().get(obj.pk, 0.0)
-        return live_cell(obj, "holding_gib", f"{holding:.2f}")
+        return format_html(
+            '{} / {}<div class="ms-sub">GPUs {}</div>',
+            live_cell(obj, "holding_gib", f"{holding:.2f}"),
+            f"{need_gib(obj):.2f}",
+            live_cell(obj, "gpus", display.gpu_label(obj.gpus)),
+        )
 
     @admin.display(description="judged idle by")
     def idle_signal(self, obj: Deployment) -> str:
@@ -197,21 +181,15 @@ class DeploymentAdmin(admin.ModelAdmin):
             return "—"
         return LOADERS[obj.loader].idle_action(EngineSpec.of(obj))
 
-    @admin.display(description="memory (GiB)")
-    def need(self, obj: Deployment) -> str:
-        return f"{need_gib(obj):.2f}"
-
-    @admin.display(description="GPUs")
-    def gpu_list(self, obj: Deployment) -> str:
-        return live_cell(obj, "gpus", display.gpu_label(obj.gpus))
-
     @admin.display(description="engine")
     def engine(self, obj: Deployment) -> str:
-        return live_cell(obj, "engine", obj.engine_url or "-")
-
-    @admin.display(description="state changed at", ordering="state_changed_at")
-    def changed(self, obj: Deployment) -> str:
-        return live_cell(obj, "state_changed_at", display.moment(obj.state_changed_at))
+        url = obj.engine_url or ""
+        return format_html(
+            '<span data-live="engine" data-id="{}" title="{}">{}</span>',
+            obj.pk,
+            url,
+            display.short_url(url),
+        )
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "aliases":
@@ -281,10 +259,6 @@ class DeploymentAdmin(admin.ModelAdmin):
                 return name if name in self.fields else None
 
         return CheckedForm
-
-    @admin.display(description="reason")
-    def state_reason_block(self, obj: Deployment) -> str:
-        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", obj.state_reason)
 
     def save_model(self, request: HttpRequest, obj: Deployment, form: Any, change: bool) -> None:
         if change:
@@ -366,6 +340,8 @@ class DeploymentAdmin(admin.ModelAdmin):
                 "replicas": range(obj.replica_count),
                 "mode": display.mode_label(obj),
                 "colour": display.colour(obj.state),
+                "label": display.label_of(obj, hooks.reports.ondemand_status(obj)),
+                "need_gib": need_gib(obj),
             }
         return super().render_change_form(request, context, add, change, form_url, obj)
 

@@ -43,6 +43,8 @@ def adopt_all() -> dict[str, list[str]]:
         "unreachable": [],
     }
     with start_gate():
+        # A start that was preparing when its process died prepares no more.
+        Deployment.objects.exclude(start_phase="").update(start_phase="")
         for deployment in Deployment.objects.all():
             try:
                 settle(deployment, outcome)

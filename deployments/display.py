@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
     from deployments.models import Deployment
 
+# A failure's reason can hold a command line and an engine's last lines: shown whole (on
+# hover in the list, on its page, on the dashboard), within reason.
+REASON_CHARS = 20_000
+
 BADGE_COLOURS: dict[str, str] = {
     State.PLANNED: "#6c757d",
     State.STARTING: "#0d6efd",
@@ -60,17 +64,51 @@ def gpu_label(gpus: list[list[int]] | None) -> str:
     return "; ".join(f"replica {n}: {r}" for n, r in enumerate(replicas))
 
 
-def ondemand_label(status: dict[str, Any] | None) -> str:
-    if status is None:
-        return "—"
-    return f"{status['phase']} ({status['inflight']} in flight, {status['queued']} queued)"
+def activity_label(inflight: int, queued: int) -> str:
+    """Requests in flight and waiting (on demand: for its start or for memory)."""
+    parts = [f"{inflight} in flight"] if inflight else []
+    if queued:
+        parts.append(f"{queued} queued")
+    return " · ".join(parts) or "—"
 
 
-def activity_label(status: dict[str, Any] | None, inflight: int) -> str:
-    """On demand, the phase and its counts; always on, the requests in flight."""
-    if status is not None:
-        return ondemand_label(status)
-    return f"{inflight} in flight" if inflight else "—"
+def state_label(
+    state: str, on_demand: bool, phase: str | None, start_phase: str, launched: bool
+) -> str:
+    """A deployment's state in the one vocabulary of the admin, the API and the CLI: the
+    state, then what it does in it where that says more (an on-demand deployment with no
+    engine is idle, not "sleeping"; one that is put to sleep is "asleep")."""
+    if start_phase and state in (State.PLANNED, State.STOPPED, State.FAILED):
+        return f"starting · {start_phase}"
+    if state == State.STARTING:
+        return "starting · " + ("waiting for health" if launched else "launching")
+    if phase == "queued" and state in (State.PLANNED, State.STOPPED, State.ASLEEP):
+        return "queued · waiting for memory"
+    if phase == "starting_for_request" and state in (State.PLANNED, State.STOPPED):
+        return "starting · for a request"
+    if on_demand and state == State.STOPPED:
+        return "stopped · idle"
+    if on_demand and state == State.PLANNED:
+        return "planned · idle"
+    return str(state)
+
+
+def label_of(deployment: Deployment, status: dict[str, Any] | None) -> str:
+    return state_label(
+        deployment.state,
+        deployment.is_on_demand,
+        None if status is None else status["phase"],
+        deployment.start_phase,
+        bool(deployment.engine_urls),
+    )
+
+
+def short_url(url: str) -> str:
+    """An engine's address as a narrow column shows it: host and port (the path and the
+    scheme are on hover)."""
+    if not url:
+        return "-"
+    return url.split("://", 1)[-1].split("/", 1)[0]
 
 
 def ago(timestamp: float | None, now: float) -> str:

@@ -80,6 +80,7 @@ def prepare_start(deployment: Deployment) -> None:
         fetch_image(deployment)
         prepare_engine_env(deployment)
     finally:
+        Deployment.objects.filter(pk=deployment.pk).update(start_phase="")
         hooks.start_is_preparing(deployment.pk, "")
 
 
@@ -89,7 +90,7 @@ def told(deployment: Deployment, doing: str) -> Callable[[str], None]:
 
     def progress(line: str) -> None:
         Deployment.objects.filter(pk=deployment.pk, state__in=STARTABLE_STATES).update(
-            state_reason=line
+            state_reason=line, start_phase=doing
         )
         hooks.start_is_preparing(deployment.pk, doing)
 

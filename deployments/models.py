@@ -142,7 +142,7 @@ class Deployment(Versioned):
     )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
-        max_length=16, choices=Mode.choices, null=True, blank=True
+        "mode switch waiting", max_length=16, choices=Mode.choices, null=True, blank=True
     )
     system = models.BooleanField(
         default=False, help_text="Always on and never on demand (a decision model)."
@@ -158,6 +158,9 @@ class Deployment(Versioned):
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED)
     state_reason = models.TextField(blank=True, default="")
+    # What a start that has not launched yet is doing (pulling its image, installing its
+    # engine environment): its progress is the state reason meanwhile. Empty otherwise.
+    start_phase = models.CharField(max_length=120, blank=True, default="", editable=False)
     engine_urls = models.JSONField(default=list, blank=True)
     # Each replica's GPUs (device indices), as placed at its start; empty on a host without
     # GPUs and for an engine that takes none. Kept while it sleeps: it wakes where it ran.
@@ -165,7 +168,9 @@ class Deployment(Versioned):
     runtime_handle = models.JSONField(default=dict, blank=True)
     # Replicas running under autoscaling_config; 0: as a start brings up (its initial count).
     replicas = models.PositiveIntegerField(default=0)
-    running_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    running_fingerprint = models.CharField(
+        "configuration running (fingerprint)", max_length=64, blank=True, default=""
+    )
     # The on-demand lease: a gateway that holds or just released slots keeps this in the
     # future, and no stop of an on-demand deployment is approved before it passes. It is
     # extended ahead of time, not per request, and a gateway that dies simply lets it lapse.

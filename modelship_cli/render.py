@@ -74,6 +74,8 @@ def record(row: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
     return {
         "name": row["name"],
         "state": row["state"],
+        # The words the admin shows (the API's state_label; an older server sends none).
+        "state_label": row.get("state_label") or row["state"],
         "state_since": row.get("state_changed_at"),
         "in_state_s": None if since is None else max(0, int(now.timestamp() - since)),
         "mode": row.get("effective_mode", row.get("mode")),
@@ -102,7 +104,7 @@ def ps_row(row: dict[str, Any], now: datetime | None = None) -> tuple[str, ...]:
     counts = ("-" if facts[k] is None else str(facts[k]) for k in ("in_flight", "queued"))
     return (
         row["name"],
-        row["state"],
+        facts["state_label"],
         age(facts["in_state_s"]),
         str(facts["mode"] or "").replace("_", " "),
         model_of(row),
@@ -171,7 +173,7 @@ def event_line(event: dict[str, Any]) -> str:
 DESCRIBED = (
     ("Name", "name"),
     ("Aliases", "aliases"),
-    ("State", "state"),
+    ("State", "state_label"),
     ("Since", "state_changed_at"),
     ("Mode", "effective_mode"),
     ("Mode switch waiting", "pending_mode"),
@@ -225,7 +227,14 @@ def on_demand_text(ondemand: Any) -> str:
     )
 
 
+def words(value: Any) -> str:
+    """A mode as the admin writes it: "on demand", not on_demand."""
+    return shown(value).replace("_", " ")
+
+
 FORMATS = {
+    "effective_mode": words,
+    "pending_mode": words,
     "state_changed_at": moment,
     "created": moment,
     "updated": moment,

@@ -21,6 +21,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from common.traffic import traffic  # noqa: E402
 from modelship_site.body_limits import guarded  # noqa: E402
 from ondemand.gateway import application as ondemand_gateway  # noqa: E402
 from ondemand.live import LiveDeployments  # noqa: E402
@@ -31,6 +32,9 @@ if settings.REDIS_URL:
     # A site with Redis calls it on its first request: its client loaded now, not then on the
     # event loop (common/redis_errors.py).
     import redis.asyncio  # noqa: F401
+
+# The dashboard's traffic chart: the site's counters, sampled from the server's start.
+traffic.start()
 
 # URLRouter routes to ASGI applications; django-stubs type re_path for views only.
 routes = [

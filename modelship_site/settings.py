@@ -68,7 +68,7 @@ INSTALLED_APPS = [
     # here: as one it would load Twisted into every process (about a second of CPU at each
     # start: serve, its workers, every manage.py); its runserver is loaded when it runs.
     "modelship_site",  # site-wide commands (serve, runserver, migrate)
-    "django.contrib.admin",
+    "modelship_site.admin_app.ModelshipAdminConfig",  # Django's admin, opening on the dashboard
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

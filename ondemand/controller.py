@@ -3,8 +3,7 @@ reaper and start-failure backoff, as the on-demand seed's Controller section say
 
 It runs in the gateway's event loop and drives a deployer through an async interface, so
 that the same state machine serves the real deployer (in threads) and a test's fake one. Its
-counters, timers and queue live in memory: nothing is persisted.
-"""
+counters, timers and queue live in memory: nothing is persisted."""
 
 from __future__ import annotations
 
@@ -212,6 +211,7 @@ class Controller:
             waiter.on_queued()
         mark_waited("queue")
         self.queue.setdefault(view.id, None)
+        entry.queued_since = entry.queued_since if entry.queued else time.time()
         entry.queued += 1
         gauge = metrics.queued.labels(view.name)
         gauge.inc()

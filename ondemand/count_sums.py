@@ -51,9 +51,11 @@ class CountSums:
         if not fresh:
             return None
         phases = {status["phase"] for status in fresh}
+        since = [s["queued_since"] for s in fresh if s.get("queued_since")]
         return {
             "inflight": sum(int(status["inflight"]) for status in fresh),
             "queued": sum(int(status["queued"]) for status in fresh),
             "last_request_at": max((s["last_request_at"] or 0 for s in fresh), default=0) or None,
+            "queued_since": min(since, default=None),
             "phase": next((p for p in PRESSING if p in phases), fresh[-1]["phase"]),
         }

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments import display
-from deployments.memory import host_summary
+from common.traffic import traffic
+from deployments import dashboard, display
+from deployments.memory import host_summary, need_gib
 from deployments.models import Deployment
+from ondemand.registry import controllers
 from ondemand.status import status_of
 
 Row = dict[str, Any]
+
 HOST_FIELDS = (
     "capacity_gib",
     "held_gib",
@@ -28,39 +31,75 @@ def snapshot() -> tuple[dict[int, Row], dict[str, Any]]:
     host = host_summary()
     holding = {d["id"]: d["holding_gib"] for d in host["deployments"]}
     rows = {d.pk: row_of(d, holding.get(d.pk, 0.0)) for d in Deployment.objects.order_by("name")}
-    return rows, {field: host[field] for field in HOST_FIELDS}
+    return rows, {
+        **{field: host[field] for field in HOST_FIELDS},
+        "reserved": reserved_for_queue(rows),
+        "failures": dashboard.last_failures(),
+        "ram": dashboard.host_memory(),
+        "traffic": traffic.series(),
+    }
+
+
+def reserved_for_queue(rows: dict[int, Row]) -> list[dict[str, Any]]:
+    """Memory make-room freed for the deployments heading this process's queue, kept for them
+    until they start."""
+    reserved: dict[int, float] = {}
+    for controller in controllers():
+        for pk, gib in controller.freed_for.items():
+            reserved[pk] = reserved.get(pk, 0.0) + gib
+    return [
+        {"name": rows[pk]["name"], "gib": round(gib, 3)}
+        for pk, gib in sorted(reserved.items())
+        if pk in rows and gib > 0
+    ]
 
 
 def row_of(deployment: Deployment, holding_gib: float) -> Row:
     status = status_of(deployment)
     inflight = display.in_flight(deployment, status)
+    queued = 0 if status is None else status["queued"]
     return {
         "id": deployment.pk,
         "name": deployment.name,
         "state": deployment.state,
+        "label": display.label_of(deployment, status),
         "colour": display.colour(deployment.state),
-        "reason": deployment.state_reason[:300],
+        "reason": deployment.state_reason[: display.REASON_CHARS],
         "mode": display.mode_label(deployment),
+        "on_demand": deployment.is_on_demand,
+        "start_phase": deployment.start_phase,
+        "launched": bool(deployment.engine_urls),
         "phase": None if status is None else status["phase"],
-        "activity": display.activity_label(status, inflight),
+        "activity": display.activity_label(inflight, queued),
         "inflight": inflight,
-        "queued": 0 if status is None else status["queued"],
+        "queued": queued,
+        "queued_since": None if status is None else status.get("queued_since"),
         "last_request_at": display.last_request_at(deployment, status),
+        "idle_timeout_s": deployment.effective_idle_timeout_s if deployment.is_on_demand else None,
         "holding_gib": holding_gib,
+        "need_gib": round(need_gib(deployment), 3),
         "gpus": display.gpu_label(deployment.gpus),
         "engine": deployment.engine_url or "-",
         "state_changed_at": display.moment(deployment.state_changed_at),
+        "state_changed_ts": changed.timestamp()
+        if (changed := deployment.state_changed_at)
+        else None,
     }
 
 
 def with_counts(row: Row, status: dict[str, Any]) -> Row:
     """A row with the on-demand counts a gateway published (ondemand/counters.py)."""
     last = status.get("last_request_at") or row["last_request_at"]
+    label = display.state_label(
+        row["state"], row["on_demand"], status["phase"], row["start_phase"], row["launched"]
+    )
     return {
         **row,
+        "label": label,
         "phase": status["phase"],
-        "activity": display.ondemand_label(status),
+        "activity": display.activity_label(status["inflight"], status["queued"]),
         "inflight": status["inflight"],
         "queued": status["queued"],
+        "queued_since": status.get("queued_since"),
         "last_request_at": last,
     }

@@ -108,6 +108,7 @@ class Entry:
     inflight: int = 0
     waiting: int = 0
     queued: int = 0
+    queued_since: float = 0.0  # wall time the first of those queued now arrived in the queue
     last_request_at: float | None = None  # wall time, for status
     idle_since: float = 0.0  # clock time the idle timer last restarted
     attempt: asyncio.Task[StartOutcome] | None = None
@@ -161,6 +162,7 @@ def describe(entry: Entry, state: str | None) -> dict[str, Any]:
     return {
         "inflight": entry.inflight,
         "queued": entry.queued,
+        "queued_since": entry.queued_since if entry.queued else None,
         "last_request_at": entry.last_request_at,
         "phase": phase,
     }

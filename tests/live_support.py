@@ -21,7 +21,15 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def live(site: Any, tmp_path: Path, transactional_db: None) -> Iterator[dict[str, str]]:
+def live_env() -> dict[str, str]:
+    """What a test adds to the served site's environment (parametrize it to change)."""
+    return {}
+
+
+@pytest.fixture
+def live(
+    site: Any, tmp_path: Path, transactional_db: None, live_env: dict[str, str]
+) -> Iterator[dict[str, str]]:
     """The served site's environment: MSHIP_URL, and what the CLI reads."""
     port = free_port("127.0.0.1")
     var = tmp_path / "var"
@@ -31,6 +39,7 @@ def live(site: Any, tmp_path: Path, transactional_db: None) -> Iterator[dict[str
         MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
         MSHIP_MEMORY_CAPACITY_GIB="8",
         MSHIP_Q_NAME=Conf.PREFIX,
+        **live_env,
     )
     serve = subprocess.Popen(
         [sys.executable, "manage.py", "serve", "--port", str(port)],

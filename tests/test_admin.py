@@ -76,9 +76,9 @@ def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: 
     assert page.status_code == 200
     html = page.content.decode()
     assert "shown" in html
-    assert ">planned</span>" in html and 'data-live="state"' in html
+    assert ">planned · idle</span>" in html and 'data-live="state"' in html
     assert "on demand" in html
-    assert "sleeping (0 in flight, 0 queued)" in html
+    assert "sleeping" not in html  # one vocabulary: an on-demand one with no engine is idle
     assert "Memory: 0.0 of 8.0 GiB held, 8.0 GiB free" in " ".join(html.split())
 
 

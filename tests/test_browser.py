@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment
-from tests.conftest import REPO, chat
+from tests.conftest import REPO, chat, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -98,7 +99,7 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
     browser.execute_script("window.notReloaded = true")
     badge = f'[data-live="state"][data-id="{talker.pk}"]'
     assert text_of(browser, badge) == "planned"
-    assert text_of(browser, f'[data-live="activity"][data-id="{napper.pk}"]').startswith("sleeping")
+    assert text_of(browser, f'[data-live="state"][data-id="{napper.pk}"]') == "planned · idle"
 
     # Started by someone else (the CLI, a script): the list shows it as it happens.
     token = issue_token(User.objects.get(username="ops"))
@@ -106,14 +107,15 @@ def test_it_follows_a_start_on_the_list_and_operates_and_tails_from_a_page(
         f"{url}/api/deployments/{talker.pk}/start/", headers={"Authorization": f"Token {token}"}
     )
     assert started.status_code == 202, started.text
-    until(browser, lambda d: text_of(d, badge) in ("starting", "ready"))
+    until(browser, lambda d: text_of(d, badge).split(" · ")[0] in ("starting", "ready"))
     until(browser, lambda d: text_of(d, badge) == "ready")
     until(
         browser, lambda d: text_of(d, f'[data-live="holding_gib"][data-id="{talker.pk}"]') == "1.00"
     )
     until(browser, lambda d: "Memory: 1.0 of 8.0 GiB held" in text_of(d, "#host-budget"))
     engine = Deployment.objects.get(pk=talker.pk).engine_url
-    assert text_of(browser, f'[data-live="engine"][data-id="{talker.pk}"]') == engine
+    cell = browser.find_element(By.CSS_SELECTOR, f'[data-live="engine"][data-id="{talker.pk}"]')
+    assert engine.endswith(cell.text) and cell.get_attribute("title") == engine
     assert browser.execute_script("return window.notReloaded") is True
     assert browser.save_screenshot(str(ARTIFACTS / "live-admin.png"))
 
@@ -179,3 +181,121 @@ def test_it_shows_the_api_docs_with_no_network(live: dict[str, str], browser: We
     )
     assert fetched and all(name.startswith(url) for name in fetched), fetched
     assert browser.save_screenshot(str(ARTIFACTS / "api-docs.png"))
+
+
+def api_post(url: str, path: str) -> httpx.Response:
+    token = issue_token(User.objects.get(username="ops"))
+    return httpx.post(f"{url}{path}", headers={"Authorization": f"Token {token}"}, timeout=10)
+
+
+def segments(driver: WebDriver, bar: str) -> set[str]:
+    """The deployments a memory bar shows, by the title above it."""
+    found = set()
+    for row in driver.find_elements(By.CSS_SELECTOR, "#dash-bars .ms-bar-row"):
+        if row.find_element(By.CSS_SELECTOR, ".ms-bar-title").text.startswith(bar):
+            found |= {
+                str(seg.get_attribute("data-name"))
+                for seg in row.find_elements(By.CSS_SELECTOR, ".ms-seg")
+            }
+    return found
+
+
+@pytest.mark.parametrize("live_env", [{"MSHIP_GPU_INVENTORY": "24,24"}])
+def test_it_opens_on_a_dashboard_of_the_gpus_that_follows_an_on_demand_start(
+    live: dict[str, str], browser: WebDriver, make_deployment: Callable[..., Deployment]
+) -> None:
+    url = live["MSHIP_URL"]
+    talker = make_deployment("talker", memory_gib=4)
+    make_deployment(
+        "napper",
+        mode="on_demand",
+        idle_timeout_s=300,
+        memory_gib=6,
+        config={"startup_delay_s": 3},
+    )
+    # Its command prints a line longer than any cut, then exits.
+    long_line = "starting with " + " ".join(f"--flag-{n}=value" for n in range(40)) + " END"
+    broken = make_deployment("broken", command=["/bin/sh", "-c", f"echo '{long_line}'; exit 3"])
+    sign_in(browser, url, "/admin/")
+    until(browser, lambda d: text_of(d, "#live-status") == "live")
+    browser.execute_script("window.notReloaded = true")
+    # The host at a glance: one bar per GPU, nothing held yet.
+    assert segments(browser, "GPU 0") == set() and segments(browser, "GPU 1") == set()
+    assert "No failure recorded" in text_of(browser, "#dash-failures")
+
+    # A start someone else asks for shows on its GPU; a failed one under the last failures,
+    # its whole reason a click away.
+    assert api_post(url, f"/api/deployments/{talker.pk}/start/").status_code == 202
+    assert api_post(url, f"/api/deployments/{broken.pk}/start/").status_code == 202
+    until(browser, lambda d: "talker" in segments(d, "GPU 0") | segments(d, "GPU 1"))
+    until(browser, lambda d: "broken" in text_of(d, "#dash-failures"))
+    browser.find_element(By.CSS_SELECTOR, "#dash-failures summary").click()
+    assert "END" in text_of(browser, "#dash-failures pre")
+
+    # A request for the on-demand one: the page shows it starting, then on a GPU, ready.
+    key = (Path(live["MSHIP_VAR_DIR"]) / "api_key").read_text().strip()
+    pool = ThreadPoolExecutor(1)
+    asked = pool.submit(
+        httpx.post,
+        f"{url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "napper", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
+    until(browser, lambda d: "napper" in text_of(d, "#dash-starting"))
+    until(browser, lambda d: "napper" in segments(d, "GPU 0") | segments(d, "GPU 1"))
+    assert asked.result(timeout=60).status_code == 200
+    pool.shutdown()
+    napper_row = '#dash-deployments tr[data-name="napper"]'
+    until(browser, lambda d: "ready" in text_of(d, napper_row))
+    until(browser, lambda d: "Nothing is starting" in text_of(d, "#dash-starting"))
+    assert browser.execute_script("return window.notReloaded") is True
+    assert "1 failed" in text_of(browser, "#dash-summary")
+    assert browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+
+    # The list fits 1,280 px with nothing to scroll sideways, the failure's whole reason on
+    # hover of its state.
+    browser.set_window_size(1280, 900)
+    browser.get(f"{url}/admin/deployments/deployment/")
+    until(browser, lambda d: text_of(d, "#live-status") == "live")
+    widths = browser.execute_script(
+        "const r = document.querySelector('#changelist .results');"
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+        " r.scrollWidth, r.clientWidth]"
+    )
+    assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
+    badge = browser.find_element(By.CSS_SELECTOR, f'[data-live="state"][data-id="{broken.pk}"]')
+    assert badge.text == "failed" and long_line in str(badge.get_attribute("title"))
+    assert browser.save_screenshot(str(ARTIFACTS / "deployment-list.png"))
+    browser.set_window_size(1600, 800)
+
+
+def test_it_keeps_the_engine_log_at_its_end_while_the_reader_is_there(
+    live: dict[str, str], browser: WebDriver, make_deployment: Callable[..., Deployment]
+) -> None:
+    url = live["MSHIP_URL"]
+    talker = make_deployment("talker")
+    sign_in(browser, url, "/admin/")
+    assert api_post(url, f"/api/deployments/{talker.pk}/start/").status_code == 202
+    wait_until(lambda: Deployment.objects.get(pk=talker.pk).state == "ready", 60)
+    engine = Deployment.objects.get(pk=talker.pk).engine_url
+    for n in range(60):  # more lines than the panel shows
+        chat(engine, f"line {n}")
+    browser.get(f"{url}/admin/deployments/deployment/{talker.pk}/change/")
+    at_end = (
+        "const p = document.getElementById('live-log');"
+        "return p.scrollHeight > p.clientHeight"
+        " && p.scrollTop + p.clientHeight >= p.scrollHeight - 4"
+    )
+    until(browser, lambda d: text_of(d, "#log-status") == "following")
+    assert browser.execute_script(at_end)  # it opens on the last lines
+    before = text_of(browser, "#live-log").count(LOG_LINE)
+    for n in range(5):
+        chat(engine, f"more {n}")
+    until(browser, lambda d: text_of(d, "#live-log").count(LOG_LINE) == before + 5)
+    assert browser.execute_script(at_end)  # and stays there as lines come
+    # Scrolled up to read, it stays where the reader is.
+    browser.execute_script("document.getElementById('live-log').scrollTop = 0")
+    chat(engine, "while reading")
+    until(browser, lambda d: text_of(d, "#live-log").count(LOG_LINE) == before + 6)
+    assert browser.execute_script("return document.getElementById('live-log').scrollTop") == 0

@@ -110,6 +110,7 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     ]
     assert re.fullmatch(r"\d+[smhd]", by_name["talker"][2])  # how long it has been ready
     assert by_name["napper"][1] in ("planned", "stopped")
+    assert by_name["napper"][2:4] == ["·", "idle"]  # the admin's words: on demand, no engine
     assert host.startswith("host: 1 of 8 GiB held · on demand may use 7 GiB")
     # Without -a, like docker's: nothing that is stopped or planned.
     assert {r.split()[0] for r in cli(live, "ps").stdout.splitlines()[1:-1]} == {"talker"}
@@ -122,6 +123,7 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     assert set(as_json["talker"]) == {
         "name",
         "state",
+        "state_label",
         "state_since",
         "in_state_s",
         "mode",
@@ -177,7 +179,11 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
     assert described.returncode == 0, described.stderr
     lines = described.stdout.splitlines()
     fields = dict(re.findall(r"^([A-Z][^:]*):\s+(.*)$", described.stdout, re.M))
-    assert (fields["Name"], fields["State"], fields["Mode"]) == ("napper", "stopped", "on_demand")
+    assert (fields["Name"], fields["State"], fields["Mode"]) == (
+        "napper",
+        "stopped · idle",
+        "on demand",
+    )
     assert fields["Loader"] == "simulated" and fields["Memory (GiB)"] == "1.0"
     kinds = [line.split()[3] for line in lines[lines.index("Events:") + 1 :]]
     assert kinds == ["starting", "ready", "stopping", "stopped"], kinds

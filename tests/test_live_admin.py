@@ -92,13 +92,21 @@ async def test_it_shows_the_on_demand_counts_a_gateway_publishes(
     assert (await ws.connect())[0]
     assert (await ws.receive_json_from(timeout=5))["type"] == "snapshot"
     await ws.send_to(text_data="not json")  # what a client sends is ignored, not fatal
-    counts = {"inflight": 2, "queued": 3, "last_request_at": 1.7e9, "phase": "queued"}
+    counts = {
+        "inflight": 2,
+        "queued": 3,
+        "queued_since": 1.69e9,
+        "last_request_at": 1.7e9,
+        "phase": "queued",
+    }
     await get_channel_layer().group_send(
         GROUP, {"type": "deployment.ondemand", "id": embed.pk, "ondemand": counts}
     )
     row = await next_row(ws, "embed")
     assert (row["inflight"], row["queued"], row["phase"]) == (2, 3, "queued")
-    assert row["activity"] == "queued (2 in flight, 3 queued)"
+    assert row["activity"] == "2 in flight · 3 queued"
+    assert row["label"] == "queued · waiting for memory"
+    assert row["queued_since"] == 1.69e9  # the dashboard's oldest wait
     await ws.disconnect()
 
 
@@ -147,6 +155,7 @@ def test_it_stops_counting_a_process_it_no_longer_hears_from() -> None:
         "inflight": 1,
         "queued": 0,
         "last_request_at": 5.0,
+        "queued_since": None,
         "phase": "serving",
     }
     now[0] = 2 * STALE_S

@@ -4,7 +4,7 @@ from typing import Any, cast
 
 from rest_framework import serializers
 
-from deployments import hooks
+from deployments import display, hooks
 from deployments.api.fields import StrictIntegerField, StrictNumbers
 from deployments.api.masking import MASKED_FIELDS, masked, may_see_secrets, unmasked
 from deployments.engine_logs import MAX_TAIL
@@ -15,6 +15,7 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 
 STATE_FIELDS = (
     "state",
+    "start_phase",
     "state_reason",
     "state_changed_at",
     "engine_urls",
@@ -39,7 +40,13 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
         help_text="False while the running engine has an older configuration."
     )
     ondemand = serializers.SerializerMethodField(
-        help_text="On-demand deployments: inflight, queued, last_request_at and phase."
+        help_text="On-demand deployments: inflight, queued, queued_since, last_request_at and"
+        " phase."
+    )
+    state_label = serializers.SerializerMethodField(
+        help_text="The state in the words the admin and `modelship ps` show: the state, then"
+        " what it is doing where that says more ('starting · pulling its container image',"
+        " 'stopped · idle' for an on-demand deployment with no engine)."
     )
     litellm = serializers.SerializerMethodField(
         help_text="Its registration with the site's LiteLLM proxy (null: none configured)."
@@ -65,6 +72,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "ondemand",
             "when_idle",
             "litellm",
+            "state_label",
             *STATE_FIELDS,
         )
         read_only_fields = STATE_FIELDS
@@ -94,6 +102,9 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
 
     def get_ondemand(self, obj: Deployment) -> dict[str, Any] | None:
         return hooks.reports.ondemand_status(obj)
+
+    def get_state_label(self, obj: Deployment) -> str:
+        return display.label_of(obj, hooks.reports.ondemand_status(obj))
 
     def get_when_idle(self, obj: Deployment) -> str | None:
         loader = LOADERS.get(obj.loader)

@@ -25,6 +25,24 @@
     return Number.isInteger(value) ? value.toFixed(1) : String(value);
   }
 
+  // An on-demand deployment's countdown to its idle stop: from its last request, while it is
+  // ready and nothing is in flight (the gateway's timer; the engine's load may hold it longer).
+  function idleLeft(json) {
+    const row = JSON.parse(json || "{}");
+    if (row.state !== "ready") return "— (not running)";
+    if (row.inflight) return "— (serving)";
+    if (!row.last || !row.timeout) return "after " + Math.round((row.timeout || 0) / 60) + " min without a request";
+    const left = Math.max(0, Math.floor(row.last + row.timeout - Date.now() / 1000));
+    return "in " + Math.floor(left / 60) + " min " + (left % 60) + " s if no request comes";
+  }
+
+  // An engine's address in a narrow column: host and port (display.short_url).
+  function shortUrl(url) {
+    if (!url || url === "-") return "-";
+    const rest = url.includes("://") ? url.split("://")[1] : url;
+    return rest.split("/")[0];
+  }
+
   function cells(id, field) {
     return document.querySelectorAll('[data-live="' + field + '"][data-id="' + id + '"]');
   }
@@ -51,21 +69,35 @@
 
   function show(row) {
     for (const el of cells(row.id, "state")) {
-      if (el.textContent !== row.state || !el.dataset.seen) flash(el);
-      el.textContent = row.state;
+      if (el.textContent !== row.label || !el.dataset.seen) flash(el);
+      el.textContent = row.label;
       el.style.background = row.colour;
       el.title = row.reason;
     }
     set(row.id, "reason", row.reason);
+    const head = row.reason.split("\n")[0];
+    set(row.id, "reason_head", head.length > 200 ? head.slice(0, 200) + "…" : head);
+    for (const el of document.querySelectorAll('[data-live-reason="' + row.id + '"]')) el.hidden = !row.reason;
+    for (const el of cells(row.id, "idle_left")) {
+      el.dataset.row = JSON.stringify({ state: row.state, inflight: row.inflight,
+        last: row.last_request_at, timeout: row.idle_timeout_s });
+      el.textContent = idleLeft(el.dataset.row);
+    }
     set(row.id, "mode", row.mode);
     set(row.id, "activity", row.activity);
     set(row.id, "gpus", row.gpus);
-    set(row.id, "engine", row.engine);
+    set(row.id, "engine", shortUrl(row.engine));
+    for (const el of cells(row.id, "engine")) el.title = row.engine === "-" ? "" : row.engine;
     set(row.id, "state_changed_at", row.state_changed_at);
     set(row.id, "holding_gib", row.holding_gib.toFixed(2));
     for (const el of cells(row.id, "last_request_at")) {
       el.dataset.time = row.last_request_at || "";
       el.textContent = ago(row.last_request_at);
+    }
+    for (const el of cells(row.id, "state_since")) {
+      el.dataset.time = row.state_changed_ts || "";
+      el.textContent = row.state_changed_ts ? ago(row.state_changed_ts) : "—";
+      el.title = row.state_changed_at;
     }
     if (row.id === mine) log.engine(RUNNING.includes(row.state));
     // A button does something only in its states: enabled as the state changes.
@@ -127,6 +159,8 @@
     };
     socket.onmessage = function (event) {
       const message = JSON.parse(event.data);
+      // The dashboard (dashboard.js) renders from the same messages.
+      window.dispatchEvent(new CustomEvent("modelship:live", { detail: message }));
       if (message.type === "snapshot") {
         message.rows.forEach(show);
         showHost(message.host);
@@ -192,6 +226,8 @@
       source = null;
     }
 
+    // The page opens on the log's last lines, and follows from there.
+    if (pre) pre.scrollTop = pre.scrollHeight;
     if (pause) {
       pause.onclick = function () {
         paused = !paused;
@@ -201,6 +237,7 @@
         } else {
           write(waiting);
           waiting = [];
+          pre.scrollTop = pre.scrollHeight; // resumed: back to the end, where new lines come
           setStatus(logStatus, source ? "following" : "", !!source);
         }
       };
@@ -229,6 +266,12 @@
 
   setInterval(function () {
     for (const el of document.querySelectorAll('[data-live="last_request_at"]')) {
+      el.textContent = ago(Number(el.dataset.time));
+    }
+    for (const el of document.querySelectorAll('[data-live="idle_left"][data-row]')) {
+      el.textContent = idleLeft(el.dataset.row);
+    }
+    for (const el of document.querySelectorAll('[data-live="state_since"][data-time]:not([data-time=""])')) {
       el.textContent = ago(Number(el.dataset.time));
     }
   }, 1000);
