@@ -14,6 +14,7 @@ nothing), an endpoint from the registry or "other", a key's visible prefix.
 from __future__ import annotations
 
 import functools
+import threading
 
 from prometheus_client import Counter, Gauge, Histogram, values
 
@@ -89,11 +90,20 @@ start_failures = Counter(
 )
 
 
-@functools.cache
+_route_table_lock = threading.Lock()
+
+
 def route_table_loaded() -> Gauge:
     """When this gateway process last loaded its route table. Made on first use, so only the
     processes that load one have it: a gauge made at import is written at 0 by every process
-    of the site (serve's own, the cluster's), and the oldest over them would be 1970."""
+    of the site (serve's own, the cluster's), and the oldest over them would be 1970. Made
+    once, whichever thread asks first (a second registration would raise)."""
+    with _route_table_lock:
+        return _route_table_gauge()
+
+
+@functools.cache
+def _route_table_gauge() -> Gauge:
     return Gauge(
         "modelship_route_table_loaded_timestamp_seconds",
         "When the gateway's route table was last loaded (the oldest over live gateway"

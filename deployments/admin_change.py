@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 
-from deployments import admin_options, display
+from deployments import admin_options, display, hooks
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -104,7 +104,7 @@ class DeploymentPage:
         return format_html(
             '<span class="ms-badge" style="background:{}">{}</span>',
             display.colour(obj.state),
-            display.label_of(obj, None),
+            display.label_of(obj, hooks.reports.ondemand_status(obj)),
         )
 
     @admin.display(description="Reason")

@@ -25,7 +25,7 @@ def last_failures(count: int = FAILURES) -> list[dict[str, Any]]:
             "kind": "start refused" if event.kind == "start_refused" else "failed",
             "at": event.time.timestamp(),
             "when": display.moment(event.time),
-            "reason": event.text,
+            "reason": event.text[: display.REASON_CHARS],
         }
         for event in events[:count]
     ]
@@ -47,7 +47,8 @@ def host_memory(meminfo: Path = MEMINFO) -> dict[str, float] | None:
     if "MemTotal" not in fields or "MemAvailable" not in fields:
         return None
     total, available = fields["MemTotal"], fields["MemAvailable"]
+    # To a tenth: the live pages are sent the host panel when it changes, not at every page.
     return {
-        "total_gib": round(total / GIB, 2),
-        "used_gib": round((total - available) / GIB, 2),
+        "total_gib": round(total / GIB, 1),
+        "used_gib": round((total - available) / GIB, 1),
     }

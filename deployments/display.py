@@ -82,10 +82,13 @@ def state_label(
         return f"starting · {start_phase}"
     if state == State.STARTING:
         return "starting · " + ("waiting for health" if launched else "launching")
-    if phase == "queued" and state in (State.PLANNED, State.STOPPED, State.ASLEEP):
+    idle = (State.PLANNED, State.STOPPED, State.FAILED)  # on demand starts a failed one too
+    if phase == "queued" and state in (*idle, State.ASLEEP):
         return "queued · waiting for memory"
-    if phase == "starting_for_request" and state in (State.PLANNED, State.STOPPED):
+    if phase == "starting_for_request" and state in idle:
         return "starting · for a request"
+    if phase == "starting_for_request" and state == State.ASLEEP:
+        return "waking · for a request"
     if on_demand and state == State.STOPPED:
         return "stopped · idle"
     if on_demand and state == State.PLANNED:

@@ -49,6 +49,9 @@ def transition(
             "state_reason": reason,
             "state_changed_at": timezone.now(),
             "updated": timezone.now(),
+            # A state change ends the preparing of a start (whose process may have died
+            # without saying so): its step is not shown past it.
+            "start_phase": "",
             **fields,
         }
         if to in (State.PLANNED, State.STOPPED, State.FAILED):

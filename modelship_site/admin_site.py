@@ -3,18 +3,26 @@ is starting, waiting and failing), with the deployments first among the apps bel
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib import admin
+from django.db import connection
 
+from common.redact import redact_urls
 from deployments.ray_cluster import cluster_summary
 from deployments.sign_in import ThrottledAdminLoginForm
-from ondemand.live import may_watch
-from ondemand.live_rows import snapshot
+from ondemand.live import may_see_events, may_watch
+from ondemand.live_rows import for_viewer, snapshot
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
     from django.template.response import TemplateResponse
+
+# The Ray cluster's block waits this long for its dashboard; the page does not wait longer.
+RAY_WAIT_S = 2.0
 
 # The apps in the order an operator looks for them; any other app follows, by name.
 APP_ORDER = ("deployments", "openai_api", "auth", "django_q")
@@ -38,11 +46,47 @@ class ModelshipAdminSite(admin.AdminSite):
         context: dict[str, Any] = {}
         if may_watch(request.user):
             rows, host = snapshot()
+            host = for_viewer(host, may_see_events(request.user))
             context["dashboard"] = {"rows": list(rows.values()), "host": host}
-            context["ray"] = cluster_summary()
+            context["ray"] = ray_block()
         return super().index(request, {**context, **(extra_context or {})})
 
     def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[Any]:
         apps = super().get_app_list(request, app_label)
         rank = {label: n for n, label in enumerate(APP_ORDER)}
         return sorted(apps, key=lambda app: (rank.get(app["app_label"], len(rank)), app["name"]))
+
+
+def ray_block() -> dict[str, Any] | None:
+    """The Ray cluster as /api/host shows it (credentials in its address redacted), or that
+    it did not answer in time: a dashboard that does not answer holds no page for long."""
+    if not settings.MSHIP_RAY_ADDRESS:
+        return None
+    done: concurrent.futures.Future[dict[str, Any] | None] = concurrent.futures.Future()
+
+    def read() -> None:
+        try:
+            done.set_result(cluster_summary())
+        except Exception as exc:  # told on the page, as an unreachable cluster is
+            done.set_exception(exc)
+        finally:
+            connection.close()
+
+    threading.Thread(target=read, name="modelship-ray-block", daemon=True).start()
+    try:
+        found = done.result(timeout=RAY_WAIT_S)
+    except concurrent.futures.TimeoutError:
+        found = {
+            "address": settings.MSHIP_RAY_ADDRESS,
+            "reachable": False,
+            "nodes": [],
+            "error": f"no answer from the Ray dashboard within {RAY_WAIT_S:g} s",
+        }
+    except Exception as exc:
+        found = {
+            "address": settings.MSHIP_RAY_ADDRESS,
+            "reachable": False,
+            "nodes": [],
+            "error": str(exc),
+        }
+    return None if found is None else dict(redact_urls(found))

@@ -211,8 +211,7 @@ class Controller:
             waiter.on_queued()
         mark_waited("queue")
         self.queue.setdefault(view.id, None)
-        entry.queued_since = entry.queued_since if entry.queued else time.time()
-        entry.queued += 1
+        entry.queue_in(waiter)
         gauge = metrics.queued.labels(view.name)
         gauge.inc()
         self._counted(view.id)
@@ -223,7 +222,7 @@ class Controller:
         try:
             await self.clock.wait(changed, timeout)
         finally:
-            entry.queued -= 1
+            entry.queue_out(waiter)
             gauge.dec()
             self._counted(view.id)
 

@@ -24,12 +24,13 @@ from django.db import transaction
 
 from ondemand.count_sums import CountSums
 from ondemand.counters import EVERY_S, GROUP, CounterPublisher
-from ondemand.live_rows import Row, snapshot, with_counts
+from ondemand.live_rows import Row, for_viewer, snapshot, with_counts
 
 log = logging.getLogger(__name__)
 HOST = 0  # the host panel's key among the deployments' ids (which start at 1)
 MIN_GAP_S = 0.25  # the watcher reads at most this often, however many changes poke it
 PERMISSION = "deployments.view_deployment"
+EVENTS_PERMISSION = "deployments.view_deploymentevent"
 
 
 class Watcher:
@@ -100,6 +101,12 @@ def may_watch(user: Any) -> bool:
     return bool(user and user.is_active and user.is_staff and user.has_perm(PERMISSION))
 
 
+def may_see_events(user: Any) -> bool:
+    """The dashboard's last failures are deployment events: shown to those who may view
+    them (as /api/events/ is)."""
+    return bool(may_watch(user) and user.has_perm(EVENTS_PERMISSION))
+
+
 class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     """Sends {"type": "snapshot", "rows", "host"} on connect, then {"type": "row", "row"},
     {"type": "gone", "id"} and {"type": "host", "host"} as things change. A staff user with
@@ -110,13 +117,17 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def connect(self) -> None:
         self.rows: dict[int, Row] = {}
         self.host: dict[str, Any] = {}
+        self.sees_events = False
         self.sender = CounterPublisher(self.send_latest)
         self.counts = CountSums()
-        if not await database_sync_to_async(may_watch)(self.scope.get("user")):
+        user = self.scope.get("user")
+        if not await database_sync_to_async(may_watch)(user):
             await self.close(code=4403)
             return
+        self.sees_events = await database_sync_to_async(may_see_events)(user)
         await self.accept()
-        self.rows, self.host = await database_sync_to_async(snapshot)()
+        self.rows, host = await database_sync_to_async(snapshot)()
+        self.host = for_viewer(host, self.sees_events)
         await self.send_json(
             {"type": "snapshot", "rows": list(self.rows.values()), "host": self.host}
         )
@@ -141,7 +152,7 @@ class LiveDeployments(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             self.sender.changed(pk)
 
     def host_changed(self, host: dict[str, Any]) -> None:
-        self.host = host
+        self.host = for_viewer(host, self.sees_events)
         self.sender.changed(HOST)
 
     async def send_latest(self, key: int) -> None:

@@ -31,6 +31,8 @@ def snapshot() -> tuple[dict[int, Row], dict[str, Any]]:
     host = host_summary()
     holding = {d["id"]: d["holding_gib"] for d in host["deployments"]}
     rows = {d.pk: row_of(d, holding.get(d.pk, 0.0)) for d in Deployment.objects.order_by("name")}
+    for gone in set(_needs) - set(rows):
+        _needs.pop(gone, None)
     return rows, {
         **{field: host[field] for field in HOST_FIELDS},
         "reserved": reserved_for_queue(rows),
@@ -40,12 +42,31 @@ def snapshot() -> tuple[dict[int, Row], dict[str, Any]]:
     }
 
 
+# Each deployment's need as of its last change (by id): the snapshot runs every second
+# while a page watches, and a need reads the GPUs and may walk a model's folder.
+_needs: dict[int, tuple[Any, float]] = {}
+
+
+def need_of(deployment: Deployment) -> float:
+    known = _needs.get(deployment.pk)
+    if known is not None and known[0] == deployment.updated:
+        return known[1]
+    need = round(need_gib(deployment), 3)
+    _needs[deployment.pk] = (deployment.updated, need)
+    return need
+
+
+def for_viewer(host: dict[str, Any], sees_events: bool) -> dict[str, Any]:
+    """The host panel as one viewer may see it: the last failures are deployment events."""
+    return host if sees_events else {**host, "failures": None}
+
+
 def reserved_for_queue(rows: dict[int, Row]) -> list[dict[str, Any]]:
     """Memory make-room freed for the deployments heading this process's queue, kept for them
     until they start."""
     reserved: dict[int, float] = {}
     for controller in controllers():
-        for pk, gib in controller.freed_for.items():
+        for pk, gib in dict(controller.freed_for).items():  # the event loop changes it
             reserved[pk] = reserved.get(pk, 0.0) + gib
     return [
         {"name": rows[pk]["name"], "gib": round(gib, 3)}
@@ -77,7 +98,7 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "last_request_at": display.last_request_at(deployment, status),
         "idle_timeout_s": deployment.effective_idle_timeout_s if deployment.is_on_demand else None,
         "holding_gib": holding_gib,
-        "need_gib": round(need_gib(deployment), 3),
+        "need_gib": need_of(deployment),
         "gpus": display.gpu_label(deployment.gpus),
         "engine": deployment.engine_url or "-",
         "state_changed_at": display.moment(deployment.state_changed_at),

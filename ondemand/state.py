@@ -3,6 +3,7 @@ and what it remembers of them (Entry, Waiter, Slot), with the phase that memory 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -108,7 +109,9 @@ class Entry:
     inflight: int = 0
     waiting: int = 0
     queued: int = 0
-    queued_since: float = 0.0  # wall time the first of those queued now arrived in the queue
+    # When each request queued now first arrived in the queue (wall time), by waiter: a
+    # waiter leaves and comes back at each look, and keeps its first time.
+    queued_at: dict[int, float] = field(default_factory=dict)
     last_request_at: float | None = None  # wall time, for status
     idle_since: float = 0.0  # clock time the idle timer last restarted
     attempt: asyncio.Task[StartOutcome] | None = None
@@ -122,6 +125,21 @@ class Entry:
     lease_wall_until: float = float("-inf")  # our lease's end in wall time, as written
     timeout_recorded_at: float = float("-inf")
 
+    def queue_in(self, waiter: Waiter) -> None:
+        if waiter.queued_at is None:
+            waiter.queued_at = time.time()
+        self.queued += 1
+        self.queued_at[id(waiter)] = waiter.queued_at
+
+    def queue_out(self, waiter: Waiter) -> None:
+        self.queued -= 1
+        self.queued_at.pop(id(waiter), None)
+
+    @property
+    def queued_since(self) -> float | None:
+        """When the longest-waiting request queued now arrived."""
+        return min(self.queued_at.values(), default=None)
+
 
 @dataclass
 class Waiter:
@@ -131,6 +149,7 @@ class Waiter:
     on_queued: Callable[[], Any] | None
     attempt: asyncio.Task[StartOutcome] | None = None  # the start it follows, until it ends
     told_queued: bool = False
+    queued_at: float | None = None  # wall time it first queued
 
 
 @dataclass
@@ -162,7 +181,7 @@ def describe(entry: Entry, state: str | None) -> dict[str, Any]:
     return {
         "inflight": entry.inflight,
         "queued": entry.queued,
-        "queued_since": entry.queued_since if entry.queued else None,
+        "queued_since": entry.queued_since,
         "last_request_at": entry.last_request_at,
         "phase": phase,
     }

@@ -219,12 +219,16 @@ class Catalog:
                         self.snapshot = await sync_to_async(load, thread_sensitive=False)()
                         self._reread = False
                     except DatabaseError as exc:
-                        raise GatewayError(
-                            503,
-                            f"The route table cannot be loaded ({exc.__class__.__name__}).",
-                            "route_table_unavailable",
-                            {"retry-after": "5"},
-                        ) from exc
+                        if self.snapshot is None:
+                            raise GatewayError(
+                                503,
+                                f"The route table cannot be loaded ({exc.__class__.__name__}).",
+                                "route_table_unavailable",
+                                {"retry-after": "5"},
+                            ) from exc
+                        # The table the start loaded stands (its age still bounds it); the
+                        # refresher keeps trying.
+                        self._reread = False
         if self._task is None or self._task.done():
             self.loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()

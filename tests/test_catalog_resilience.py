@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import OperationalError, connection
 from rest_framework.test import APIClient
 
 from deployments.models import Deployment
-from openai_api.catalog import catalog
+from openai_api import catalog as catalog_module
+from openai_api.catalog import Catalog, catalog
+from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
 from tests.gateway_support import seen_by_gateway
 
@@ -104,3 +106,26 @@ def test_it_refuses_a_form_encoded_null_for_a_json_field(transactional_db: None)
         answer = client.post("/api/deployments/", body)  # multipart, as a form sends it
         assert answer.status_code == 400, answer.content
         assert field in answer.json()
+
+
+async def test_it_keeps_the_table_it_started_with_when_the_first_reread_fails(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = Catalog()
+    await started.warm()  # the gateway's start: loaded, and read again at the first request
+    table = started.snapshot
+
+    def database_down() -> None:
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(catalog_module, "load", database_down)
+    try:
+        assert await started.current() is table  # it stands, its age bounding it
+        never = Catalog()
+        with pytest.raises(GatewayError) as refused:  # with no table at all: fails closed
+            await never.current()
+        assert refused.value.status == 503 and refused.value.code == "route_table_unavailable"
+    finally:
+        for task in (started._task,):
+            if task is not None:
+                task.cancel()

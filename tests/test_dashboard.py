@@ -20,6 +20,7 @@ from deployments.audit import event
 from deployments.dashboard import host_memory, last_failures
 from deployments.display import state_label
 from deployments.models import Deployment
+from deployments.transitions import transition
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -62,6 +63,9 @@ def dashboard_of(page: Any) -> dict[str, Any]:
         ("stopped", True, "queued", "", False, "queued · waiting for memory"),
         ("ready", True, "queued", "", True, "ready"),
         ("failed", True, "failed", "", False, "failed"),
+        ("failed", True, "queued", "", False, "queued · waiting for memory"),
+        ("failed", True, "starting_for_request", "", False, "starting · for a request"),
+        ("asleep", True, "starting_for_request", "", True, "waking · for a request"),
         ("stopping", True, "idle", "", True, "stopping"),
     ],
 )  # fmt: skip
@@ -107,6 +111,31 @@ def test_it_shows_no_dashboard_to_staff_who_may_not_view_deployments(
     html = page.content.decode()
     assert "dashboard-data" not in html and "secretive" not in html
     assert ">Users</a>" in html  # what they may see is still there
+
+
+def test_it_shows_the_failures_only_to_who_may_view_deployment_events(
+    client: Client, transactional_db: None, make_deployment: Callable[..., Deployment]
+) -> None:
+    event(make_deployment("broken"), "failed", "the engine exited with code 3")
+    watcher = User.objects.create_user("watcher", password="pw-123456", is_staff=True)
+    watcher.user_permissions.add(Permission.objects.get(codename="view_deployment"))
+    client.force_login(watcher)
+    data = dashboard_of(client.get("/admin/"))
+    assert data["rows"][0]["name"] == "broken" and data["host"]["failures"] is None
+    watcher.user_permissions.add(Permission.objects.get(codename="view_deploymentevent"))
+    watcher = User.objects.get(pk=watcher.pk)  # permissions are cached per user object
+    client.force_login(watcher)
+    (failure,) = dashboard_of(client.get("/admin/"))["host"]["failures"]
+    assert failure["reason"] == "the engine exited with code 3"
+
+
+def test_it_shows_a_ray_cluster_without_the_credentials_in_its_address(
+    staff: Client, settings: Any
+) -> None:
+    settings.MSHIP_RAY_ADDRESS = "http://ops:hunter2@127.0.0.1:9"  # nothing listens there
+    html = staff.get("/admin/").content.decode()
+    assert "Ray cluster at http://********@127.0.0.1:9" in html and "Not reachable" in html
+    assert "hunter2" not in html
 
 
 def test_it_keeps_the_last_failures_whole(
@@ -210,6 +239,10 @@ def test_it_says_what_a_start_is_doing_while_it_prepares(
     assert deployment.state_reason == "Pulling: 40% of 2.1 GB"
     assert deployment.start_phase == "pulling its container image"
     launch.prepare_start(deployment)  # a simulated engine needs nothing more: done preparing
+    assert Deployment.objects.get(pk=deployment.pk).start_phase == ""
+    # A start whose worker died while it pulled: the next state change ends the step.
+    launch.told(deployment, "pulling its container image")("Pulling: 90%")
+    transition(deployment, "failed", expected=["stopped"], reason="the pull was cut off")
     assert Deployment.objects.get(pk=deployment.pk).start_phase == ""
 
 

@@ -168,7 +168,11 @@ def fresh_site(
         yield Scraper(base, token)
     finally:
         serve.send_signal(signal.SIGINT)
-        serve.wait(60)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:  # a hung shutdown leaves nothing running
+            serve.kill()
+            serve.wait()
 
 
 def test_it_exports_every_series_the_dashboard_charts_before_any_request(
@@ -209,11 +213,14 @@ def test_it_shows_the_route_tables_age_from_the_start(fresh_site: Scraper) -> No
     def loaded() -> float:
         text = fresh_site.scrape_modelship().text
         family = next(
-            f
-            for f in text_string_to_metric_families(text)
-            if f.name == "modelship_route_table_loaded_timestamp_seconds"
+            (
+                f
+                for f in text_string_to_metric_families(text)
+                if f.name == "modelship_route_table_loaded_timestamp_seconds"
+            ),
+            None,
         )
-        return float(family.samples[0].value)
+        return float(family.samples[0].value) if family and family.samples else 0.0
 
     # The gateway loads its route table at start: its age is seconds, not since 1970.
     wait_until(lambda: time.time() - loaded() < 60, 30)

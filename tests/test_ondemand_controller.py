@@ -172,6 +172,7 @@ async def test_it_grants_a_slot_at_once_when_ready(
     assert controller.status(view, 1) | {"last_request_at": None} == {
         "inflight": 0,
         "queued": 0,
+        "queued_since": None,
         "last_request_at": None,
         "phase": "idle",
     }
@@ -366,9 +367,18 @@ async def test_it_queues_until_memory_is_freed_and_notifies_once(
     notices: list[int] = []
     waiter = acquiring(controller, 2, on_queued=lambda: notices.append(1))
     await settle()
-    assert controller.status(deployer.rows[2], 2)["phase"] == "queued"
+    status = controller.status(deployer.rows[2], 2)
+    assert status["phase"] == "queued" and status["queued_since"] is not None
     await clock.advance(15)  # it looks again, still no room
     assert notices == [1] and not waiter.done()
+    # It waits since it first queued, however often it looked again; a later one waits less.
+    later = acquiring(controller, 2)
+    await settle()
+    await clock.advance(15)
+    again = controller.status(deployer.rows[2], 2)
+    assert again["queued"] == 2 and again["queued_since"] == status["queued_since"]
+    later.cancel()
+    await settle()
     controller.release(busy)
     deployer.set_state(1, "stopped")  # an operator stops it; the change wakes the waiter
     controller.notify()

@@ -130,7 +130,10 @@
     const body = document.querySelector("#dash-starting .ms-body");
     if (!list.length) return body.replaceChildren(el("p", { className: "ms-none" }, "Nothing is starting."));
     body.replaceChildren(el("ul", {}, ...list.map((row) => {
-      const since = row.state_changed_ts ? " · " + duration(now - row.state_changed_ts) : "";
+      // How long: since the state changed to starting, or since the oldest request queued
+      // (a start still preparing or asked for by a request keeps its old state's time).
+      const from = row.state === "starting" ? row.state_changed_ts : row.queued_since;
+      const since = from ? " · " + duration(now - from) : "";
       const step = row.label.split(" · ").slice(1).join(" · ");
       const progress = row.start_phase && row.reason ? el("div", { className: "ms-sub ms-progress" }, row.reason) : null;
       return el("li", { "data-name": row.name }, link(row), " ", el("strong", {}, step || row.label), since, progress);
@@ -144,7 +147,7 @@
     const waiting = list.reduce((sum, row) => sum + row.queued, 0);
     if (!list.length) return body.replaceChildren(el("p", { className: "ms-none" }, "No request in flight or waiting."));
     body.replaceChildren(
-      el("p", {}, waiting + " request" + (waiting === 1 ? "" : "s") + " waiting"),
+      el("p", {}, waiting + " request" + (waiting === 1 ? "" : "s") + " waiting for a start or for memory"),
       el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "deployment"), el("th", {}, "in flight"),
         el("th", {}, "waiting"), el("th", {}, "oldest wait"))),
       el("tbody", {}, ...list.map((row) => el("tr", { "data-name": row.name }, el("td", {}, link(row)),
@@ -153,7 +156,7 @@
   }
 
   // A line chart of one rate: SVG, scaled to its own maximum.
-  function chart(points, key, label, unit) {
+  function chart(points, key, label) {
     const width = 300, height = 60;
     const now = Date.now() / 1000;
     const top = Math.max(1e-9, ...points.map((p) => p[key]));
@@ -169,7 +172,7 @@
     const last = points.length ? points[points.length - 1][key] : 0;
     const peak = points.length ? Math.max(...points.map((p) => p[key])) : 0;
     return el("div", { className: "ms-chart-box", "data-series": key },
-      el("div", {}, el("strong", {}, label + ": " + last.toFixed(key === "rps" ? 2 : 1) + " " + unit),
+      el("div", {}, el("strong", {}, label + ": " + last.toFixed(key === "rps" ? 2 : 1)),
         el("span", { className: "ms-sub" }, " · peak " + peak.toFixed(key === "rps" ? 2 : 1))),
       svg, el("div", { className: "ms-axis" }, el("span", {}, "15 min ago"), el("span", {}, "now")));
   }
@@ -181,11 +184,20 @@
       body.replaceChildren(el("p", { className: "ms-none" }, "Counting: the first figures come within 20 seconds of the server's start."));
       return;
     }
-    body.replaceChildren(chart(points, "rps", "requests/s", "/s"), chart(points, "tps", "tokens/s", "/s"));
+    body.replaceChildren(chart(points, "rps", "requests/s"), chart(points, "tps", "tokens/s"));
   }
+
+  let failuresShown = null;
 
   function drawFailures() {
     const body = document.querySelector("#dash-failures .ms-body");
+    // Drawn again only when they change: a reader's open reason stays open.
+    const key = JSON.stringify(host.failures);
+    if (key === failuresShown) return;
+    failuresShown = key;
+    if (host.failures === null) {
+      return body.replaceChildren(el("p", { className: "ms-none" }, "Not shown: it needs the permission to view deployment events."));
+    }
     const failures = host.failures || [];
     if (!failures.length) return body.replaceChildren(el("p", { className: "ms-none" }, "No failure recorded."));
     body.replaceChildren(el("ul", {}, ...failures.map((f) => {
