@@ -350,8 +350,9 @@ def test_it_shows_each_gpu_and_each_deployments_gpus_in_the_admin(
     page = client.get("/admin/deployments/deployment/").content.decode()
     assert 'id="host-gpus"' in page and "2 GPUs, placed per GPU" in page
     assert page.count("wide 10.0") == 2  # on both GPUs' rows
-    cell = f'<td class="field-gpu_list"><span data-live="gpus" data-id="{wide.pk}">0, 1</span></td>'
-    assert cell in page
+    # Under its memory, held / needs: the GPUs it was placed on.
+    cell = f'<span data-live="gpus" data-id="{wide.pk}">0, 1</span>'
+    assert cell in page.split('class="field-memory"', 1)[1]
 
 
 @pytest.mark.usefixtures("docker_site")
