@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.contrib.auth.models import User
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -65,7 +65,11 @@ def browser() -> Iterator[WebDriver]:
 
 def until(driver: WebDriver, what: Callable[[WebDriver], Any], timeout: float = 30) -> Any:
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(what)
+        # A live page redraws what it shows: an element found may be replaced before it is
+        # read, and is looked for again at the next poll.
+        return WebDriverWait(
+            driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]
+        ).until(what)
     except TimeoutException:
         # What the page showed instead, for whoever reads the failure.
         driver.save_screenshot(str(ARTIFACTS / "browser-failure.png"))
@@ -189,15 +193,18 @@ def api_post(url: str, path: str) -> httpx.Response:
 
 
 def segments(driver: WebDriver, bar: str) -> set[str]:
-    """The deployments a memory bar shows, by the title above it."""
-    found = set()
-    for row in driver.find_elements(By.CSS_SELECTOR, "#dash-bars .ms-bar-row"):
-        if row.find_element(By.CSS_SELECTOR, ".ms-bar-title").text.startswith(bar):
-            found |= {
-                str(seg.get_attribute("data-name"))
-                for seg in row.find_elements(By.CSS_SELECTOR, ".ms-seg")
-            }
-    return found
+    """The deployments a memory bar shows, by the title above it (read in one go: the page
+    redraws its bars as messages come)."""
+    names = driver.execute_script(
+        "const found = [];"
+        "for (const row of document.querySelectorAll('#dash-bars .ms-bar-row')) {"
+        "  if (!row.querySelector('.ms-bar-title').textContent.startsWith(arguments[0])) continue;"
+        "  for (const seg of row.querySelectorAll('.ms-seg')) found.push(seg.dataset.name);"
+        "}"
+        "return found;",
+        bar,
+    )
+    return {str(name) for name in names}
 
 
 @pytest.mark.parametrize("live_env", [{"MSHIP_GPU_INVENTORY": "24,24"}])
