@@ -79,7 +79,16 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
         ("Memory", {"fields": ("memory_gib", "num_gpus", "ray_resources")}),
         (
             "Lifecycle",
-            {"fields": ("mode", "idle_timeout_s", "system", "idle_signal", "idle_action")},
+            {
+                "fields": (
+                    "mode",
+                    "idle_timeout_s",
+                    "evictable",
+                    "system",
+                    "idle_signal",
+                    "idle_action",
+                )
+            },
         ),
     ]
     if not add:

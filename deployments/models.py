@@ -140,6 +140,13 @@ class Deployment(Versioned):
         validators=[MinValueValidator(60), MaxValueValidator(86400)],
         help_text="Seconds idle before an on-demand deployment stops; empty: the site default.",
     )
+    evictable = models.BooleanField(
+        "may be stopped to make room",
+        default=True,
+        help_text="On demand: whether an idle engine of it may be stopped (or put to sleep)"
+        " to make room for another deployment's start. Off pins it once loaded: only its own"
+        " idle timeout, an operator or a shutdown stops it.",
+    )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
         "mode switch waiting", max_length=16, choices=Mode.choices, null=True, blank=True
@@ -229,6 +236,7 @@ class Deployment(Versioned):
         data.update(
             mode=self.mode,
             idle_timeout_s=self.idle_timeout_s,
+            evictable=self.evictable,
             system=self.system,
             autoscaling_config=self.autoscaling_config,
             state=self.state,

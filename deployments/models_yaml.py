@@ -25,6 +25,7 @@ PLAIN_KEYS = {
     "runtime",
     "mode",
     "idle_timeout_s",
+    "evictable",
     "num_gpus",
     "memory_gib",
     "num_replicas",

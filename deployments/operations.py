@@ -36,6 +36,7 @@ SETTABLE_FIELDS = (
     *CONFIG_FIELDS,
     "mode",
     "idle_timeout_s",
+    "evictable",
     "system",
     "responses",
     "autoscaling_config",

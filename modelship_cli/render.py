@@ -178,6 +178,7 @@ DESCRIBED = (
     ("Mode", "effective_mode"),
     ("Mode switch waiting", "pending_mode"),
     ("Idle timeout (s)", "idle_timeout_s"),
+    ("May be stopped to make room", "evictable"),
     ("Use case", "usecase"),
     ("Loader", "loader"),
     ("Model", "model"),

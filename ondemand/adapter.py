@@ -80,6 +80,7 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         demand=memory.demand_of(row, on_gpus=True) if gpus else None,
         held=tuple(memory.held_by(row, gpus)) if gpus and row.state in HOLDING_STATES else (),
         failures_forgiven=row.failures_forgiven,
+        evictable=row.evictable,
     )
 
 

@@ -93,6 +93,9 @@ class Candidate(Protocol):
     @property
     def held(self) -> tuple[tuple[int, float], ...]: ...
 
+    @property
+    def evictable(self) -> bool: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
@@ -108,6 +111,8 @@ def victims(idle: Sequence[tuple[float, C]], covers: Callable[[list[C]], bool]) 
             break
         if candidate.state == State.ASLEEP:
             continue  # an asleep engine already holds nothing against the budget
+        if not candidate.evictable:
+            continue  # pinned: never stopped to make room
         chosen.append(candidate)
     if not covers(chosen):
         return None

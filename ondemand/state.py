@@ -43,6 +43,8 @@ class View:
     held: tuple[tuple[int, float], ...] = ()
     # Raised on the row whenever its start failures are forgiven (from any process).
     failures_forgiven: int = 0
+    # False: never stopped to make room for another start (pinned once loaded).
+    evictable: bool = True
 
 
 @dataclass(frozen=True)

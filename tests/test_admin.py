@@ -46,6 +46,7 @@ def form_of(name: str, **fields: Any) -> dict[str, Any]:
         "num_gpus": "",
         "mode": "",
         "idle_timeout_s": "",
+        "evictable": "on",  # checked, as the form shows it
         "responses": "gateway",
         **fields,
     }
@@ -120,6 +121,7 @@ def test_it_audits_a_change_made_in_the_admin(staff: Client, make_deployment: An
         "num_gpus": "",
         "mode": "",
         "idle_timeout_s": "",
+        "evictable": "on",
         "responses": "gateway",
     }
     answer = staff.post(f"/admin/deployments/deployment/{deployment.pk}/change/", form)

@@ -54,7 +54,7 @@ def test_it_creates_reads_updates_and_deletes_with_audit(api: APIClient) -> None
 
     patched = api.patch(f"/api/deployments/{pk}/", {"memory_gib": 2}, format="json")
     assert patched.status_code == 200
-    assert patched.json()["need_gib"] == 2.0
+    assert patched.json()["need_gib"] == 2.0 and patched.json()["evictable"] is True
     listed = api.get("/api/deployments/?loader=simulated").json()
     assert [d["name"] for d in listed["results"]] == ["sim"]
 
@@ -263,3 +263,13 @@ def test_it_pages_within_what_the_database_takes(api: APIClient) -> None:
         assert answer.status_code == 200, query
     assert api.get("/api/deployments/?limit=0").status_code == 400  # the schema's minimum is 1
     assert len(api.get("/api/deployments/?limit=5000").json()["results"]) == 1
+
+
+def test_it_pins_a_deployment_so_that_make_room_never_stops_it(api: APIClient) -> None:
+    made = api.post("/api/deployments/", {**SIM, "mode": "on_demand"}, format="json").json()
+    pinned = api.patch(f"/api/deployments/{made['id']}/", {"evictable": False}, format="json")
+    assert pinned.status_code == 200 and pinned.json()["evictable"] is False
+    update = AuditEntry.objects.get(action="update")
+    assert ((update.before or {})["evictable"], (update.after or {})["evictable"]) == (True, False)
+    refused = api.patch(f"/api/deployments/{made['id']}/", {"evictable": "never"}, format="json")
+    assert refused.status_code == 400 and "evictable" in refused.json()

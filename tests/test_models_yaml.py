@@ -168,6 +168,15 @@ def test_it_does_not_start_an_on_demand_deployment(tmp_path: Path) -> None:
     lazy = Deployment.objects.get(name="lazy")
     assert lazy.state == State.PLANNED
     assert lazy.is_on_demand
+    assert lazy.evictable  # by default, an idle one may be stopped to make room
+
+
+def test_it_pins_a_deployment_that_may_not_be_stopped_to_make_room(tmp_path: Path) -> None:
+    deploy(write(tmp_path, [simulated("pinned", mode="on_demand", evictable=False)]))
+    assert Deployment.objects.get(name="pinned").evictable is False
+    with pytest.raises(CommandError) as refused:
+        deploy(write(tmp_path, [simulated("pinned", mode="on_demand", evictable="never")]))
+    assert "models[0] (pinned): evictable:" in str(refused.value)
 
 
 def test_it_lets_a_stream_on_the_replaced_engine_finish(tmp_path: Path) -> None:

@@ -338,6 +338,31 @@ async def test_it_makes_room_by_stopping_the_least_recently_used_idle_model(
     controller.release(busy)
 
 
+async def test_it_makes_room_around_a_pinned_model(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "pinned", 4, state="ready", evictable=False)
+    deployer.add(2, "loose", 4, state="ready")
+    controller.release(await controller.acquire(1))  # the least recently used
+    await clock.advance(10)
+    controller.release(await controller.acquire(2))
+    await clock.advance(700)  # both idle past the timeout
+    deployer.add(3, "new", 4)
+    waiter = acquiring(controller, 3)
+    await settle()
+    assert deployer.stops == [("loose", "Put to sleep to make room for new")]
+    deployer.finish(3)
+    await waiter
+    # With the loose one gone too, nothing but the pinned one would make room: it waits.
+    deployer.add(4, "newest", 4)
+    queued = acquiring(controller, 4)
+    await settle()
+    assert controller.status(deployer.rows[4], 4)["phase"] == "queued"
+    assert [name for name, _ in deployer.stops] == ["loose"]
+    queued.cancel()
+    await settle()
+
+
 async def test_it_never_picks_a_model_that_is_not_idle_by_every_rule(
     controller: Controller, deployer: FakeDeployer, clock: FakeClock
 ) -> None:

@@ -19,6 +19,7 @@ class Model:
     state: str
     need_gib: float
     held: tuple[tuple[int, float], ...] = ()
+    evictable: bool = True
 
 
 IDLE = Activity(
@@ -66,6 +67,18 @@ def test_it_stops_the_least_recently_used_until_the_shortfall_is_covered() -> No
     assert policy.victims(idle, short(8.5)) is None  # all of them cannot cover it: stop none
     # 5 GiB takes the newest too, and then the old one's 2 GiB are not needed: it is spared.
     assert policy.victims(idle, short(5)) == [older, newest]
+
+
+def test_it_never_stops_a_pinned_deployment_to_make_room() -> None:
+    pinned = Model("pinned", "ready", 6, evictable=False)
+    loose = Model("loose", "ready", 2)
+    idle = [(10.0, pinned), (20.0, loose)]  # the pinned one is the least recently used
+
+    def short(gib: float) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(None, gib, 0.0, (), stopped)
+
+    assert policy.victims(idle, short(2)) == [loose]
+    assert policy.victims(idle, short(4)) is None  # only stopping the pinned one would do
 
 
 def test_it_makes_room_only_on_the_gpus_the_start_can_use() -> None:

@@ -44,6 +44,7 @@ ADMIN_FIELDS = (
     "num_gpus",
     "mode",
     "idle_timeout_s",
+    "evictable",
     "system",
     "responses",
 )

@@ -65,6 +65,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "mode",
             "effective_mode",
             "idle_timeout_s",
+            "evictable",
             "system",
             "responses",
             "need_gib",
