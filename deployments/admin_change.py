@@ -84,6 +84,7 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
                     "mode",
                     "idle_timeout_s",
                     "evictable",
+                    "preload",
                     "system",
                     "idle_signal",
                     "idle_action",

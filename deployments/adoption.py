@@ -15,7 +15,7 @@ from deployments.deployer import handles_of, stop
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import start_gate
 from deployments.launch import stop_handles
-from deployments.models import Deployment, State
+from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable, engine_key, get_runtime, names
 from deployments.task_queue import enqueue
 from deployments.transitions import transition
@@ -117,6 +117,20 @@ def remove_orphans(outcome: dict[str, list[str]]) -> None:
                 outcome["orphans_removed"].append(
                     str(handle.get("container_name") or engine_key(handle))
                 )
+
+
+def to_start_at_serve() -> list[Deployment]:
+    """What `serve` starts as it starts: the always-on deployments its last shutdown stopped
+    (one an operator stopped stays stopped), and the on-demand ones marked preload that run
+    nothing (a failed one waits for its next request or an operator)."""
+    found = []
+    for deployment in Deployment.objects.filter(state__in=(State.PLANNED, State.STOPPED)):
+        if deployment.effective_mode == Mode.ALWAYS_ON:
+            if deployment.state_reason == SHUTDOWN_REASON:
+                found.append(deployment)
+        elif deployment.preload and deployment.effective_mode == Mode.ON_DEMAND:
+            found.append(deployment)
+    return found
 
 
 def stop_all(reason: str = SHUTDOWN_REASON) -> list[str]:

@@ -147,6 +147,13 @@ class Deployment(Versioned):
         " to make room for another deployment's start. Off pins it once loaded: only its own"
         " idle timeout, an operator or a shutdown stops it.",
     )
+    preload = models.BooleanField(
+        "start when Modelship starts",
+        default=False,
+        help_text="On demand: started by `serve` as it starts, as if a request had come (then"
+        " stopped by its idle timeout like any on-demand model), so the first request finds"
+        " it loaded.",
+    )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
         "mode switch waiting", max_length=16, choices=Mode.choices, null=True, blank=True
@@ -237,6 +244,7 @@ class Deployment(Versioned):
             mode=self.mode,
             idle_timeout_s=self.idle_timeout_s,
             evictable=self.evictable,
+            preload=self.preload,
             system=self.system,
             autoscaling_config=self.autoscaling_config,
             state=self.state,

@@ -26,6 +26,7 @@ PLAIN_KEYS = {
     "mode",
     "idle_timeout_s",
     "evictable",
+    "preload",
     "num_gpus",
     "memory_gib",
     "num_replicas",

@@ -37,6 +37,7 @@ SETTABLE_FIELDS = (
     "mode",
     "idle_timeout_s",
     "evictable",
+    "preload",
     "system",
     "responses",
     "autoscaling_config",

@@ -179,6 +179,7 @@ DESCRIBED = (
     ("Mode switch waiting", "pending_mode"),
     ("Idle timeout (s)", "idle_timeout_s"),
     ("May be stopped to make room", "evictable"),
+    ("Started when Modelship starts", "preload"),
     ("Use case", "usecase"),
     ("Loader", "loader"),
     ("Model", "model"),

@@ -377,6 +377,9 @@ MSHIP_ONDEMAND_IDLE_TIMEOUT_S = env_int("MSHIP_ONDEMAND_IDLE_TIMEOUT_S", 600)
 # at most this many requests wait at once.
 MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = env_float("MSHIP_ONDEMAND_QUEUE_TIMEOUT_S", 900)
 MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
+# Make-room spares a model loaded less than this long ago while stopping others would do:
+# two models that take turns on one GPU are not swapped back and forth (thrash).
+MSHIP_MIN_RESIDENCY_S = env_float("MSHIP_MIN_RESIDENCY_S", 60)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

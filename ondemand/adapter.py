@@ -22,7 +22,7 @@ from deployments.engine_metrics import Load, replicas_load
 from deployments.gate import start_gate
 from deployments.loaders import get_loader
 from deployments.memory import need_gib
-from deployments.models import HOLDING_STATES, Deployment
+from deployments.models import HOLDING_STATES, Deployment, State
 from ondemand import lease
 from ondemand.coalesce import Coalesced
 from ondemand.state import Budget, View
@@ -81,7 +81,16 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         held=tuple(memory.held_by(row, gpus)) if gpus and row.state in HOLDING_STATES else (),
         failures_forgiven=row.failures_forgiven,
         evictable=row.evictable,
+        recently_loaded=recently_loaded(row),
     )
+
+
+def recently_loaded(row: Deployment) -> bool:
+    """Ready for less than MSHIP_MIN_RESIDENCY_S (its state's age)."""
+    if row.state != State.READY or row.state_changed_at is None:
+        return False
+    resident_s = time.time() - row.state_changed_at.timestamp()
+    return resident_s < settings.MSHIP_MIN_RESIDENCY_S
 
 
 def _views() -> list[View]:

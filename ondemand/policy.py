@@ -96,6 +96,9 @@ class Candidate(Protocol):
     @property
     def evictable(self) -> bool: ...
 
+    @property
+    def recently_loaded(self) -> bool: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
@@ -103,10 +106,11 @@ C = TypeVar("C", bound=Candidate)
 def victims(idle: Sequence[tuple[float, C]], covers: Callable[[list[C]], bool]) -> list[C] | None:
     """The idle deployments to stop, least recently used first (each given with the time it
     became idle), until stopping them `covers` the start; None when all of them cannot.
-    Then any of them the start does not need is spared, newest first: on a GPU host, an
-    engine on a device the start cannot use frees nothing for it."""
+    Those recently loaded come last: stopped only when the others do not make room (no
+    thrash). Then any of them the start does not need is spared, newest first: on a GPU
+    host, an engine on a device the start cannot use frees nothing for it."""
     chosen: list[C] = []
-    for _, candidate in sorted(idle, key=lambda pair: pair[0]):
+    for _, candidate in sorted(idle, key=lambda pair: (pair[1].recently_loaded, pair[0])):
         if covers(chosen):
             break
         if candidate.state == State.ASLEEP:

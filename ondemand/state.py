@@ -45,6 +45,9 @@ class View:
     failures_forgiven: int = 0
     # False: never stopped to make room for another start (pinned once loaded).
     evictable: bool = True
+    # Ready for less than MSHIP_MIN_RESIDENCY_S, as the row was read: make-room takes it
+    # last (no thrash between two models that take turns).
+    recently_loaded: bool = False
 
 
 @dataclass(frozen=True)

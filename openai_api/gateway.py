@@ -28,6 +28,7 @@ from openai_api.relay import Traffic, relay
 from openai_api.responses import background, compact, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
 
+WARM = "/warm"  # POST /v1/models/{model}/warm
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
 COUNT_TOKENS = "responses/input_tokens"  # counted by the engine's tokenizer, in a slot
 COMPACT = "responses/compact"  # summarised by the model, in a slot
@@ -54,9 +55,12 @@ async def handle(exchange: Exchange) -> None:
         await rate_limiter.check(caller.key)
         last_used.touch(caller.key)
     if endpoint == "models" or endpoint.startswith("models/"):
+        wanted = endpoint[len("models/") :]
+        if method == "POST" and wanted.endswith(WARM):
+            return await warm(exchange, snapshot, caller, wanted[: -len(WARM)])
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
-        return await models(exchange, snapshot, caller.key, endpoint[len("models/") :])
+        return await models(exchange, snapshot, caller.key, wanted)
     if endpoint == "conversations" or endpoint.startswith("conversations/"):
         parts = [part for part in endpoint.split("/")[1:] if part]
         return await conversation_api.handle(
@@ -217,6 +221,19 @@ async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) 
     else:
         data = [card(r, served) for r in visible for served in (r.name, *r.aliases)]
         body = {"object": "list", "data": data}
+    await exchange.json(200, json.dumps(body).encode())
+
+
+async def warm(exchange: Exchange, snapshot: Snapshot, caller: Caller, name: str) -> None:
+    """POST /v1/models/{model}/warm: the model loaded ahead of its first use, for a key that
+    may use it. An on-demand model is started as its first request would start it (queued
+    for memory, refused as a request would be); the answer comes once it is ready, and its
+    idle timer restarts as after a request."""
+    route = route_for(snapshot, caller, name)
+    exchange.record.model = route.name
+    async with dispatcher.slot(route):
+        pass
+    body = {"id": name, "object": "model", "owned_by": "modelship", "status": "ready"}
     await exchange.json(200, json.dumps(body).encode())
 
 

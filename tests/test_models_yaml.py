@@ -172,8 +172,9 @@ def test_it_does_not_start_an_on_demand_deployment(tmp_path: Path) -> None:
 
 
 def test_it_pins_a_deployment_that_may_not_be_stopped_to_make_room(tmp_path: Path) -> None:
-    deploy(write(tmp_path, [simulated("pinned", mode="on_demand", evictable=False)]))
-    assert Deployment.objects.get(name="pinned").evictable is False
+    deploy(write(tmp_path, [simulated("pinned", mode="on_demand", evictable=False, preload=True)]))
+    pinned = Deployment.objects.get(name="pinned")
+    assert (pinned.evictable, pinned.preload) == (False, True)
     with pytest.raises(CommandError) as refused:
         deploy(write(tmp_path, [simulated("pinned", mode="on_demand", evictable="never")]))
     assert "models[0] (pinned): evictable:" in str(refused.value)

@@ -20,6 +20,7 @@ class Model:
     need_gib: float
     held: tuple[tuple[int, float], ...] = ()
     evictable: bool = True
+    recently_loaded: bool = False
 
 
 IDLE = Activity(
@@ -79,6 +80,19 @@ def test_it_never_stops_a_pinned_deployment_to_make_room() -> None:
 
     assert policy.victims(idle, short(2)) == [loose]
     assert policy.victims(idle, short(4)) is None  # only stopping the pinned one would do
+
+
+def test_it_stops_a_recently_loaded_model_only_when_nothing_else_makes_room() -> None:
+    fresh = Model("fresh", "ready", 2, recently_loaded=True)  # idle first, loaded just now
+    old = Model("old", "ready", 2)
+    idle = [(5.0, fresh), (10.0, old)]
+
+    def short(gib: float) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(None, gib, 0.0, (), stopped)
+
+    assert policy.victims(idle, short(2)) == [old]  # not the least recently used: no thrash
+    assert policy.victims(idle, short(4)) == [old, fresh]  # both it takes, the fresh one last
+    assert policy.victims(idle, short(5)) is None
 
 
 def test_it_makes_room_only_on_the_gpus_the_start_can_use() -> None:

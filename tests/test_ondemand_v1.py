@@ -234,3 +234,30 @@ def test_it_starts_a_small_model_while_a_big_one_waits_for_memory_nobody_freed(
     assert outcome == [503]  # ondemand_queue_timeout: the busy one never became idle
     streaming.close()
     assert Deployment.objects.get(name="big").state == State.PLANNED
+
+
+def test_it_warms_a_model_ahead_of_its_first_request_for_a_key_that_may_use_it(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    lazy = on_demand(make_deployment, site, "lazy", config={"startup_delay_s": 0.5})
+    key, other = api_key(), api_key("other", allowed_models=["nothing-here"])
+    warm = f"{gateway_url}/v1/models/lazy/warm"
+    # A key that may not use it learns nothing of it, and nothing starts.
+    hidden = httpx.post(warm, headers={"Authorization": f"Bearer {other}"}, timeout=60)
+    assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "model_not_found"
+    assert Deployment.objects.get(pk=lazy.pk).state == State.PLANNED
+    warmed = httpx.post(warm, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert warmed.status_code == 200, warmed.text
+    assert warmed.json() == {
+        "id": "lazy",
+        "object": "model",
+        "owned_by": "modelship",
+        "status": "ready",
+    }
+    assert Deployment.objects.get(pk=lazy.pk).state == State.READY
+    # Ready already: at once; and the model's card is still read with GET.
+    assert httpx.post(warm, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    card = httpx.get(f"{gateway_url}/v1/models/lazy", headers={"Authorization": f"Bearer {key}"})
+    assert card.json()["id"] == "lazy"
+    other_verb = httpx.put(warm, headers={"Authorization": f"Bearer {key}"})
+    assert other_verb.status_code == 405

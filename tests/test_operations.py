@@ -45,6 +45,7 @@ ADMIN_FIELDS = (
     "mode",
     "idle_timeout_s",
     "evictable",
+    "preload",
     "system",
     "responses",
 )

@@ -66,6 +66,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "effective_mode",
             "idle_timeout_s",
             "evictable",
+            "preload",
             "system",
             "responses",
             "need_gib",

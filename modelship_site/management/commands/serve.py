@@ -30,10 +30,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from deployments import tasks
-from deployments.adoption import SHUTDOWN_REASON, adopt_all, stop_all
+from deployments.adoption import adopt_all, stop_all, to_start_at_serve
 from deployments.autoscaler import Autoscaler
 from deployments.management.commands.ensure_admin import AdminLogin, ensure_admin
-from deployments.models import Deployment, Mode, State
+from deployments.models import Mode
 from deployments.site_hints import hints
 from deployments.task_queue import enqueue
 from modelship_site.metrics import fresh_metrics, process_gone
@@ -230,10 +230,10 @@ class Command(BaseCommand):
         )
 
     def resume_after_shutdown(self) -> None:
-        stopped = Deployment.objects.filter(state=State.STOPPED, state_reason=SHUTDOWN_REASON)
-        for deployment in stopped:
-            if deployment.effective_mode == Mode.ALWAYS_ON:
-                enqueue(tasks.start, deployment.pk, "system")
+        """Always-on deployments the last shutdown stopped, and on-demand ones to preload."""
+        for deployment in to_start_at_serve():
+            actor = "system" if deployment.effective_mode == Mode.ALWAYS_ON else "preload"
+            enqueue(tasks.start, deployment.pk, actor)
 
     def shutdown(
         self, children: dict[str, subprocess.Popen[bytes]], *, stop_engines: bool = True
