@@ -164,6 +164,8 @@ def fresh_site(
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: answers(base + "/health"), 60)
+        # serve writes the admin's token once it has made the admin: after /health answers.
+        wait_until(lambda: (tmp_path / "var/admin_token").exists(), 30)
         token = (tmp_path / "var/admin_token").read_text().strip()  # README: cp it over
         yield Scraper(base, token)
     finally:
