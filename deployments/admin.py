@@ -14,7 +14,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from deployments import admin_options, display, hooks, host_access, operations
-from deployments.admin_change import DeploymentPage
+from deployments.admin_change import STATE_FIELDS, DeploymentPage
 from deployments.admin_fields import NamesField, OptionalJSONField
 from deployments.engine_logs import tails
 from deployments.loaders import LOADERS, EngineSpec, get_loader
@@ -73,16 +73,7 @@ class DeploymentAdmin(DeploymentPage, admin.ModelAdmin):
     list_display = ("deployment", "state_badge", "mode_label", "activity", "memory", "engine")
     list_filter = ("state", "loader", "usecase", "runtime", "mode", "system")
     search_fields = ("name", "model")
-    readonly_fields = (
-        "state_now",
-        "reason",
-        "engines",
-        "running_fingerprint",
-        "pending_mode",
-        "created",
-        "updated",
-        "state_changed_at",
-    )
+    readonly_fields = STATE_FIELDS  # the page's State section (admin_change.py)
     actions = ("start", "stop", "sleep", "wake", "switch_on_demand", "switch_always_on")
     form = admin_options.deployment_form()
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import formats, timezone
 
 from common import metrics
-from deployments.models import State
+from deployments.models import STARTABLE_STATES, State
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -78,14 +78,14 @@ def state_label(
     """A deployment's state in the one vocabulary of the admin, the API and the CLI: the
     state, then what it does in it where that says more (an on-demand deployment with no
     engine is idle, not "sleeping"; one that is put to sleep is "asleep")."""
-    if start_phase and state in (State.PLANNED, State.STOPPED, State.FAILED):
+    # No engine: what a start begins from (on demand starts a failed one too).
+    if start_phase and state in STARTABLE_STATES:
         return f"starting · {start_phase}"
     if state == State.STARTING:
         return "starting · " + ("waiting for health" if launched else "launching")
-    idle = (State.PLANNED, State.STOPPED, State.FAILED)  # on demand starts a failed one too
-    if phase == "queued" and state in (*idle, State.ASLEEP):
+    if phase == "queued" and state in (*STARTABLE_STATES, State.ASLEEP):
         return "queued · waiting for memory"
-    if phase == "starting_for_request" and state in idle:
+    if phase == "starting_for_request" and state in STARTABLE_STATES:
         return "starting · for a request"
     if phase == "starting_for_request" and state == State.ASLEEP:
         return "waking · for a request"

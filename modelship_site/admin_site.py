@@ -76,17 +76,12 @@ def ray_block() -> dict[str, Any] | None:
     try:
         found = done.result(timeout=RAY_WAIT_S)
     except concurrent.futures.TimeoutError:
-        found = {
-            "address": settings.MSHIP_RAY_ADDRESS,
-            "reachable": False,
-            "nodes": [],
-            "error": f"no answer from the Ray dashboard within {RAY_WAIT_S:g} s",
-        }
+        found = unreachable(f"no answer from the Ray dashboard within {RAY_WAIT_S:g} s")
     except Exception as exc:
-        found = {
-            "address": settings.MSHIP_RAY_ADDRESS,
-            "reachable": False,
-            "nodes": [],
-            "error": str(exc),
-        }
+        found = unreachable(str(exc))
     return None if found is None else dict(redact_urls(found))
+
+
+def unreachable(error: str) -> dict[str, Any]:
+    """The cluster as cluster_summary says one that does not answer."""
+    return {"address": settings.MSHIP_RAY_ADDRESS, "reachable": False, "error": error, "nodes": []}

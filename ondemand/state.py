@@ -113,9 +113,8 @@ class Entry:
 
     inflight: int = 0
     waiting: int = 0
-    queued: int = 0
-    # When each request queued now first arrived in the queue (wall time), by waiter: a
-    # waiter leaves and comes back at each look, and keeps its first time.
+    # The requests queued now, by waiter, with when each first arrived in the queue (wall
+    # time): a waiter leaves and comes back at each look, and keeps its first time.
     queued_at: dict[int, float] = field(default_factory=dict)
     last_request_at: float | None = None  # wall time, for status
     idle_since: float = 0.0  # clock time the idle timer last restarted
@@ -133,12 +132,14 @@ class Entry:
     def queue_in(self, waiter: Waiter) -> None:
         if waiter.queued_at is None:
             waiter.queued_at = time.time()
-        self.queued += 1
         self.queued_at[id(waiter)] = waiter.queued_at
 
     def queue_out(self, waiter: Waiter) -> None:
-        self.queued -= 1
         self.queued_at.pop(id(waiter), None)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queued_at)
 
     @property
     def queued_since(self) -> float | None:

@@ -56,4 +56,8 @@ def live(
         yield {**env, "MSHIP_URL": url, "MSHIP_TOKEN": "", "MSHIP_API_KEY": ""}
     finally:
         serve.send_signal(signal.SIGINT)
-        serve.wait(60)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:  # a hung shutdown leaves nothing running
+            serve.kill()
+            serve.wait()

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -21,12 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments import deployer
 from deployments.api.tokens import issue_token
-from deployments.runtimes.process import free_port
-from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.conftest import REPO, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
 
     from deployments.models import Deployment
 
@@ -138,43 +134,27 @@ class Scraper:
 
 
 @pytest.fixture
-def fresh_site(
-    site: Any, tmp_path: Path, make_deployment: Callable[..., Deployment]
-) -> Iterator[Scraper]:
-    """`manage.py serve` (server and cluster) on a GPU host of two declared GPUs, with an
-    always-on and an on-demand deployment that no request has reached; nothing runs yet."""
+def live_env() -> dict[str, str]:
+    """The served site (tests/live_support.py) on a GPU host of two declared GPUs, let in by
+    the token only, not by loopback: compose.yaml's `web` sees the Docker bridge."""
+    return {"MSHIP_GPU_INVENTORY": "8,8", "MSHIP_METRICS_ALLOW": ""}
+
+
+@pytest.fixture
+def deployed(make_deployment: Callable[..., Deployment]) -> None:
+    """An always-on and an on-demand deployment, made before the site starts."""
     make_deployment("chat")
     make_deployment("lazy", mode="on_demand")
-    port = free_port("127.0.0.1")
-    env = env_for_subprocess(
-        MSHIP_VAR_DIR=str(tmp_path / "var"),
-        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
-        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
-        MSHIP_GPU_INVENTORY="8,8",
-        # The token lets it in, not loopback: compose.yaml's `web` sees the Docker bridge.
-        MSHIP_METRICS_ALLOW="",
-    )
-    serve = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=(tmp_path / "serve.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: answers(base + "/health"), 60)
-        # serve writes the admin's token once it has made the admin: after /health answers.
-        wait_until(lambda: (tmp_path / "var/admin_token").exists(), 30)
-        token = (tmp_path / "var/admin_token").read_text().strip()  # README: cp it over
-        yield Scraper(base, token)
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(60)
-        except subprocess.TimeoutExpired:  # a hung shutdown leaves nothing running
-            serve.kill()
-            serve.wait()
+
+
+@pytest.fixture
+def fresh_site(deployed: None, live: dict[str, str]) -> Scraper:
+    """`manage.py serve` (server and cluster) with those deployments, which no request has
+    reached; nothing runs yet."""
+    token_path = Path(live["MSHIP_VAR_DIR"]) / "admin_token"
+    # serve writes the admin's token once it has made the admin: after /health answers.
+    wait_until(token_path.exists, 30)
+    return Scraper(live["MSHIP_URL"], token_path.read_text().strip())  # README: cp it over
 
 
 def test_it_exports_every_series_the_dashboard_charts_before_any_request(

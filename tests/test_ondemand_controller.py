@@ -318,15 +318,21 @@ async def test_it_says_does_not_fit_at_once_for_a_model_bigger_than_the_budget(
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
+async def served_in_turn(controller: Controller, clock: FakeClock, *ids: int) -> None:
+    """One request to each deployment, 10 s apart: the first is the least recently used."""
+    for n, deployment_id in enumerate(ids):
+        if n:
+            await clock.advance(10)
+        controller.release(await controller.acquire(deployment_id))
+
+
 async def test_it_makes_room_by_stopping_the_least_recently_used_idle_model(
     controller: Controller, deployer: FakeDeployer, clock: FakeClock
 ) -> None:
     deployer.add(1, "older", 4, state="ready")
     deployer.add(2, "newer", 4, state="ready")
     deployer.add(3, "busy", 2, state="ready")
-    controller.release(await controller.acquire(1))
-    await clock.advance(10)
-    controller.release(await controller.acquire(2))
+    await served_in_turn(controller, clock, 1, 2)
     busy = await controller.acquire(3)  # in flight: never a victim
     await clock.advance(700)  # everyone idle past the timeout
     deployer.add(4, "new", 4)
@@ -343,9 +349,7 @@ async def test_it_makes_room_around_a_pinned_model(
 ) -> None:
     deployer.add(1, "pinned", 4, state="ready", evictable=False)
     deployer.add(2, "loose", 4, state="ready")
-    controller.release(await controller.acquire(1))  # the least recently used
-    await clock.advance(10)
-    controller.release(await controller.acquire(2))
+    await served_in_turn(controller, clock, 1, 2)  # the pinned one, the least recently used
     await clock.advance(700)  # both idle past the timeout
     deployer.add(3, "new", 4)
     waiter = acquiring(controller, 3)
