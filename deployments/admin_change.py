@@ -85,6 +85,7 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
                     "idle_timeout_s",
                     "evictable",
                     "preload",
+                    "priority",
                     "system",
                     "idle_signal",
                     "idle_action",

@@ -9,6 +9,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from common.json_shapes import command_line, json_object, list_of_names
+from common.priority import PriorityField
 from common.versioned import Versioned, VersionedQuerySet
 from deployments import loaders
 from deployments.auth_models import ApiToken, LoginFailure  # noqa: F401  (registered here)
@@ -154,6 +155,11 @@ class Deployment(Versioned):
         " stopped by its idle timeout like any on-demand model), so the first request finds"
         " it loaded.",
     )
+    priority = PriorityField(
+        help_text="high, normal, low or a number from -100 to 100. On demand: its requests"
+        " are served before lower ones in the queue (with the caller's key's priority, the"
+        " higher of the two), and a request of a lower class never stops it to make room.",
+    )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
         "mode switch waiting", max_length=16, choices=Mode.choices, null=True, blank=True
@@ -174,6 +180,9 @@ class Deployment(Versioned):
     state_reason = models.TextField(blank=True, default="")
     # What a start that has not launched yet is doing (pulling its image, installing its
     # engine environment): its progress is the state reason meanwhile. Empty otherwise.
+    # Seconds its starts took to become ready (a running mean of the last ones): what the
+    # scheduler weighs as the cost of stopping it, and a waiting client's estimate.
+    start_s = models.FloatField("measured start (s)", null=True, blank=True, editable=False)
     start_phase = models.CharField(max_length=120, blank=True, default="", editable=False)
     engine_urls = models.JSONField(default=list, blank=True)
     # Each replica's GPUs (device indices), as placed at its start; empty on a host without
@@ -245,6 +254,7 @@ class Deployment(Versioned):
             idle_timeout_s=self.idle_timeout_s,
             evictable=self.evictable,
             preload=self.preload,
+            priority=self.priority,
             system=self.system,
             autoscaling_config=self.autoscaling_config,
             state=self.state,

@@ -27,6 +27,7 @@ PLAIN_KEYS = {
     "idle_timeout_s",
     "evictable",
     "preload",
+    "priority",
     "num_gpus",
     "memory_gib",
     "num_replicas",
@@ -131,6 +132,8 @@ def entry_values(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         for field, messages in exc.message_dict.items():
             key = yaml_key(field, loader)
             problems += [f"{key}: {m}" for m in messages]
+    else:
+        values["priority"] = candidate.priority  # a name, as its number
     for field, messages in cross_field_problems(values).items():
         key = yaml_key(field, loader)
         problems += [m if m.startswith(key) else f"{key}: {m}" for m in messages]

@@ -38,6 +38,7 @@ SETTABLE_FIELDS = (
     "idle_timeout_s",
     "evictable",
     "preload",
+    "priority",
     "system",
     "responses",
     "autoscaling_config",

@@ -64,6 +64,8 @@ def transition(
                 .first()
             ) or settings.MSHIP_ONDEMAND_IDLE_TIMEOUT_S
             updates.setdefault("lease_until", timezone.now() + timedelta(seconds=idle))
+            if State.STARTING in expected:
+                updates.update(measured_start(deployment.pk))
         if drop_switch or to in (State.READY, State.FAILED, State.STOPPED):
             # A mode switch that waited for this start is applied with the state it waited for.
             pending = (
@@ -89,6 +91,20 @@ def transition(
         with contextlib.suppress(Deployment.DoesNotExist):
             deployment.refresh_from_db()
     return bool(changed)
+
+
+def measured_start(deployment_id: int) -> dict[str, float]:
+    """The running mean of its starts, with this one (STARTING until now) weighing half: what
+    the scheduler reads as the cost of bringing it back. Nothing when it was not starting."""
+    row = (
+        Deployment.objects.filter(pk=deployment_id, state=State.STARTING)
+        .values_list("state_changed_at", "start_s")
+        .first()
+    )
+    if row is None or row[0] is None:
+        return {}
+    took = max(0.0, (timezone.now() - row[0]).total_seconds())
+    return {"start_s": round(took if row[1] is None else (row[1] + took) / 2, 3)}
 
 
 __all__ = ["Mode", "State", "transition"]

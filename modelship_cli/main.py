@@ -160,6 +160,8 @@ def keys(api: Api, args: argparse.Namespace) -> int:
             body["allowed_models"] = [m.strip() for m in args.models.split(",") if m.strip()]
         if args.rpm is not None:
             body["requests_per_minute"] = args.rpm
+        if args.priority is not None:
+            body["priority"] = args.priority
         made = api.post("/api/keys/", body)
         err.print(f"[dim]{made['name']} ({made['prefix']}-…), shown once:[/dim]")
         print(made["key"])
@@ -360,6 +362,9 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--models", help="comma-separated names it may call (default: all)")
     create.add_argument("--rpm", type=int, help="requests per minute")
+    create.add_argument(
+        "--priority", help="high, normal, low or a number from -100 to 100 (default: normal)"
+    )
     key_sub.add_parser("list")
     revoke = key_sub.add_parser("revoke")
     revoke.add_argument("name", help="the key's id, name or msk- prefix")

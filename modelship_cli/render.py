@@ -180,6 +180,8 @@ DESCRIBED = (
     ("Idle timeout (s)", "idle_timeout_s"),
     ("May be stopped to make room", "evictable"),
     ("Started when Modelship starts", "preload"),
+    ("Priority", "priority"),
+    ("Measured start (s)", "start_s"),
     ("Use case", "usecase"),
     ("Loader", "loader"),
     ("Model", "model"),

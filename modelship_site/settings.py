@@ -380,6 +380,17 @@ MSHIP_ONDEMAND_MAX_QUEUED = env_int("MSHIP_ONDEMAND_MAX_QUEUED", 1000)
 # Make-room spares a model loaded less than this long ago while stopping others would do:
 # two models that take turns on one GPU are not swapped back and forth (thrash).
 MSHIP_MIN_RESIDENCY_S = env_float("MSHIP_MIN_RESIDENCY_S", 60)
+# What make-room may stop for a start: "unused" (nothing in flight or waiting; the cheapest to
+# bring back first) or "idle" (only models idle for their whole timeout, the on-demand seed's
+# stricter rule: a request then waits for a timeout to run out rather than swap).
+MSHIP_MAKE_ROOM_FROM = env_choice("MSHIP_MAKE_ROOM_FROM", "unused", ("unused", "idle"))
+# A request waiting for an on-demand model rises one priority class (high, normal, low) per
+# this many seconds of waiting, so a low-class request overtakes fresh high ones after twice
+# this (0: no aging; a low one may then wait until MSHIP_ONDEMAND_QUEUE_TIMEOUT_S).
+MSHIP_PRIORITY_AGING_S = env_float("MSHIP_PRIORITY_AGING_S", 120)
+# At most this many models loaded (starting or ready) at once on the host, as Ollama's
+# OLLAMA_MAX_LOADED_MODELS: a start past it stops an unused on-demand one first (0: no cap).
+MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

@@ -82,6 +82,8 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         failures_forgiven=row.failures_forgiven,
         evictable=row.evictable,
         recently_loaded=recently_loaded(row),
+        priority=row.priority,
+        start_s=row.start_s,
     )
 
 
@@ -149,7 +151,9 @@ def _stop(
         return precheck(view_of(row))
 
     def still_short(row: Deployment) -> bool:
-        return still_idle(row) and memory.short_of_room(room_for or 0)
+        return still_idle(row) and (
+            memory.short_of_room(room_for or 0) or over_loaded_cap(room_for or 0)
+        )
 
     if room_for is None:
         stopped = deployer.rest(deployment_id, precheck=still_idle, actor=ACTOR, reason=reason)
@@ -163,6 +167,16 @@ def _stop(
         row = Deployment.objects.filter(pk=deployment_id).first()
         audit.record("ondemand_sleep", row, actor=ACTOR, text=reason)
     return stopped
+
+
+def over_loaded_cap(deployment_id: int) -> bool:
+    """Whether the deployment's start would still pass MSHIP_MAX_LOADED_MODELS (the stops under
+    way no longer count as loaded)."""
+    cap = settings.MSHIP_MAX_LOADED_MODELS
+    if cap <= 0:
+        return False
+    loaded = Deployment.objects.filter(state__in=(State.STARTING, State.READY))
+    return loaded.exclude(pk=deployment_id).count() >= cap
 
 
 def _queue_timed_out(deployment_id: int, waited_s: float) -> None:

@@ -1,5 +1,6 @@
-"""The on-demand controller: slots, starts shared by every waiter, make-room, the idle
-reaper and start-failure backoff, as the on-demand seed's Controller section says.
+"""The on-demand controller: slots, starts shared by every waiter, the queue in order of
+priority (aged), make-room (ondemand/make_room.py) and start-failure backoff, as the
+on-demand seed's Controller section and the scheduler's issue say.
 
 It runs in the gateway's event loop and drives a deployer through an async interface, so
 that the same state machine serves the real deployer (in threads) and a test's fake one. Its
@@ -16,7 +17,8 @@ from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
 from ondemand import errors, policy
 from ondemand.clock import Clock, SystemClock
-from ondemand.policy import EPSILON_GIB, StartOutcome
+from ondemand.make_room import RoomMaking
+from ondemand.policy import StartOutcome
 from ondemand.state import (
     LEASE_EXTRA_S,
     LEASE_RENEW_S,
@@ -32,11 +34,10 @@ from openai_api.access import mark_waited
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 POLL_S = 15.0  # a waiter looks again at least this often
 
 
-class Controller:
+class Controller(RoomMaking):
     def __init__(
         self,
         deployer: Deployer,
@@ -44,16 +45,23 @@ class Controller:
         *,
         queue_timeout_s: float = 900.0,
         max_queued: int = 1000,
+        aging_s: float = 120.0,
+        max_loaded: int = 0,
+        evict_unused: bool = True,
     ) -> None:
         self.deployer = deployer
         self.clock = clock or SystemClock()
         self.queue_timeout_s = queue_timeout_s
         self.max_queued = max_queued
+        self.aging_s = aging_s  # a waiting request rises one class per this many seconds
+        self.max_loaded = max_loaded
+        self.evict_unused = evict_unused
         self.entries: dict[int, Entry] = {}
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()
         self.last_stop_at = float("-inf")  # the last on-demand stop, for the settle grace
-        # Deployments waiting for memory, in order of first arrival (the keys).
+        # Deployments waiting for memory, in order of first arrival (the keys); the head is
+        # the one whose best request ranks highest (`head`), the first of equals.
         self.queue: dict[int, None] = {}
         # Memory make-room freed for a deployment: reserved for it while it heads the queue,
         # until it starts or its requests give up.
@@ -88,10 +96,12 @@ class Controller:
         deployment_id: int,
         on_queued: Callable[[], Any] | None = None,
         hint: View | None = None,
+        priority: int = 0,
     ) -> Slot:
         """A slot on a ready deployment: at once, or after starting it, making room for it
         or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
-        table): while our lease holds, a ready hint is granted with no database access."""
+        table): while our lease holds, a ready hint is granted with no database access.
+        `priority`: the caller's key's class; the deployment's own counts where higher."""
         entry = self.entry(deployment_id)
         if hint is not None and hint.state == State.READY:
             slot = await self._grant(hint, entry)
@@ -108,8 +118,17 @@ class Controller:
             changed, view = self.changed, None  # a stop was approved first: read it again
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
-        waiter = Waiter(self.clock.now() + self.queue_timeout_s, on_queued)
+        if view is not None:
+            entry.priority = view.priority
+        now = self.clock.now()
+        waiter = Waiter(
+            now + self.queue_timeout_s,
+            on_queued,
+            priority=max(priority, entry.priority),
+            arrived=now,
+        )
         entry.waiting += 1
+        entry.waiters[id(waiter)] = waiter
         try:
             # The first look uses the row just read: each read is a trip through a worker
             # thread, and in a burst every trip waits behind the whole burst's parsing.
@@ -121,6 +140,7 @@ class Controller:
                 seen = None
         finally:
             entry.waiting -= 1
+            del entry.waiters[id(waiter)]
             if entry.waiting == 0:
                 entry.starting_for_request = False
                 self.freed_for.pop(deployment_id, None)
@@ -274,6 +294,7 @@ class Controller:
         self._counted(view.id)
         entry.last_request_at = time.time()
         entry.idle_since = self.clock.now()
+        entry.used(entry.idle_since)
         entry.backoff_s, entry.backoff_until = 0.0, 0.0
         return Slot(view.id, view.urls)
 
@@ -359,6 +380,8 @@ class Controller:
                     return StartOutcome.QUEUED
                 began = time.monotonic()
                 try:
+                    if current.state in (*STARTABLE_STATES, State.ASLEEP):
+                        await self._check_cap(current)
                     if current.state == State.ASLEEP:
                         await self.deployer.wake(view.id)
                     elif current.state in STARTABLE_STATES:
@@ -380,11 +403,26 @@ class Controller:
                 return outcome
             return StartOutcome.QUEUED
 
+    def head(self) -> int | None:
+        """The deployment the memory queue serves next: the one whose best waiting request
+        ranks highest (its class, aged: policy.rank); the first to arrive of equals."""
+        now, best, best_rank = self.clock.now(), None, float("-inf")
+        for deployment_id in self.queue:
+            rank = self.entry(deployment_id).rank(now, self.aging_s)
+            if rank is not None and rank > best_rank:
+                best, best_rank = deployment_id, rank
+        return best
+
     async def _may_start(self, view: View) -> bool:
         """A deployment behind the head of the queue starts only within the memory free now
-        minus what was freed for the head (and makes no room): that memory is the head's."""
-        head = next(iter(self.queue), None)
-        if head is None or head == view.id or self.entry(head).waiting == 0:
+        minus what was freed for the head (and makes no room): that memory is the head's.
+        One whose request outranks the head's goes first."""
+        head = self.head()
+        if head is None or head == view.id:
+            return True
+        now = self.clock.now()
+        mine = self.entry(view.id).rank(now, self.aging_s)
+        if mine is not None and mine > (self.entry(head).rank(now, self.aging_s) or 0.0):
             return True
         budget = await self.deployer.budget()
         return policy.admitted(self.freed_for.get(head, 0.0), budget.free_gib, view.need_gib)
@@ -411,87 +449,6 @@ class Controller:
         """A mode switch or a changed configuration: start failures are forgiven."""
         entry = self.entry(deployment_id)
         entry.backoff_s, entry.backoff_until = 0.0, 0.0
-
-    # --- make room -------------------------------------------------------------------------
-
-    async def _make_room(self, view: View, after_victim: bool) -> bool:
-        """Stop idle on-demand deployments, least recently used first, until the shortfall
-        is covered; False (queue) when they cannot cover it. does_not_fit when the model
-        needs more than on-demand deployments can ever use."""
-        budget = await self.deployer.budget()
-        settling = self.clock.now() - self.last_stop_at < SETTLE_S
-        too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
-        if too_big and not settling and not after_victim:
-            raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
-        victims = await self._victims(view)
-        if victims is None:
-            return False
-        stopped = 0
-        for victim in victims:
-            reason = f"Put to sleep to make room for {view.name}"
-            if await self.deployer.stop(victim.id, self._still_idle, reason, room_for=view.id):
-                stopped += 1
-                metrics.make_room_stops.labels(victim.name).inc()
-                self.last_stop_at = self.clock.now()
-                self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
-        self.notify()
-        if not stopped:
-            return False
-        # Freed memory may take a moment to show (a driver releasing it).
-        deadline = self.clock.now() + SETTLE_S
-        while not (await self.deployer.budget()).room_after(view):
-            if self.clock.now() >= deadline:
-                break
-            await self.clock.wait(asyncio.Event(), 1.0)
-        return True
-
-    async def _victims(self, view: View) -> list[View] | None:
-        views = await self.deployer.views()
-        # The budget read after the states: a stop seen ended is freed in it (one read
-        # before could count a stopped victim as held, and stop another for the same room).
-        budget = await self.deployer.budget()
-        if any(v.id == view.id and v.state in (State.STARTING, State.READY) for v in views):
-            return []  # started meanwhile by another process: no room to make for it
-        # A stop under way (any process's) is room being made already: two processes must
-        # not each stop a victim for one start. Each idle timer is learnt, so that a queued
-        # request wakes when one runs out, even of a model this process never served.
-        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
-        for other in views:
-            self.entry(other.id).idle_timeout_s = other.idle_timeout_s
-        idle = [
-            (self.entry(other.id).idle_since, other)
-            for other in views
-            if other.id != view.id and await self._idle(other)
-        ]
-        return policy.victims(idle, lambda stopped: budget.room_after(view, [*stopping, *stopped]))
-
-    async def _idle(self, view: View) -> bool:
-        """Idle by the seed's rules, and a fresh load sample of the engine agrees where it
-        has load gauges (an asleep one runs nothing)."""
-        if not self._still_idle(view):
-            return False
-        if view.state == State.ASLEEP or not view.gauged:
-            return True  # nothing to ask the engine: the slots alone decide
-        sample = await self.deployer.load(view.id)
-        if sample is None:
-            return False
-        taken_at, load = sample
-        return policy.load_is_idle(self.clock.now() - taken_at, load.idle)
-
-    def _still_idle(self, view: View) -> bool:
-        """The part of the idle rules the deployer's precheck re-checks on the fresh row,
-        with no await between it and the stop."""
-        entry = self.entry(view.id)
-        activity = policy.Activity(
-            on_demand=view.on_demand,
-            state=view.state,
-            pending_mode=view.pending_mode,
-            busy=bool(entry.inflight or entry.waiting)
-            or policy.leased_elsewhere(view.lease_until, entry.lease_wall_until),
-            idle_for_s=self.clock.now() - entry.idle_since,
-            idle_timeout_s=view.idle_timeout_s,
-        )
-        return policy.is_idle(activity)
 
     # --- status ----------------------------------------------------------------------------
 

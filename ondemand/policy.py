@@ -1,7 +1,7 @@
 """The on-demand rules, apart from the machinery that applies them (on-demand seed,
-"Controller"): when a deployment is idle, which idle ones make room, how long a failed start
-holds the next one back, which start the queue admits, and the words for phases and start
-outcomes.
+"Controller", and the scheduler's issue): when a deployment is idle or unused, which ones make
+room and at what cost, how long a failed start holds the next one back, which start the queue
+admits and in what order, and the words for phases and start outcomes.
 
 Pure functions of what they are given: no database, no clock, no await. The gateway's
 controller and the cluster's reaper both decide with them.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from common.priority import CLASS_STEP
 from deployments import placement
 from deployments.models import State
 
@@ -26,6 +27,8 @@ BACKOFF_FIRST_S = 60.0
 BACKOFF_MAX_S = 900.0
 SAMPLE_MAX_AGE_S = 60.0  # an engine's load sample older than this proves nothing
 EPSILON_GIB = 1e-9  # memory sums compare with this slack
+USE_HALF_LIFE_S = 900.0  # a model's recent use counts half after 15 minutes
+START_S_UNMEASURED = 60.0  # what a start is taken to cost before one was measured
 
 
 class Phase(StrEnum):
@@ -76,6 +79,17 @@ def is_idle(activity: Activity) -> bool:
     )
 
 
+def is_unused(activity: Activity) -> bool:
+    """What make-room may stop: on demand, ready or asleep, no mode switch waiting, and
+    nothing in flight or waiting now (its idle timer need not have run out)."""
+    return (
+        activity.on_demand
+        and activity.pending_mode is None
+        and activity.state in (State.READY, State.ASLEEP)
+        and not activity.busy
+    )
+
+
 def load_is_idle(sample_age_s: float | None, engine_idle: bool) -> bool:
     """The engine's own word: a fresh sample showing nothing running or waiting."""
     return sample_age_s is not None and sample_age_s < SAMPLE_MAX_AGE_S and engine_idle
@@ -99,24 +113,34 @@ class Candidate(Protocol):
     @property
     def recently_loaded(self) -> bool: ...
 
+    @property
+    def priority(self) -> int: ...
+
 
 C = TypeVar("C", bound=Candidate)
 
 
-def victims(idle: Sequence[tuple[float, C]], covers: Callable[[list[C]], bool]) -> list[C] | None:
-    """The idle deployments to stop, least recently used first (each given with the time it
-    became idle), until stopping them `covers` the start; None when all of them cannot.
-    Those recently loaded come last: stopped only when the others do not make room (no
-    thrash). Then any of them the start does not need is spared, newest first: on a GPU
-    host, an engine on a device the start cannot use frees nothing for it."""
+def victims(
+    candidates: Sequence[tuple[float, C]],
+    covers: Callable[[list[C]], bool],
+    ceiling: int | None = None,
+) -> list[C] | None:
+    """The deployments to stop, cheapest first (each given with its cost, `keep_cost`),
+    until stopping them `covers` the start; None when all of them cannot. Those recently
+    loaded come last: stopped only when the others do not make room (no thrash); pinned ones
+    and those of a class above `ceiling` (the requester's) never. Then any of them the start
+    does not need is spared, newest first: on a GPU host, an engine on a device the start
+    cannot use frees nothing for it."""
     chosen: list[C] = []
-    for _, candidate in sorted(idle, key=lambda pair: (pair[1].recently_loaded, pair[0])):
+    for _, candidate in sorted(candidates, key=lambda pair: (pair[1].recently_loaded, pair[0])):
         if covers(chosen):
             break
         if candidate.state == State.ASLEEP:
             continue  # an asleep engine already holds nothing against the budget
         if not candidate.evictable:
             continue  # pinned: never stopped to make room
+        if ceiling is not None and candidate.priority > ceiling:
+            continue  # a request never stops a model of a higher class
         chosen.append(candidate)
     if not covers(chosen):
         return None
@@ -125,6 +149,38 @@ def victims(idle: Sequence[tuple[float, C]], covers: Callable[[list[C]], bool]) 
         if covers(spared):
             chosen = spared
     return chosen
+
+
+def keep_cost(past_timeout: bool, start_s: float | None, uses: float, need_gib: float) -> float:
+    """What stopping a model costs, per GiB it frees: the seconds it takes to start again
+    (measured; a minute before any was), weighed by how much it was used lately (`uses`,
+    decayed: `decayed_uses`). One idle past its timeout costs nothing: its reaper stops it
+    anyway. Make-room stops the cheapest first, so a large, rarely used model that starts
+    quickly goes before a small, busy one that takes minutes to load."""
+    if past_timeout:
+        return 0.0
+    seconds = START_S_UNMEASURED if start_s is None else max(start_s, 1.0)
+    return seconds * (uses + 0.1) / max(need_gib, 0.5)
+
+
+def decayed_uses(uses: float, since_s: float) -> float:
+    """A use count `since_s` after it was last counted, halved every USE_HALF_LIFE_S."""
+    return float(uses * 0.5 ** (max(since_s, 0.0) / USE_HALF_LIFE_S))
+
+
+def rank(priority: int, waited_s: float, aging_s: float) -> float:
+    """A waiting request's place in the queue: its class, raised one class for every
+    `aging_s` it has waited (0: no aging), so that a low-class request overtakes fresh
+    high-class ones after twice `aging_s` and is never starved."""
+    if aging_s <= 0:
+        return float(priority)
+    return priority + CLASS_STEP * max(waited_s, 0.0) / aging_s
+
+
+def within_cap(loaded: int, cap: int, stopping: int) -> bool:
+    """Whether one more model may be loaded under a cap on loaded models (0: none) once
+    `stopping` of the `loaded` ones are stopped."""
+    return cap <= 0 or loaded - stopping < cap
 
 
 def room_after(

@@ -16,6 +16,7 @@ from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
 from ondemand.state import Slot, View
+from openai_api.auth import caller_priority
 from openai_api.catalog import Route, catalog
 
 if TYPE_CHECKING:
@@ -31,15 +32,11 @@ def controller() -> Controller:
     if loop in _controllers:
         ctl = _controllers[loop]
         # Settings are read per request, so a changed limit applies without a restart.
-        ctl.queue_timeout_s = settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S
-        ctl.max_queued = settings.MSHIP_ONDEMAND_MAX_QUEUED
+        configure(ctl)
         return ctl
     if loop not in _controllers:
-        ctl = Controller(
-            DjangoDeployer(),
-            queue_timeout_s=settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S,
-            max_queued=settings.MSHIP_ONDEMAND_MAX_QUEUED,
-        )
+        ctl = Controller(DjangoDeployer())
+        configure(ctl)
         _controllers[loop] = ctl
         # A state change the route table sees (an operator's stop, a start elsewhere) wakes
         # the requests waiting for memory or for a start.
@@ -50,6 +47,16 @@ def controller() -> Controller:
         _renewers.add(task)
         task.add_done_callback(_renewers.discard)
     return _controllers[loop]
+
+
+def configure(ctl: Controller) -> None:
+    """The site's settings, read per request, so that a changed limit applies without a
+    restart."""
+    ctl.queue_timeout_s = settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S
+    ctl.max_queued = settings.MSHIP_ONDEMAND_MAX_QUEUED
+    ctl.aging_s = settings.MSHIP_PRIORITY_AGING_S
+    ctl.max_loaded = settings.MSHIP_MAX_LOADED_MODELS
+    ctl.evict_unused = settings.MSHIP_MAKE_ROOM_FROM == "unused"
 
 
 def controllers() -> list[Controller]:
@@ -67,7 +74,10 @@ class ControllerSlots:
         # A start that installs or pulls first (minutes) is told to the request meanwhile.
         with preparing.listening(route.deployment_id, on_preparing):
             return await ctl.acquire(
-                route.deployment_id, on_queued=on_queued, hint=view_of_route(route)
+                route.deployment_id,
+                on_queued=on_queued,
+                hint=view_of_route(route),
+                priority=caller_priority.get(),
             )
 
     def release(self, slot: Slot) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deployments.models import State
-from ondemand.policy import Phase, StartOutcome, room_after
+from ondemand.policy import Phase, StartOutcome, decayed_uses, rank, room_after
 
 if TYPE_CHECKING:
     import asyncio
@@ -48,6 +48,8 @@ class View:
     # Ready for less than MSHIP_MIN_RESIDENCY_S, as the row was read: make-room takes it
     # last (no thrash between two models that take turns).
     recently_loaded: bool = False
+    priority: int = 0  # its class: a request of a lower one never stops it to make room
+    start_s: float | None = None  # its starts' measured running mean (None: never measured)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,30 @@ class Entry:
     idle_timeout_s: float = 0.0  # the deployment's, as of its last grant
     lease_wall_until: float = float("-inf")  # our lease's end in wall time, as written
     timeout_recorded_at: float = float("-inf")
+    priority: int = 0  # the deployment's class, as last read
+    # Its recent use (slots granted, decayed: policy.decayed_uses) as of `used_at` (clock).
+    uses: float = 0.0
+    used_at: float = 0.0
+    # The requests waiting for a slot of it now (queued or following a start), by waiter.
+    waiters: dict[int, Waiter] = field(default_factory=dict)
+
+    def used(self, now: float) -> None:
+        self.uses = decayed_uses(self.uses, now - self.used_at) + 1.0
+        self.used_at = now
+
+    def uses_at(self, now: float) -> float:
+        return decayed_uses(self.uses, now - self.used_at)
+
+    def rank(self, now: float, aging_s: float) -> float | None:
+        """Its best waiting request's place in the queue (policy.rank); None: none waits."""
+        return max(
+            (rank(w.priority, now - w.arrived, aging_s) for w in self.waiters.values()),
+            default=None,
+        )
+
+    def ceiling(self) -> int | None:
+        """The highest class among its waiting requests: what its start may stop at most."""
+        return max((w.priority for w in self.waiters.values()), default=None)
 
     def queue_in(self, waiter: Waiter) -> None:
         if waiter.queued_at is None:
@@ -156,6 +182,8 @@ class Waiter:
     attempt: asyncio.Task[StartOutcome] | None = None  # the start it follows, until it ends
     told_queued: bool = False
     queued_at: float | None = None  # wall time it first queued
+    priority: int = 0  # the higher of its key's class and its deployment's
+    arrived: float = 0.0  # clock time it began to wait, for aging
 
 
 @dataclass

@@ -29,6 +29,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "visible_prefix",
         "allowed_models",
         "requests_per_minute",
+        "priority",
         "revoked",
         "created",
         "last_used",

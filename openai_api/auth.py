@@ -9,6 +9,7 @@ import ipaddress
 import math
 import time
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,11 @@ def trusted_proxies() -> tuple[Network, ...]:
     return _networks(tuple(settings.MSHIP_TRUSTED_PROXY_CIDRS))
 
 
+# The class of the key the request in this context came with: what the on-demand queue
+# orders it by (common/priority.py). Set by `authenticate`; normal for a request with no key.
+caller_priority: ContextVar[int] = ContextVar("modelship_caller_priority", default=0)
+
+
 def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") -> Caller:
     if not settings.MSHIP_AUTH:
         return Caller(None, trusted_identity(headers, peer) or "anonymous")
@@ -99,6 +105,7 @@ def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") ->
         remember(raw, key.secret_hash)
     if key.revoked:
         raise invalid("This API key has been revoked.")
+    caller_priority.set(key.priority)
     return Caller(key, trusted_identity(headers, peer) or f"key:{key.id}")
 
 

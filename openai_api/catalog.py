@@ -67,6 +67,7 @@ class Key:
     revoked: bool
     allowed_models: frozenset[str]
     requests_per_minute: int | None
+    priority: int = 0
 
     def may_use(self, route: Route) -> bool:
         if not self.allowed_models:
@@ -126,6 +127,7 @@ def key_of(k: ApiKey) -> Key:
         revoked=k.revoked,
         allowed_models=frozenset(allowed),
         requests_per_minute=k.requests_per_minute,
+        priority=k.priority,
     )
 
 

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from common.json_shapes import list_of_names
+from common.priority import PriorityField
 from common.versioned import Versioned, VersionedQuerySet
 
 KEY_PREFIX = "msk"
@@ -46,6 +47,11 @@ class ApiKey(Versioned):
         blank=True,
         help_text="Empty: the site's default (MSHIP_DEFAULT_RPM, 6,000 unless set; 0 there: no"
         " limit).",
+    )
+    priority = PriorityField(
+        help_text="high, normal, low or a number from -100 to 100: a request of this key waiting"
+        " for an on-demand model is served before lower ones (the higher of the key's and"
+        " the model's class counts), and it never stops a model of a higher class.",
     )
 
     class Meta:

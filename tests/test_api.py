@@ -273,3 +273,15 @@ def test_it_pins_a_deployment_so_that_make_room_never_stops_it(api: APIClient) -
     assert ((update.before or {})["evictable"], (update.after or {})["evictable"]) == (True, False)
     refused = api.patch(f"/api/deployments/{made['id']}/", {"evictable": "never"}, format="json")
     assert refused.status_code == 400 and "evictable" in refused.json()
+
+
+def test_it_takes_a_priority_by_name_or_number_and_refuses_others(api: APIClient) -> None:
+    made = api.post("/api/deployments/", {**SIM, "mode": "on_demand"}, format="json").json()
+    assert made["priority"] == 0 and made["start_s"] is None  # normal; never started
+    url = f"/api/deployments/{made['id']}/"
+    assert api.patch(url, {"priority": "high"}, format="json").json()["priority"] == 10
+    assert api.patch(url, {"priority": -42}, format="json").json()["priority"] == -42
+    for bad in ("urgent", 101, True, 2.5):
+        refused = api.patch(url, {"priority": bad}, format="json")
+        assert refused.status_code == 400 and "priority" in refused.json(), bad
+    assert Deployment.objects.get(pk=made["id"]).priority == -42

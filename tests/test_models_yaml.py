@@ -180,6 +180,23 @@ def test_it_pins_a_deployment_that_may_not_be_stopped_to_make_room(tmp_path: Pat
     assert "models[0] (pinned): evictable:" in str(refused.value)
 
 
+def test_it_measures_how_long_a_start_took(tmp_path: Path) -> None:
+    deploy(write(tmp_path, [simulated("timed")]))
+    timed = Deployment.objects.get(name="timed")
+    assert timed.state == State.READY
+    assert timed.start_s is not None and 0 < timed.start_s < 60  # a simulated engine's start
+
+
+def test_it_reads_a_priority_by_name_or_number(tmp_path: Path) -> None:
+    deploy(write(tmp_path, [simulated("vip", mode="on_demand", priority="high")]))
+    assert Deployment.objects.get(name="vip").priority == 10
+    deploy(write(tmp_path, [simulated("vip", mode="on_demand", priority=-3)]))
+    assert Deployment.objects.get(name="vip").priority == -3
+    with pytest.raises(CommandError) as refused:
+        deploy(write(tmp_path, [simulated("vip", mode="on_demand", priority="urgent")]))
+    assert "models[0] (vip): priority:" in str(refused.value)
+
+
 def test_it_lets_a_stream_on_the_replaced_engine_finish(tmp_path: Path) -> None:
     # The stream outlasts the stop grace (2 s in tests): only draining lets it finish.
     deploy(write(tmp_path, [simulated("drain", simulated_config={"tokens_per_second": 10})]))

@@ -21,6 +21,7 @@ class Model:
     held: tuple[tuple[int, float], ...] = ()
     evictable: bool = True
     recently_loaded: bool = False
+    priority: int = 0
 
 
 IDLE = Activity(
@@ -137,3 +138,61 @@ def test_it_finds_the_next_idle_timer_to_run_out() -> None:
     timers = [(100.0, 600.0), (50.0, 60.0), (0.0, 0.0), (400.0, 300.0)]
     assert policy.next_idle_expiry(timers, now=200.0) == 700.0  # 110 has passed
     assert policy.next_idle_expiry([(50.0, 60.0)], now=200.0) is None
+
+
+def test_it_calls_unused_what_has_nothing_in_flight_whatever_its_idle_timer() -> None:
+    fresh = replace(IDLE, idle_for_s=1.0)
+    assert policy.is_unused(fresh) and not policy.is_idle(fresh)
+    assert policy.is_unused(replace(fresh, state="asleep"))
+    assert not policy.is_unused(replace(fresh, busy=True))
+    assert not policy.is_unused(replace(fresh, on_demand=False))
+    assert not policy.is_unused(replace(fresh, pending_mode="always_on"))
+    assert not policy.is_unused(replace(fresh, state="starting"))
+
+
+def test_it_prices_a_stop_by_the_start_it_costs_and_the_use_it_loses() -> None:
+    # Idle past its timeout: free (its reaper stops it anyway).
+    assert policy.keep_cost(True, 90.0, 50.0, 8.0) == 0.0
+    # Slow to start and busy lately costs more than quick and unused; per GiB freed.
+    slow_busy = policy.keep_cost(False, 90.0, 20.0, 8.0)
+    quick_unused = policy.keep_cost(False, 5.0, 0.0, 8.0)
+    assert quick_unused < slow_busy
+    assert policy.keep_cost(False, 30.0, 1.0, 70.0) < policy.keep_cost(False, 30.0, 1.0, 8.0)
+    # Never measured: taken as a minute.
+    assert policy.keep_cost(False, None, 1.0, 8.0) == policy.keep_cost(False, 60.0, 1.0, 8.0)
+    # Use decays by half every USE_HALF_LIFE_S.
+    assert policy.decayed_uses(8.0, policy.USE_HALF_LIFE_S * 2) == 2.0
+
+
+def test_it_stops_the_cheapest_first_and_never_a_model_of_a_higher_class() -> None:
+    cheap, dear, vip = (
+        Model("cheap", "ready", 4),
+        Model("dear", "ready", 4),
+        Model("vip", "ready", 4, priority=10),
+    )
+    priced = [(9.0, dear), (0.5, vip), (1.0, cheap)]
+
+    def short(gib: float) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(None, gib, 0.0, (), stopped)
+
+    assert policy.victims(priced, short(4)) == [vip]  # no ceiling: the cheapest
+    assert policy.victims(priced, short(4), ceiling=0) == [cheap]  # a normal request
+    assert policy.victims(priced, short(8), ceiling=0) == [cheap, dear]
+    assert policy.victims(priced, short(12), ceiling=0) is None  # only the VIP's would do
+    assert policy.victims(priced, short(12), ceiling=10) == [vip, cheap, dear]
+
+
+def test_it_ages_a_waiting_request_one_class_per_aging_period() -> None:
+    assert policy.rank(-10, 0.0, 120.0) == -10.0
+    assert policy.rank(-10, 120.0, 120.0) == 0.0
+    # A low request that waited twice the period ties a fresh high one, and then passes it.
+    assert policy.rank(-10, 240.0, 120.0) == policy.rank(10, 0.0, 120.0)
+    assert policy.rank(-10, 241.0, 120.0) > policy.rank(10, 0.0, 120.0)
+    assert policy.rank(-10, 10_000.0, 0.0) == -10.0  # no aging
+
+
+def test_it_counts_loaded_models_against_the_cap() -> None:
+    assert policy.within_cap(3, 0, 0)  # no cap
+    assert policy.within_cap(2, 3, 0)
+    assert not policy.within_cap(3, 3, 0)
+    assert policy.within_cap(3, 3, 1)  # one of them stopped

@@ -12,6 +12,9 @@ from typing import Any
 from django.db import models
 from rest_framework import serializers
 
+from common import priority
+from common.priority import PriorityField
+
 NOT_A_NUMBER = "A number is required, not true or false."
 
 
@@ -29,6 +32,17 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class PrioritySerializerField(serializers.IntegerField):
+    """A priority: high, normal, low or a whole number from -100 to 100 (shown as the
+    number)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return priority.parse(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc), code="invalid") from exc
+
+
 class StrictNumbers:
     """Mixed into a ModelSerializer: its model's number fields refuse booleans."""
 
@@ -41,4 +55,5 @@ class StrictNumbers:
         models.PositiveIntegerField: StrictIntegerField,
         models.PositiveSmallIntegerField: StrictIntegerField,
         models.PositiveBigIntegerField: StrictIntegerField,
+        PriorityField: PrioritySerializerField,
     }

@@ -16,6 +16,7 @@ from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 STATE_FIELDS = (
     "state",
     "start_phase",
+    "start_s",
     "state_reason",
     "state_changed_at",
     "engine_urls",
@@ -67,6 +68,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "idle_timeout_s",
             "evictable",
             "preload",
+            "priority",
             "system",
             "responses",
             "need_gib",

@@ -38,6 +38,7 @@ class ApiKeySerializer(StrictNumbers, serializers.ModelSerializer):
             "prefix",
             "allowed_models",
             "requests_per_minute",
+            "priority",
             "rate_per_minute",
             "rate_from",
             "revoked",

@@ -1,0 +1,151 @@
+"""Make-room, the controller's half that stops other models for a start: which ones may go
+(unused, or by the seed's stricter rule idle for their whole timeout), in what order (the
+cheapest to bring back first: policy.keep_cost), never a pinned one or one of a class above
+the requester's, and the cap on loaded models (MSHIP_MAX_LOADED_MODELS) counted like memory.
+
+A mixin of the Controller: the same lock, entries and deployer; kept apart for its size."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from common import metrics
+from deployments.memory import InsufficientMemory
+from deployments.models import State
+from ondemand import errors, policy
+from ondemand.policy import EPSILON_GIB
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ondemand.clock import Clock
+    from ondemand.state import Deployer, Entry, View
+
+SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
+LOADED = (State.STARTING, State.READY)  # what the cap on loaded models counts
+
+
+class RoomMaking:
+    deployer: Deployer
+    clock: Clock
+    freed_for: dict[int, float]
+    last_stop_at: float
+    max_loaded: int  # MSHIP_MAX_LOADED_MODELS: 0, no cap
+    evict_unused: bool  # False: only models idle for their whole timeout (the seed's rule)
+    entry: Callable[[int], Entry]
+    notify: Callable[[], None]
+
+    async def _check_cap(self, view: View) -> None:
+        """InsufficientMemory (so that make-room runs) when one more loaded model would pass
+        the cap on loaded models."""
+        if self.max_loaded <= 0:
+            return
+        loaded = sum(v.state in LOADED and v.id != view.id for v in await self.deployer.views())
+        if not policy.within_cap(loaded, self.max_loaded, 0):
+            raise InsufficientMemory(
+                view.name,
+                view.need_gib,
+                0.0,
+                0.0,
+                where=f"{loaded} models are loaded, the most MSHIP_MAX_LOADED_MODELS allows",
+            )
+
+    async def _make_room(self, view: View, after_victim: bool) -> bool:
+        """Stop other on-demand deployments, cheapest to bring back first, until the
+        shortfall is covered; False (queue) when they cannot cover it. does_not_fit when the
+        model needs more than on-demand deployments can ever use."""
+        budget = await self.deployer.budget()
+        settling = self.clock.now() - self.last_stop_at < SETTLE_S
+        too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
+        if too_big and not settling and not after_victim:
+            raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
+        victims = await self._victims(view)
+        if victims is None:
+            return False
+        stopped = 0
+        for victim in victims:
+            reason = f"Put to sleep to make room for {view.name}"
+            if await self.deployer.stop(victim.id, self._stoppable, reason, room_for=view.id):
+                stopped += 1
+                metrics.make_room_stops.labels(victim.name).inc()
+                self.last_stop_at = self.clock.now()
+                self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
+        self.notify()
+        if not stopped:
+            return False
+        # Freed memory may take a moment to show (a driver releasing it).
+        deadline = self.clock.now() + SETTLE_S
+        while not (await self.deployer.budget()).room_after(view):
+            if self.clock.now() >= deadline:
+                break
+            await self.clock.wait(asyncio.Event(), 1.0)
+        return True
+
+    async def _victims(self, view: View) -> list[View] | None:
+        views = await self.deployer.views()
+        # The budget read after the states: a stop seen ended is freed in it (one read
+        # before could count a stopped victim as held, and stop another for the same room).
+        budget = await self.deployer.budget()
+        if any(v.id == view.id and v.state in (State.STARTING, State.READY) for v in views):
+            return []  # started meanwhile by another process: no room to make for it
+        # A stop under way (any process's) is room being made already: two processes must
+        # not each stop a victim for one start. Each idle timer is learnt, so that a queued
+        # request wakes when one runs out, even of a model this process never served.
+        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
+        for other in views:
+            self.entry(other.id).idle_timeout_s = other.idle_timeout_s
+        loaded = sum(v.state in LOADED and v.id != view.id for v in views)
+        now = self.clock.now()
+        candidates = []
+        for other in views:
+            if other.id != view.id and await self._may_stop(other):
+                entry = self.entry(other.id)
+                cost = policy.keep_cost(
+                    self._still_idle(other), other.start_s, entry.uses_at(now), other.need_gib
+                )
+                candidates.append((cost, other))
+
+        def covers(stopped: list[View]) -> bool:
+            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
+            return within and budget.room_after(view, [*stopping, *stopped])
+
+        # Equal costs (all idle past their timeouts, say) go least recently used first.
+        candidates.sort(key=lambda pair: self.entry(pair[1].id).idle_since)
+        return policy.victims(candidates, covers, self.entry(view.id).ceiling())
+
+    async def _may_stop(self, view: View) -> bool:
+        """Stoppable for a start by the rules, and a fresh load sample of the engine agrees
+        where it has load gauges (an asleep one runs nothing)."""
+        if not self._stoppable(view):
+            return False
+        if view.state == State.ASLEEP or not view.gauged:
+            return True  # nothing to ask the engine: the slots alone decide
+        sample = await self.deployer.load(view.id)
+        if sample is None:
+            return False
+        taken_at, load = sample
+        return policy.load_is_idle(self.clock.now() - taken_at, load.idle)
+
+    def _activity(self, view: View) -> policy.Activity:
+        entry = self.entry(view.id)
+        return policy.Activity(
+            on_demand=view.on_demand,
+            state=view.state,
+            pending_mode=view.pending_mode,
+            busy=bool(entry.inflight or entry.waiting)
+            or policy.leased_elsewhere(view.lease_until, entry.lease_wall_until),
+            idle_for_s=self.clock.now() - entry.idle_since,
+            idle_timeout_s=view.idle_timeout_s,
+        )
+
+    def _still_idle(self, view: View) -> bool:
+        """Idle by the seed's rules (the reaper's): the part the deployer's precheck
+        re-checks on the fresh row, with no await between it and the stop."""
+        return policy.is_idle(self._activity(view))
+
+    def _stoppable(self, view: View) -> bool:
+        """What make-room's stop re-checks on the fresh row: unused (or idle, by the seed's
+        rule where the site keeps it)."""
+        activity = self._activity(view)
+        return policy.is_unused(activity) if self.evict_unused else policy.is_idle(activity)
