@@ -32,6 +32,11 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ["fleet.py", "--hours", "0.25", "--deployments", "10", "--nodes", "2"],
     ),
     (
+        "The scheduler on a replayed day: Modelship's against FIFO + LRU (the real controller)",
+        ["scheduler.py"],
+        ["scheduler.py", "--hours", "0.5"],
+    ),
+    (
         "The /v1 gateway against the engine and the yardstick (daphne, uvicorn, `make run`'s)",
         ["gateway.py", "--seconds", "4", "--servers", "daphne,uvicorn,modelship"],
         [

@@ -156,9 +156,9 @@ class Deployment(Versioned):
         " it loaded.",
     )
     priority = PriorityField(
-        help_text="high, normal, low or a number from -100 to 100. On demand: its requests"
-        " are served before lower ones in the queue (with the caller's key's priority, the"
-        " higher of the two), and a request of a lower class never stops it to make room.",
+        help_text="high, normal, low or a number from -100 to 100. On demand: added to the"
+        " caller's key's class, it orders its requests in the queue; a request of a lower class"
+        " never stops it to make room.",
     )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001

@@ -101,7 +101,7 @@ class Controller(RoomMaking):
         """A slot on a ready deployment: at once, or after starting it, making room for it
         or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
         table): while our lease holds, a ready hint is granted with no database access.
-        `priority`: the caller's key's class; the deployment's own counts where higher."""
+        `priority`: the caller's key's class; the deployment's own is added to it."""
         entry = self.entry(deployment_id)
         if hint is not None and hint.state == State.READY:
             slot = await self._grant(hint, entry)
@@ -124,7 +124,7 @@ class Controller(RoomMaking):
         waiter = Waiter(
             now + self.queue_timeout_s,
             on_queued,
-            priority=max(priority, entry.priority),
+            priority=priority + entry.priority,
             arrived=now,
         )
         entry.waiting += 1

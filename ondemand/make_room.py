@@ -32,6 +32,7 @@ class RoomMaking:
     freed_for: dict[int, float]
     last_stop_at: float
     max_loaded: int  # MSHIP_MAX_LOADED_MODELS: 0, no cap
+    aging_s: float
     evict_unused: bool  # False: only models idle for their whole timeout (the seed's rule)
     entry: Callable[[int], Entry]
     notify: Callable[[], None]
@@ -112,7 +113,9 @@ class RoomMaking:
 
         # Equal costs (all idle past their timeouts, say) go least recently used first.
         candidates.sort(key=lambda pair: self.entry(pair[1].id).idle_since)
-        return policy.victims(candidates, covers, self.entry(view.id).ceiling())
+        # The ceiling is the start's best request's class, aged: a low request that waited
+        # may stop a normal model (it is never starved), a fresh one may not.
+        return policy.victims(candidates, covers, self.entry(view.id).rank(now, self.aging_s))
 
     async def _may_stop(self, view: View) -> bool:
         """Stoppable for a start by the rules, and a fresh load sample of the engine agrees

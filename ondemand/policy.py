@@ -123,7 +123,7 @@ C = TypeVar("C", bound=Candidate)
 def victims(
     candidates: Sequence[tuple[float, C]],
     covers: Callable[[list[C]], bool],
-    ceiling: int | None = None,
+    ceiling: float | None = None,
 ) -> list[C] | None:
     """The deployments to stop, cheapest first (each given with its cost, `keep_cost`),
     until stopping them `covers` the start; None when all of them cannot. Those recently

@@ -151,9 +151,6 @@ class Entry:
             default=None,
         )
 
-    def ceiling(self) -> int | None:
-        """The highest class among its waiting requests: what its start may stop at most."""
-        return max((w.priority for w in self.waiters.values()), default=None)
 
     def queue_in(self, waiter: Waiter) -> None:
         if waiter.queued_at is None:
@@ -182,7 +179,7 @@ class Waiter:
     attempt: asyncio.Task[StartOutcome] | None = None  # the start it follows, until it ends
     told_queued: bool = False
     queued_at: float | None = None  # wall time it first queued
-    priority: int = 0  # the higher of its key's class and its deployment's
+    priority: int = 0  # its key's class plus its deployment's
     arrived: float = 0.0  # clock time it began to wait, for aging
 
 

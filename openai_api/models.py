@@ -49,9 +49,10 @@ class ApiKey(Versioned):
         " limit).",
     )
     priority = PriorityField(
-        help_text="high, normal, low or a number from -100 to 100: a request of this key waiting"
-        " for an on-demand model is served before lower ones (the higher of the key's and"
-        " the model's class counts), and it never stops a model of a higher class.",
+        help_text="high, normal, low or a number from -100 to 100: added to the model's own"
+        " class, it orders this key's requests in the on-demand queue, and a request never stops"
+        " a model of a class above its own (a waiting one rises a class every"
+        " MSHIP_PRIORITY_AGING_S).",
     )
 
     class Meta:

@@ -96,9 +96,9 @@ def test_it_answers_bad_key_input_with_field_errors(staff: APIClient) -> None:
     assert set(bad.json()) == {"allowed_models", "requests_per_minute"}
     assert staff.delete("/api/keys/1/").status_code == 405
     assert not ApiKey.objects.exists()
-    for bad in ("urgent", -101, False):
-        refused = staff.post("/api/keys/", {"name": "x", "priority": bad}, format="json")
-        assert refused.status_code == 400 and set(refused.json()) == {"priority"}, bad
+    for value in ("urgent", -101, False):
+        refused = staff.post("/api/keys/", {"name": "x", "priority": value}, format="json")
+        assert refused.status_code == 400 and set(refused.json()) == {"priority"}, value
     low = staff.post("/api/keys/", {"name": "batch", "priority": "low"}, format="json")
     assert low.status_code == 201 and low.json()["priority"] == -10
     assert ApiKey.objects.get(name="batch").priority == -10
