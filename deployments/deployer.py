@@ -16,7 +16,7 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 
-from deployments import engine_envs
+from deployments import engine_envs, sleep_tiers
 from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -266,9 +266,10 @@ def sleep(
     actor: str = "system",
     reason: str = "",
 ) -> bool:
-    """Put a ready engine to sleep (vLLM sleep mode, level 1): weights and KV cache leave the
-    GPU. An engine that takes the /sleep but stays awake (vLLM's CPU worker) is stopped
-    instead, with the reason: left "asleep", it would hang the requests woken for it. False
+    """Put a ready engine to sleep (vLLM sleep mode, at the level sleep_tiers.level_for
+    chooses): weights and KV cache leave the GPU. An engine that takes the /sleep but stays
+    awake (vLLM's CPU worker) is stopped instead, with the reason: left "asleep", it would
+    hang the requests woken for it. False
     when it was not ready or the precheck refused (on the locked, freshly read row)."""
     deployment = Deployment.objects.filter(pk=deployment_id).first()
     if deployment is None:
@@ -282,8 +283,9 @@ def sleep(
     if marked is None:
         return False
     deployment, _ = marked
+    level = sleep_tiers.level_for(deployment)
     try:
-        _post_each(deployment, "/sleep?level=1")
+        _post_each(deployment, f"/sleep?level={level}")
         why = "" if _all_asleep(deployment) else "it took /sleep and stayed awake"
     except httpx.HTTPError as exc:
         why = f"its /sleep failed: {exc}"
@@ -296,7 +298,15 @@ def sleep(
         why = f"sleep not supported by this engine here ({why})"
         event(deployment, "sleep_ignored", why, actor=actor)
         return _take_down(deployment, State.READY, actor=actor, reason=f"{why}: stopping instead")
-    if transition(deployment, State.ASLEEP, expected=[State.STOPPING], reason=reason, actor=actor):
+    asleep = transition(
+        deployment,
+        State.ASLEEP,
+        expected=[State.STOPPING],
+        reason=reason,
+        actor=actor,
+        sleep_level=level,
+    )
+    if asleep:
         return True
     _orphaned(deployment)
     return False
@@ -360,7 +370,8 @@ def wake(
         if on_start is not None:
             on_start()
         try:
-            _post_each(deployment, "/wake_up")
+            steps = sleep_tiers.wake_steps(deployment.sleep_level)
+            sleep_tiers.call_each(list(deployment.engine_urls), steps)
         except httpx.HTTPError as exc:
             stop_handles(deployment, handles_of(deployment))
             transition(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import formats, timezone
 
 from common import metrics
+from deployments import sleep_tiers
 from deployments.models import STARTABLE_STATES, State
 
 if TYPE_CHECKING:
@@ -73,7 +74,12 @@ def activity_label(inflight: int, queued: int) -> str:
 
 
 def state_label(
-    state: str, on_demand: bool, phase: str | None, start_phase: str, launched: bool
+    state: str,
+    on_demand: bool,
+    phase: str | None,
+    start_phase: str,
+    launched: bool,
+    sleep_level: int | None = None,
 ) -> str:
     """A deployment's state in the one vocabulary of the admin, the API and the CLI: the
     state, then what it does in it where that says more (an on-demand deployment with no
@@ -93,6 +99,8 @@ def state_label(
         return "stopped · idle"
     if on_demand and state == State.PLANNED:
         return "planned · idle"
+    if state == State.ASLEEP and (tier := sleep_tiers.label(sleep_level)):
+        return f"asleep · {tier}"
     return str(state)
 
 
@@ -103,6 +111,7 @@ def label_of(deployment: Deployment, status: dict[str, Any] | None) -> str:
         None if status is None else status["phase"],
         deployment.start_phase,
         bool(deployment.engine_urls),
+        deployment.sleep_level,
     )
 
 

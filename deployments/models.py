@@ -182,6 +182,8 @@ class Deployment(Versioned):
     # engine environment): its progress is the state reason meanwhile. Empty otherwise.
     # Seconds its starts took to become ready (a running mean of the last ones): what the
     # scheduler weighs as the cost of stopping it, and a waiting client's estimate.
+    # Asleep: 1 (weights in host memory) or 2 (weights dropped); None otherwise.
+    sleep_level = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     start_s = models.FloatField("measured start (s)", null=True, blank=True, editable=False)
     start_phase = models.CharField(max_length=120, blank=True, default="", editable=False)
     engine_urls = models.JSONField(default=list, blank=True)

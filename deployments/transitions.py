@@ -56,6 +56,8 @@ def transition(
         }
         if to in (State.PLANNED, State.STOPPED, State.FAILED):
             updates.setdefault("gpus", [])  # no engine: its GPUs are free for others
+        if to not in (State.ASLEEP, State.STOPPING):
+            updates.setdefault("sleep_level", None)  # awake or gone: no tier
         if to == State.READY:
             # The on-demand idle timer restarts when a deployment becomes ready.
             idle = (

@@ -391,6 +391,12 @@ MSHIP_PRIORITY_AGING_S = env_float("MSHIP_PRIORITY_AGING_S", 120)
 # At most this many models loaded (starting or ready) at once on the host, as Ollama's
 # OLLAMA_MAX_LOADED_MODELS: a start past it stops an unused on-demand one first (0: no cap).
 MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)
+# The tiers of an idle engine that sleeps (vLLM sleep mode, deployments/sleep_tiers.py): level
+# 1 (weights kept in host memory) while the engines asleep at level 1 fit in this many GiB of
+# host memory (negative: half of it), else level 2 (weights dropped, reloaded at the wake);
+# stopped after MSHIP_SLEEP_MAX_S asleep (0: never).
+MSHIP_SLEEP_HOST_GIB = env_float("MSHIP_SLEEP_HOST_GIB", -1)
+MSHIP_SLEEP_MAX_S = env_float("MSHIP_SLEEP_MAX_S", 3600)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

@@ -90,6 +90,7 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "on_demand": deployment.is_on_demand,
         "start_phase": deployment.start_phase,
         "launched": bool(deployment.engine_urls),
+        "sleep_level": deployment.sleep_level,
         "phase": None if status is None else status["phase"],
         "activity": display.activity_label(inflight, queued),
         "inflight": inflight,
@@ -112,7 +113,12 @@ def with_counts(row: Row, status: dict[str, Any]) -> Row:
     """A row with the on-demand counts a gateway published (ondemand/counters.py)."""
     last = status.get("last_request_at") or row["last_request_at"]
     label = display.state_label(
-        row["state"], row["on_demand"], status["phase"], row["start_phase"], row["launched"]
+        row["state"],
+        row["on_demand"],
+        status["phase"],
+        row["start_phase"],
+        row["launched"],
+        row["sleep_level"],
     )
     return {
         **row,

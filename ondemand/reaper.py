@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import httpx
+from django.conf import settings
 from django.utils import timezone
 
 from deployments import audit, deployer
@@ -53,9 +54,33 @@ def approve(row: Deployment) -> bool:
     return row.state == State.READY and policy.is_idle(activity_of(row))
 
 
+def slept_long(row: Deployment) -> bool:
+    """The last tier: asleep for MSHIP_SLEEP_MAX_S (its host memory and process are freed)."""
+    limit = settings.MSHIP_SLEEP_MAX_S
+    if not limit or row.state != State.ASLEEP or row.state_changed_at is None:
+        return False
+    return (timezone.now() - row.state_changed_at).total_seconds() >= limit
+
+
+def stop_long_sleepers() -> list[str]:
+    stopped = []
+    hours = settings.MSHIP_SLEEP_MAX_S / 3600
+    text = f"Stopped after {hours:g} h asleep"
+    for row in Deployment.objects.filter(state=State.ASLEEP, pending_mode__isnull=True):
+        if not slept_long(row):
+            continue
+        try:
+            if deployer.stop(row.pk, precheck=slept_long, actor=ACTOR, reason=text):
+                audit.record("ondemand_stop", row, actor=ACTOR, text=text)
+                stopped.append(row.name)
+        except EngineUnreachable as exc:
+            log.warning("%s: not stopped: %s", row.name, exc)
+    return stopped
+
+
 def reap_once() -> list[str]:
     """The names of the deployments put away, "(asleep)" after those put to sleep."""
-    stopped = []
+    stopped = stop_long_sleepers()
     # An unset mode may be on demand too (scaling to zero): approve() reads the effective
     # mode, the query only leaves out what is always on for sure.
     candidates = Deployment.objects.filter(

@@ -151,7 +151,6 @@ class Entry:
             default=None,
         )
 
-
     def queue_in(self, waiter: Waiter) -> None:
         if waiter.queued_at is None:
             waiter.queued_at = time.time()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from deployments import deployer, tasks
+from deployments import deployer, display, tasks
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.refusals import CannotSleep
 from deployments.runtimes.process import ProcessRuntime
@@ -172,6 +172,30 @@ def test_it_puts_an_engine_to_sleep_and_wakes_it(make_deployment: Any) -> None:
     deployment.refresh_from_db()
     assert deployment.state == State.READY
     assert reply_of(deployment.engine_url)
+
+
+def test_it_sleeps_at_level_one_while_host_memory_holds_the_weights_else_at_level_two(
+    make_deployment: Any, settings: Any
+) -> None:
+    settings.MSHIP_SLEEP_HOST_GIB = 1.5  # one 1 GiB engine's weights, not two
+    kept, dropped = (
+        make_deployment(name, config=sim(enable_sleep_mode=True)) for name in ("kept", "dropped")
+    )
+    for deployment in (kept, dropped):
+        deployer.restart(deployment.pk)
+        assert deployer.sleep(deployment.pk)
+        deployment.refresh_from_db()
+    assert (kept.sleep_level, dropped.sleep_level) == (1, 2)
+    assert httpx.get(dropped.engine_url + "/sim/stats").json()["sleep_level"] == 2
+    assert display.label_of(kept, None) == "asleep · weights in host memory"
+    assert display.label_of(dropped, None) == "asleep · weights dropped"
+    # Woken, the level-2 engine has its weights reloaded (the simulated engine answers 500
+    # until /collective_rpc reload_weights), and the tier is gone with the sleep.
+    for deployment in (kept, dropped):
+        deployer.wake(deployment.pk)
+        deployment.refresh_from_db()
+        assert (deployment.state, deployment.sleep_level) == (State.READY, None)
+        assert reply_of(deployment.engine_url)
 
 
 def test_it_refuses_to_sleep_an_engine_without_sleep_mode(make_deployment: Any) -> None:

@@ -68,6 +68,23 @@ def test_it_puts_an_idle_model_whose_engine_sleeps_to_sleep_and_wakes_it_for_a_r
     assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
 
 
+def test_it_stops_an_engine_asleep_past_the_longest_sleep(
+    make_deployment: Any, site: Any
+) -> None:
+    sleepy = make_deployment(
+        "sleepy", mode="on_demand", idle_timeout_s=60, config={"enable_sleep_mode": True}
+    )
+    deployer.restart(sleepy.pk)
+    assert deployer.sleep(sleepy.pk)
+    assert reap(site) == "stopped: -"  # asleep for a moment of its hour (MSHIP_SLEEP_MAX_S)
+    an_hour_ago = timezone.now() - timedelta(seconds=3601)
+    Deployment.objects.filter(pk=sleepy.pk).update(state_changed_at=an_hour_ago)
+    assert reap(site) == "stopped: sleepy"
+    sleepy.refresh_from_db()
+    assert (sleepy.state, sleepy.state_reason) == (State.STOPPED, "Stopped after 1 h asleep")
+    assert AuditEntry.objects.filter(action="ondemand_stop", deployment=sleepy).exists()
+
+
 def test_it_puts_away_an_idle_deployment_that_scales_to_zero(make_deployment: Any) -> None:
     """min_replicas 0 with no mode set is on demand: started by requests, so stopped idle."""
     zero = make_deployment(

@@ -187,7 +187,7 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     assert ("--enable-sleep-mode" in argv) == ON_GPU
     page = staff.get(f"/admin/deployments/deployment/{lazy.pk}/change/").content.decode()
     if ON_GPU:
-        assert "sleep (level 1: weights and KV cache leave the GPU)" in page
+        assert "level 1 (weights kept in host memory)" in page
     else:
         assert "sleep not supported by this engine here" in page and "stopping instead" in page
 

@@ -71,6 +71,10 @@ class SimState:
     running: int = 0
     served: int = 0
     sleeping: bool = False
+    sleep_level: int = 0  # the level of its last /sleep
+    # Woken from level 2 (weights discarded) and not reloaded yet: it answers nothing, as a
+    # vLLM engine that was not given /collective_rpc reload_weights answers nonsense.
+    weights_dropped: bool = False
     cancellations: list[dict[str, Any]] = field(default_factory=list)
     last_chat_request: dict[str, Any] | None = None
     last_responses_request: dict[str, Any] | None = None
@@ -205,6 +209,9 @@ def inference(handler: JsonHandler) -> Callable[[web.Request], Awaitable[web.Str
         state = request.app[STATE]
         if (too_many := over_the_cap(state.config, body)) is not None:
             return error(400, too_many, "invalid_value")
+        if state.weights_dropped:
+            message = "Its weights were discarded by a level 2 sleep and never reloaded."
+            return error(500, message, "weights_not_loaded", "server_error")
         if state.config.fail_status is not None:
             async with Inflight(state, request):
                 message = "The simulated engine failed as it was told to."

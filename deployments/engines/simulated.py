@@ -352,13 +352,36 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def sleep(request: web.Request) -> web.Response:
+    """vLLM's levels: 1 keeps the weights in host memory, 2 discards them (a wake must then
+    reload them)."""
     state = request.app[STATE]
+    level = request.query.get("level", "1")
+    if level not in ("1", "2"):
+        return web.json_response({"error": f"level must be 1 or 2, not {level!r}"}, status=400)
     state.sleeping = not state.config.ignore_sleep
+    state.sleep_level = int(level)
     return web.Response(text="")
 
 
 async def wake_up(request: web.Request) -> web.Response:
-    request.app[STATE].sleeping = False
+    state = request.app[STATE]
+    if state.sleeping and state.sleep_level == 2:
+        state.weights_dropped = True
+    state.sleeping = False
+    return web.Response(text="")
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    """The one method on-demand calls: reload_weights, after a level 2 wake."""
+    state = request.app[STATE]
+    body = await request.json()
+    if body.get("method") != "reload_weights":
+        return web.json_response({"error": "only reload_weights is simulated"}, status=400)
+    state.weights_dropped = False
+    return web.json_response({"results": [None]})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
@@ -382,7 +405,14 @@ async def last_responses_request(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return web.json_response({"served": state.served, "running": state.running, "pid": os.getpid()})
+    return web.json_response(
+        {
+            "served": state.served,
+            "running": state.running,
+            "pid": os.getpid(),
+            "sleep_level": state.sleep_level,
+        }
+    )
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -437,6 +467,8 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.get("/metrics", metrics),
         web.post("/sleep", sleep),
         web.post("/wake_up", wake_up),
+        web.post("/collective_rpc", collective_rpc),
+        web.post("/reset_prefix_cache", reset_prefix_cache),
         web.get("/is_sleeping", is_sleeping),
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),

@@ -53,7 +53,11 @@ class EngineSpec:
         return [self.name, *self.aliases]
 
 
-SLEEPS = "sleep (level 1: weights and KV cache leave the GPU), woken by the next request"
+SLEEPS = (
+    "sleep, woken by the next request: level 1 (weights kept in host memory) while"
+    " MSHIP_SLEEP_HOST_GIB holds them, else level 2 (weights dropped, reloaded at the wake);"
+    " stopped after MSHIP_SLEEP_MAX_S asleep"
+)
 STOPS = "stop, started again by the next request"
 
 
