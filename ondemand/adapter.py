@@ -84,6 +84,9 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         recently_loaded=recently_loaded(row),
         priority=row.priority,
         start_s=row.start_s,
+        wakes_on=tuple(i for replica in row.gpus or [] for i in replica)
+        if row.state == State.ASLEEP
+        else (),
     )
 
 

@@ -189,13 +189,16 @@ def room_after(
     free_gib: float,
     devices: Sequence[Device],
     stopped: Sequence[Candidate],
+    where: Sequence[int] = (),
 ) -> bool:
     """Whether the start fits once `stopped` release what they hold: on a GPU host, placed
-    on the devices as they would be (`demand` there); in one pool, by the sum."""
+    on the devices as they would be (`demand` there), only on `where` for an engine asleep
+    on those GPUs (its wake cannot move it); in one pool, by the sum."""
     if not devices or demand is None:
         return free_gib + sum(c.need_gib for c in stopped) + EPSILON_GIB >= need_gib
     released = [held for c in stopped for held in c.held]
-    return placement.fits(demand, placement.freed(devices, released))
+    usable = [d for d in placement.freed(devices, released) if not where or d.index in where]
+    return placement.fits(demand, usable)
 
 
 LEASE_SLACK_S = 2.0  # a row's lease this close to the end of ours is ours

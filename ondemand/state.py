@@ -50,6 +50,7 @@ class View:
     recently_loaded: bool = False
     priority: int = 0  # its class: a request of a lower one never stops it to make room
     start_s: float | None = None  # its starts' measured running mean (None: never measured)
+    wakes_on: tuple[int, ...] = ()  # asleep: the GPUs its engine holds its context on
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ class Budget:
 
     def room_after(self, view: View, stopped: Sequence[View] = ()) -> bool:
         """Whether the view's start fits once `stopped` release their memory."""
-        return room_after(view.demand, view.need_gib, self.free_gib, self.devices, stopped)
+        return room_after(
+            view.demand, view.need_gib, self.free_gib, self.devices, stopped, view.wakes_on
+        )
 
 
 class Deployer(Protocol):

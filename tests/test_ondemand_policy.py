@@ -118,6 +118,12 @@ def test_it_makes_room_only_on_the_gpus_the_start_can_use() -> None:
     # 40 GiB already fits on GPU 1: nobody is stopped.
     assert policy.victims(idle, room(Demand(gib=40.0))) == []
 
+    # But an engine asleep on GPU 0 wakes there only: GPU 0's engine must go.
+    def waking(demand: Demand) -> Callable[[list[Model]], bool]:
+        return lambda stopped: policy.room_after(demand, 40.0, 60.0, devices, stopped, (0,))
+
+    assert policy.victims(idle, waking(Demand(gib=40.0))) == [on_zero]
+
 
 def test_it_doubles_the_backoff_up_to_fifteen_minutes() -> None:
     waits = [policy.next_backoff(0.0)]
