@@ -78,6 +78,12 @@ make_room_stops = Counter(
     "Idle on-demand deployments stopped (or put to sleep) to make room for another.",
     ["deployment"],
 )
+drains = Counter(
+    "modelship_drains",
+    "On-demand deployments in use that took no new request so that the queue's head, which"
+    " waited MSHIP_COLLATION_S, could have their memory.",
+    ["deployment"],
+)
 queue_timeouts = Counter(
     "modelship_queue_timeouts",
     "Requests that waited for memory longer than the queue timeout (answered 503).",

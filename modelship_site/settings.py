@@ -388,6 +388,10 @@ MSHIP_MAKE_ROOM_FROM = env_choice("MSHIP_MAKE_ROOM_FROM", "unused", ("unused", "
 # this many seconds of waiting, so a low-class request overtakes fresh high ones after twice
 # this (0: no aging; a low one may then wait until MSHIP_ONDEMAND_QUEUE_TIMEOUT_S).
 MSHIP_PRIORITY_AGING_S = env_float("MSHIP_PRIORITY_AGING_S", 120)
+# Requests waiting for a loaded model are served before it is swapped out, up to this bound:
+# once the queue's head has waited this long and no unused model makes room, the models in
+# use that would take no new request until they go unused (0: never drained).
+MSHIP_COLLATION_S = env_float("MSHIP_COLLATION_S", 60)
 # At most this many models loaded (starting or ready) at once on the host, as Ollama's
 # OLLAMA_MAX_LOADED_MODELS: a start past it stops an unused on-demand one first (0: no cap).
 MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)

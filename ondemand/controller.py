@@ -46,6 +46,7 @@ class Controller(RoomMaking):
         queue_timeout_s: float = 900.0,
         max_queued: int = 1000,
         aging_s: float = 120.0,
+        collation_s: float = 60.0,
         max_loaded: int = 0,
         evict_unused: bool = True,
     ) -> None:
@@ -54,6 +55,7 @@ class Controller(RoomMaking):
         self.queue_timeout_s = queue_timeout_s
         self.max_queued = max_queued
         self.aging_s = aging_s  # a waiting request rises one class per this many seconds
+        self.collation_s = collation_s
         self.max_loaded = max_loaded
         self.evict_unused = evict_unused
         self.entries: dict[int, Entry] = {}
@@ -66,6 +68,9 @@ class Controller(RoomMaking):
         # Memory make-room freed for a deployment: reserved for it while it heads the queue,
         # until it starts or its requests give up.
         self.freed_for: dict[int, float] = {}
+        # Models in use drained for the queue's head (victim -> head): no new slot is granted
+        # on them, so that they go unused and make-room can swap them out (collation's bound).
+        self.draining: dict[int, int] = {}
         self._background: set[asyncio.Future[Any]] = set()
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
@@ -103,7 +108,7 @@ class Controller(RoomMaking):
         table): while our lease holds, a ready hint is granted with no database access.
         `priority`: the caller's key's class; the deployment's own is added to it."""
         entry = self.entry(deployment_id)
-        if hint is not None and hint.state == State.READY:
+        if hint is not None and hint.state == State.READY and deployment_id not in self.draining:
             slot = await self._grant(hint, entry)
             if slot is not None:
                 return slot
@@ -142,6 +147,7 @@ class Controller(RoomMaking):
             entry.waiting -= 1
             del entry.waiters[id(waiter)]
             if entry.waiting == 0:
+                self._undrain(deployment_id)  # nobody waits for what was drained for it
                 entry.starting_for_request = False
                 self.freed_for.pop(deployment_id, None)
                 if deployment_id in self.queue:
@@ -168,13 +174,19 @@ class Controller(RoomMaking):
             if entry.starting_for_request:
                 raise errors.stopped(str(deployment_id))
             raise errors.not_found(str(deployment_id))
-        if view.state == State.READY:
+        drained = deployment_id in self.draining
+        if view.state == State.READY and not drained:
             return await self._grant(view, entry)  # None: a stop was approved first
         now = self.clock.now()
         if now >= waiter.deadline:
             metrics.queue_timeouts.labels(view.name).inc()
             self._record_timeout(entry, deployment_id)
             raise errors.queue_timeout(view.name)
+        if view.state == State.READY:
+            # Drained for the queue's head (collation's bound): it waits for the model to be
+            # swapped out and started again for it.
+            await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
+            return None
         if waiter.attempt is None:
             waiter.attempt = self._attempt_to_follow(view, entry, now)
             if waiter.attempt is None:
@@ -286,7 +298,9 @@ class Controller(RoomMaking):
 
     async def _grant(self, view: View, entry: Entry) -> Slot | None:
         """A slot, once the lease covers the idle timeout that starts now; None when the
-        lease was refused (a stop of this deployment was approved first)."""
+        lease was refused (a stop of this deployment was approved first) or it is drained."""
+        if view.id in self.draining:
+            return None
         entry.idle_timeout_s = view.idle_timeout_s
         if not await self._hold(view.id, entry):
             return None
@@ -433,6 +447,7 @@ class Controller(RoomMaking):
             return StartOutcome.STOPPED  # stopped or removed while starting: no backoff
         if after.state == State.READY:
             self.freed_for.pop(view.id, None)  # started: what was freed for it is used
+            self._undrain(view.id)
             entry.backoff_s, entry.backoff_until = 0.0, 0.0
             entry.idle_since = self.clock.now()
             return StartOutcome.READY

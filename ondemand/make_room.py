@@ -33,6 +33,8 @@ class RoomMaking:
     last_stop_at: float
     max_loaded: int  # MSHIP_MAX_LOADED_MODELS: 0, no cap
     aging_s: float
+    collation_s: float  # MSHIP_COLLATION_S: how long the head waits before models are drained
+    draining: dict[int, int]
     evict_unused: bool  # False: only models idle for their whole timeout (the seed's rule)
     entry: Callable[[int], Entry]
     notify: Callable[[], None]
@@ -63,6 +65,7 @@ class RoomMaking:
             raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
         victims = await self._victims(view)
         if victims is None:
+            await self._drain_for(view)
             return False
         stopped = 0
         for victim in victims:
@@ -130,13 +133,62 @@ class RoomMaking:
         taken_at, load = sample
         return policy.load_is_idle(self.clock.now() - taken_at, load.idle)
 
+    async def _drain_for(self, view: View) -> None:
+        """Collation's bound: the requests waiting for a loaded model are served before it is
+        swapped out, but once the queue's head has waited MSHIP_COLLATION_S and no unused
+        model makes room, the models in use that would (the cheapest first, of its class or
+        below) take no new request until they go unused; make-room then stops them."""
+        entry = self.entry(view.id)
+        now = self.clock.now()
+        oldest = min((w.arrived for w in entry.waiters.values()), default=now)
+        if self.collation_s <= 0 or now - oldest < self.collation_s:
+            return
+        views = await self.deployer.views()
+        budget = await self.deployer.budget()
+        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
+        candidates = []
+        for other in views:
+            if other.id == view.id or other.state != State.READY or not self._drainable(other):
+                continue
+            uses = self.entry(other.id).uses_at(now)
+            candidates.append((policy.keep_cost(False, other.start_s, uses, other.need_gib), other))
+        chosen = policy.victims(
+            candidates,
+            lambda stopped: budget.room_after(view, [*stopping, *stopped]),
+            entry.rank(now, self.aging_s),
+        )
+        for victim in chosen or ():
+            if victim.id not in self.draining:
+                self.draining[victim.id] = view.id
+                metrics.drains.labels(victim.name).inc()
+
+    def _drainable(self, view: View) -> bool:
+        """On demand, no mode switch waiting, and no other process's lease on it (what this
+        process does not serve, it cannot drain)."""
+        entry = self.entry(view.id)
+        return (
+            view.on_demand
+            and view.pending_mode is None
+            and not policy.leased_elsewhere(view.lease_until, entry.lease_wall_until)
+        )
+
+    def _undrain(self, head: int) -> None:
+        """What was drained for `head` takes requests again (it started, or nobody waits)."""
+        drained = [victim for victim, for_head in self.draining.items() if for_head == head]
+        for victim in drained:
+            del self.draining[victim]
+        if drained:
+            self.notify()
+
     def _activity(self, view: View) -> policy.Activity:
         entry = self.entry(view.id)
+        # A drained model's own waiters do not keep it: they are what it is drained of.
+        waiting = entry.waiting and view.id not in self.draining
         return policy.Activity(
             on_demand=view.on_demand,
             state=view.state,
             pending_mode=view.pending_mode,
-            busy=bool(entry.inflight or entry.waiting)
+            busy=bool(entry.inflight or waiting)
             or policy.leased_elsewhere(view.lease_until, entry.lease_wall_until),
             idle_for_s=self.clock.now() - entry.idle_since,
             idle_timeout_s=view.idle_timeout_s,

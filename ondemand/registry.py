@@ -55,6 +55,7 @@ def configure(ctl: Controller) -> None:
     ctl.queue_timeout_s = settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S
     ctl.max_queued = settings.MSHIP_ONDEMAND_MAX_QUEUED
     ctl.aging_s = settings.MSHIP_PRIORITY_AGING_S
+    ctl.collation_s = settings.MSHIP_COLLATION_S
     ctl.max_loaded = settings.MSHIP_MAX_LOADED_MODELS
     ctl.evict_unused = settings.MSHIP_MAKE_ROOM_FROM == "unused"
 

@@ -68,9 +68,7 @@ def test_it_puts_an_idle_model_whose_engine_sleeps_to_sleep_and_wakes_it_for_a_r
     assert Deployment.objects.get(pk=sleepy.pk).state == State.READY
 
 
-def test_it_stops_an_engine_asleep_past_the_longest_sleep(
-    make_deployment: Any, site: Any
-) -> None:
+def test_it_stops_an_engine_asleep_past_the_longest_sleep(make_deployment: Any, site: Any) -> None:
     sleepy = make_deployment(
         "sleepy", mode="on_demand", idle_timeout_s=60, config={"enable_sleep_mode": True}
     )

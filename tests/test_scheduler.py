@@ -176,3 +176,43 @@ async def test_it_queues_at_the_cap_when_every_loaded_model_is_in_use(
     assert deployer.stops == [("a", "Put to sleep to make room for b")]
     deployer.finish(2)
     controller.release(await waiter)
+
+
+async def test_it_drains_a_model_in_use_once_the_head_waited_the_collation_bound(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "busy", 8, state="ready")
+    first = await controller.acquire(1)
+    deployer.add(2, "other", 6)
+    other = acquiring(controller, 2)
+    await settle()
+    await clock.advance(30)
+    second = await controller.acquire(1)  # within the bound the loaded model takes requests
+    controller.release(first)
+    await clock.advance(31)  # the head has waited past 60 s: the model in its way is drained
+    assert controller.draining == {1: 2}
+    late = acquiring(controller, 1)
+    await settle()
+    assert not late.done()  # no new request on a drained model
+    controller.release(second)  # its last one ends: unused, though a request waits for it
+    await clock.advance(15)
+    assert deployer.stops == [("busy", "Put to sleep to make room for other")]
+    deployer.finish(2)
+    controller.release(await other)
+    assert controller.draining == {}  # the head started: nothing is held back for it now
+    await gone(late)
+
+
+async def test_it_never_drains_before_the_bound_or_with_collation_off(
+    deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    controller = Controller(deployer, clock, collation_s=0)
+    deployer.add(1, "busy", 8, state="ready")
+    held = await controller.acquire(1)
+    deployer.add(2, "other", 6)
+    other = acquiring(controller, 2)
+    await clock.advance(600)
+    assert controller.draining == {} and deployer.stops == []
+    assert (await controller.acquire(1)) is not None  # still taking requests
+    controller.release(held)
+    await gone(other)
