@@ -32,6 +32,16 @@ def parse(value: Any) -> int:
     return number
 
 
+def rank(priority: int, waited_s: float, aging_s: float) -> float:
+    """A waiting request's place in a queue: its class, raised one class for every whole
+    `aging_s` it has waited (0: no aging), so that a low-class request ties fresh high-class
+    ones after twice `aging_s` (and goes first, having come first) and is never starved. In
+    whole steps, so that within a class what breaks ties (keys' turns, arrival) decides."""
+    if aging_s <= 0:
+        return float(priority)
+    return float(priority + CLASS_STEP * int(max(waited_s, 0.0) // aging_s))
+
+
 def label(priority: int) -> str:
     """Its name where it has one, else the number."""
     names = {number: name for name, number in CLASSES.items()}

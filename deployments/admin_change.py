@@ -86,6 +86,7 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
                     "evictable",
                     "preload",
                     "priority",
+                    "max_concurrency",
                     "system",
                     "idle_signal",
                     "idle_action",

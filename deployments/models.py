@@ -160,6 +160,15 @@ class Deployment(Versioned):
         " caller's key's class, it orders its requests in the queue; a request of a lower class"
         " never stops it to make room.",
     )
+    max_concurrency = models.PositiveIntegerField(
+        "most requests at once",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Per gateway process: more wait (the higher class first, then the key with"
+        " the fewest in flight) or get 429, as MSHIP_CONCURRENCY_OVERFLOW says; empty: no"
+        " limit.",
+    )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
         "mode switch waiting", max_length=16, choices=Mode.choices, null=True, blank=True

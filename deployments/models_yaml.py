@@ -28,6 +28,7 @@ PLAIN_KEYS = {
     "evictable",
     "preload",
     "priority",
+    "max_concurrency",
     "num_gpus",
     "memory_gib",
     "num_replicas",

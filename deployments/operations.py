@@ -39,6 +39,7 @@ SETTABLE_FIELDS = (
     "evictable",
     "preload",
     "priority",
+    "max_concurrency",
     "system",
     "responses",
     "autoscaling_config",

@@ -162,6 +162,8 @@ def keys(api: Api, args: argparse.Namespace) -> int:
             body["requests_per_minute"] = args.rpm
         if args.priority is not None:
             body["priority"] = args.priority
+        if args.max_concurrency is not None:
+            body["max_concurrency"] = args.max_concurrency
         made = api.post("/api/keys/", body)
         err.print(f"[dim]{made['name']} ({made['prefix']}-…), shown once:[/dim]")
         print(made["key"])
@@ -364,6 +366,9 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--rpm", type=int, help="requests per minute")
     create.add_argument(
         "--priority", help="high, normal, low or a number from -100 to 100 (default: normal)"
+    )
+    create.add_argument(
+        "--max-concurrency", type=int, help="most requests in flight at once (default: no limit)"
     )
     key_sub.add_parser("list")
     revoke = key_sub.add_parser("revoke")

@@ -181,6 +181,7 @@ DESCRIBED = (
     ("May be stopped to make room", "evictable"),
     ("Started when Modelship starts", "preload"),
     ("Priority", "priority"),
+    ("Most requests at once", "max_concurrency"),
     ("Measured start (s)", "start_s"),
     ("Use case", "usecase"),
     ("Loader", "loader"),

@@ -395,6 +395,10 @@ MSHIP_COLLATION_S = env_float("MSHIP_COLLATION_S", 60)
 # At most this many models loaded (starting or ready) at once on the host, as Ollama's
 # OLLAMA_MAX_LOADED_MODELS: a start past it stops an unused on-demand one first (0: no cap).
 MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)
+# A request past a deployment's or a key's max_concurrency: "queue" (it waits its turn, the
+# higher class first, then the key with the fewest in flight, up to the queue timeout) or
+# "reject" (429 with Retry-After at once).
+MSHIP_CONCURRENCY_OVERFLOW = env_choice("MSHIP_CONCURRENCY_OVERFLOW", "queue", ("queue", "reject"))
 # The tiers of an idle engine that sleeps (vLLM sleep mode, deployments/sleep_tiers.py): level
 # 1 (weights kept in host memory) while the engines asleep at level 1 fit in this many GiB of
 # host memory (negative: half of it), else level 2 (weights dropped, reloaded at the wake);

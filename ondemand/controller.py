@@ -419,7 +419,7 @@ class Controller(RoomMaking):
 
     def head(self) -> int | None:
         """The deployment the memory queue serves next: the one whose best waiting request
-        ranks highest (its class, aged: policy.rank); the first to arrive of equals."""
+        ranks highest (its class, aged: common.priority.rank); the first to arrive of equals."""
         now, best, best_rank = self.clock.now(), None, float("-inf")
         for deployment_id in self.queue:
             rank = self.entry(deployment_id).rank(now, self.aging_s)

@@ -107,7 +107,7 @@ async def handle(exchange: Exchange) -> None:
         await relay(
             exchange,
             traffic,
-            lambda q: dispatcher.on_demand_slot(route, q),
+            lambda q: dispatcher.slot(route, q),  # its max_concurrency too
             UNREACHABLE,
             keepalive=False,
         )

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from common.priority import CLASS_STEP
 from deployments import placement
 from deployments.models import State
 
@@ -166,15 +165,6 @@ def keep_cost(past_timeout: bool, start_s: float | None, uses: float, need_gib: 
 def decayed_uses(uses: float, since_s: float) -> float:
     """A use count `since_s` after it was last counted, halved every USE_HALF_LIFE_S."""
     return float(uses * 0.5 ** (max(since_s, 0.0) / USE_HALF_LIFE_S))
-
-
-def rank(priority: int, waited_s: float, aging_s: float) -> float:
-    """A waiting request's place in the queue: its class, raised one class for every
-    `aging_s` it has waited (0: no aging), so that a low-class request overtakes fresh
-    high-class ones after twice `aging_s` and is never starved."""
-    if aging_s <= 0:
-        return float(priority)
-    return priority + CLASS_STEP * max(waited_s, 0.0) / aging_s
 
 
 def within_cap(loaded: int, cap: int, stopping: int) -> bool:

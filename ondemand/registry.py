@@ -16,7 +16,7 @@ from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
 from ondemand.state import Slot, View
-from openai_api.auth import caller_priority
+from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class ControllerSlots:
                 route.deployment_id,
                 on_queued=on_queued,
                 hint=view_of_route(route),
-                priority=caller_priority.get(),
+                priority=key.priority if (key := current_key.get()) else 0,
             )
 
     def release(self, slot: Slot) -> None:

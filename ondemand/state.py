@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from common.priority import rank
 from deployments.models import State
-from ondemand.policy import Phase, StartOutcome, decayed_uses, rank, room_after
+from ondemand.policy import Phase, StartOutcome, decayed_uses, room_after
 
 if TYPE_CHECKING:
     import asyncio
@@ -148,7 +149,8 @@ class Entry:
         return decayed_uses(self.uses, now - self.used_at)
 
     def rank(self, now: float, aging_s: float) -> float | None:
-        """Its best waiting request's place in the queue (policy.rank); None: none waits."""
+        """Its best waiting request's place in the queue (common.priority.rank); None: no
+        request waits."""
         return max(
             (rank(w.priority, now - w.arrived, aging_s) for w in self.waiters.values()),
             default=None,

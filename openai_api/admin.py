@@ -30,6 +30,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "allowed_models",
         "requests_per_minute",
         "priority",
+        "max_concurrency",
         "revoked",
         "created",
         "last_used",

@@ -84,9 +84,10 @@ def trusted_proxies() -> tuple[Network, ...]:
     return _networks(tuple(settings.MSHIP_TRUSTED_PROXY_CIDRS))
 
 
-# The class of the key the request in this context came with: what the on-demand queue
-# orders it by (common/priority.py). Set by `authenticate`; normal for a request with no key.
-caller_priority: ContextVar[int] = ContextVar("modelship_caller_priority", default=0)
+# The key the request in this context came with (None: no key): its class orders the queues
+# (common/priority.py), its max_concurrency bounds it (openai_api/concurrency.py). Set by
+# `authenticate`.
+current_key: ContextVar[Key | None] = ContextVar("modelship_current_key", default=None)
 
 
 def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") -> Caller:
@@ -105,7 +106,7 @@ def authenticate(snapshot: Snapshot, headers: dict[str, str], peer: str = "") ->
         remember(raw, key.secret_hash)
     if key.revoked:
         raise invalid("This API key has been revoked.")
-    caller_priority.set(key.priority)
+    current_key.set(key)
     return Caller(key, trusted_identity(headers, peer) or f"key:{key.id}")
 
 

@@ -56,6 +56,8 @@ class Route:
     max_output_tokens: int | None = None
     # Its chat takes a forced function by name (Loader.names_forced_tool).
     names_forced_tool: bool = True
+    priority: int = 0  # its class (common/priority.py)
+    max_concurrency: int | None = None  # requests at once, per gateway process
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Key:
     allowed_models: frozenset[str]
     requests_per_minute: int | None
     priority: int = 0
+    max_concurrency: int | None = None
 
     def may_use(self, route: Route) -> bool:
         if not self.allowed_models:
@@ -112,6 +115,8 @@ def route_of(d: Deployment) -> Route:
         responses_by_engine=d.responses == ResponsesBy.ENGINE,
         max_output_tokens=loader.output_token_limit(spec) if loader else None,
         names_forced_tool=loader.names_forced_tool if loader else True,
+        priority=d.priority,
+        max_concurrency=d.max_concurrency,
     )
 
 
@@ -128,6 +133,7 @@ def key_of(k: ApiKey) -> Key:
         allowed_models=frozenset(allowed),
         requests_per_minute=k.requests_per_minute,
         priority=k.priority,
+        max_concurrency=k.max_concurrency,
     )
 
 

@@ -15,13 +15,15 @@ from django.db import DatabaseError
 
 from common.redis_errors import with_redis_errors
 from deployments.models import State
+from openai_api.auth import current_key
+from openai_api.concurrency import Limits, limits
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
 
-    from openai_api.catalog import Route
+    from openai_api.catalog import Key, Route
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +89,29 @@ class Dispatcher:
         self, route: Route, notice: WaitNotice | None = None
     ) -> AbstractAsyncContextManager[str]:
         """An engine base URL to send one request to, held until the answer is sent.
-        `notice` hears why an on-demand request waits (memory, an install)."""
+        `notice` hears why an on-demand request waits (memory, an install). A request past
+        a max_concurrency first waits for a place (openai_api/concurrency.py)."""
+        key = current_key.get()
+        if Limits.binds(route, key):
+            return self.limited_slot(route, key, notice)
+        return self.unlimited_slot(route, notice)
+
+    def unlimited_slot(
+        self, route: Route, notice: WaitNotice | None
+    ) -> AbstractAsyncContextManager[str]:
         if route.on_demand:
             return self.on_demand_slot(route, notice)
         self.check_servable(route)
         return self.replica(route.urls)
+
+    @asynccontextmanager
+    async def limited_slot(
+        self, route: Route, key: Key | None, notice: WaitNotice | None
+    ) -> AsyncIterator[str]:
+        if not route.on_demand:
+            self.check_servable(route)  # a stopped model's requests are not made to wait
+        async with limits().held(route, key), self.unlimited_slot(route, notice) as url:
+            yield url
 
     @staticmethod
     def check_servable(route: Route) -> None:

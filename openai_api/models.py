@@ -6,6 +6,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from common.json_shapes import list_of_names
@@ -47,6 +48,14 @@ class ApiKey(Versioned):
         blank=True,
         help_text="Empty: the site's default (MSHIP_DEFAULT_RPM, 6,000 unless set; 0 there: no"
         " limit).",
+    )
+    max_concurrency = models.PositiveIntegerField(
+        "most requests at once",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Per gateway process, over every model: more wait or get 429, as"
+        " MSHIP_CONCURRENCY_OVERFLOW says; empty: no limit.",
     )
     priority = PriorityField(
         help_text="high, normal, low or a number from -100 to 100: added to the model's own"

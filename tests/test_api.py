@@ -275,7 +275,7 @@ def test_it_pins_a_deployment_so_that_make_room_never_stops_it(api: APIClient) -
     assert refused.status_code == 400 and "evictable" in refused.json()
 
 
-def test_it_takes_a_priority_by_name_or_number_and_refuses_others(api: APIClient) -> None:
+def test_it_takes_a_priority_and_a_concurrency_limit_and_refuses_bad_ones(api: APIClient) -> None:
     made = api.post("/api/deployments/", {**SIM, "mode": "on_demand"}, format="json").json()
     assert made["priority"] == 0 and made["start_s"] is None  # normal; never started
     url = f"/api/deployments/{made['id']}/"
@@ -285,3 +285,8 @@ def test_it_takes_a_priority_by_name_or_number_and_refuses_others(api: APIClient
         refused = api.patch(url, {"priority": bad}, format="json")
         assert refused.status_code == 400 and "priority" in refused.json(), bad
     assert Deployment.objects.get(pk=made["id"]).priority == -42
+    assert made["max_concurrency"] is None  # no limit
+    assert api.patch(url, {"max_concurrency": 4}, format="json").json()["max_concurrency"] == 4
+    for bad in (0, -1, "many", True):
+        refused = api.patch(url, {"max_concurrency": bad}, format="json")
+        assert refused.status_code == 400 and "max_concurrency" in refused.json(), bad

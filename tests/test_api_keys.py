@@ -99,8 +99,12 @@ def test_it_answers_bad_key_input_with_field_errors(staff: APIClient) -> None:
     for value in ("urgent", -101, False):
         refused = staff.post("/api/keys/", {"name": "x", "priority": value}, format="json")
         assert refused.status_code == 400 and set(refused.json()) == {"priority"}, value
-    low = staff.post("/api/keys/", {"name": "batch", "priority": "low"}, format="json")
+    refused = staff.post("/api/keys/", {"name": "x", "max_concurrency": 0}, format="json")
+    assert refused.status_code == 400 and set(refused.json()) == {"max_concurrency"}
+    body = {"name": "batch", "priority": "low", "max_concurrency": 2}
+    low = staff.post("/api/keys/", body, format="json")
     assert low.status_code == 201 and low.json()["priority"] == -10
+    assert low.json()["max_concurrency"] == 2
     assert ApiKey.objects.get(name="batch").priority == -10
 
 

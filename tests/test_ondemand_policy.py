@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from common import priority
 from deployments.placement import Demand, Device
 from ondemand import policy
 from ondemand.policy import Activity
@@ -189,12 +190,13 @@ def test_it_stops_the_cheapest_first_and_never_a_model_of_a_higher_class() -> No
 
 
 def test_it_ages_a_waiting_request_one_class_per_aging_period() -> None:
-    assert policy.rank(-10, 0.0, 120.0) == -10.0
-    assert policy.rank(-10, 120.0, 120.0) == 0.0
+    assert priority.rank(-10, 0.0, 120.0) == -10.0
+    assert priority.rank(-10, 119.0, 120.0) == -10.0  # in whole steps
+    assert priority.rank(-10, 120.0, 120.0) == 0.0
     # A low request that waited twice the period ties a fresh high one, and then passes it.
-    assert policy.rank(-10, 240.0, 120.0) == policy.rank(10, 0.0, 120.0)
-    assert policy.rank(-10, 241.0, 120.0) > policy.rank(10, 0.0, 120.0)
-    assert policy.rank(-10, 10_000.0, 0.0) == -10.0  # no aging
+    assert priority.rank(-10, 240.0, 120.0) == priority.rank(10, 0.0, 120.0)
+    assert priority.rank(-10, 360.0, 120.0) > priority.rank(10, 0.0, 120.0)
+    assert priority.rank(-10, 10_000.0, 0.0) == -10.0  # no aging
 
 
 def test_it_counts_loaded_models_against_the_cap() -> None:

@@ -69,6 +69,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "evictable",
             "preload",
             "priority",
+            "max_concurrency",
             "system",
             "responses",
             "need_gib",

@@ -39,6 +39,7 @@ class ApiKeySerializer(StrictNumbers, serializers.ModelSerializer):
             "allowed_models",
             "requests_per_minute",
             "priority",
+            "max_concurrency",
             "rate_per_minute",
             "rate_from",
             "revoked",

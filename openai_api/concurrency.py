@@ -1,0 +1,186 @@
+"""max_concurrency: at most so many requests at once on a deployment and on a key, in this
+gateway process; the rest wait their turn, fairly, or get 429 (MSHIP_CONCURRENCY_OVERFLOW).
+
+A freed place goes to the waiting request that ranks highest: its class (the key's plus the
+deployment's, common/priority.py), aged one class per MSHIP_PRIORITY_AGING_S; among equals,
+the one whose key has had the fewest places since the queue was last empty (keys take turns:
+a key's burst of a thousand goes one by one beside another key's single request, which waits
+one turn, not a thousand); then the first to arrive.
+
+The engine queues what it is sent in arrival order: only a limit held here, where the keys
+are known, can be fair between them. Nothing is shared between processes (`serve --workers
+N` allows N times the limit) and a request with no limit on its way costs one lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from common import priority
+from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from openai_api.catalog import Key, Route
+
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Ticket:
+    """One request waiting for a place, with the limits it must fit."""
+
+    deployment_id: int
+    deployment_cap: int | None
+    key_id: int | None
+    key_cap: int | None
+    priority: int
+    arrived: float
+    granted: asyncio.Future[None] = field(repr=False)
+
+
+def turn(
+    waiting: list[Ticket], admissible: list[Ticket], turns: dict[int | None, int], now: float
+) -> Ticket:
+    """The admissible ticket that goes next (the module's docstring says the order);
+    `waiting` gives the arrival order, `turns` the places each key had (None: no key)."""
+    arrival = {id(t): n for n, t in enumerate(waiting)}
+    aging = float(settings.MSHIP_PRIORITY_AGING_S)
+
+    def order(t: Ticket) -> tuple[float, int, int]:
+        had = turns.get(t.key_id, 0)
+        return (-priority.rank(t.priority, now - t.arrived, aging), had, arrival[id(t)])
+
+    return min(admissible, key=order)
+
+
+def too_many(route: Route, key: Key | None, keys_own: bool) -> GatewayError:
+    if keys_own and key is not None:
+        said = f"This API key has {key.max_concurrency} requests in flight, the most it may."
+    else:
+        said = f"{route.name} has {route.max_concurrency} requests in flight, the most it takes."
+    return GatewayError(
+        429,
+        f"{said} Try again shortly.",
+        "too_many_concurrent_requests",
+        {"retry-after": str(RETRY_AFTER_S)},
+    )
+
+
+class Limits:
+    """This process's counts and waiting requests (one event loop serves them)."""
+
+    def __init__(self) -> None:
+        self.by_deployment: dict[int, int] = {}
+        self.by_key: dict[int, int] = {}
+        self.waiting: list[Ticket] = []
+        self.turns: dict[int | None, int] = {}  # places each key had since none waited
+
+    @staticmethod
+    def binds(route: Route, key: Key | None) -> bool:
+        return route.max_concurrency is not None or (
+            key is not None and key.max_concurrency is not None
+        )
+
+    def _fits(self, t: Ticket) -> bool:
+        if t.deployment_cap is not None and (
+            self.by_deployment.get(t.deployment_id, 0) >= t.deployment_cap
+        ):
+            return False
+        return t.key_id is None or t.key_cap is None or self.by_key.get(t.key_id, 0) < t.key_cap
+
+    def _take(self, t: Ticket) -> None:
+        self.turns[t.key_id] = self.turns.get(t.key_id, 0) + 1
+        self.by_deployment[t.deployment_id] = self.by_deployment.get(t.deployment_id, 0) + 1
+        if t.key_id is not None:
+            self.by_key[t.key_id] = self.by_key.get(t.key_id, 0) + 1
+
+    def _give_back(self, t: Ticket) -> None:
+        self.by_deployment[t.deployment_id] -= 1
+        if not self.by_deployment[t.deployment_id]:
+            del self.by_deployment[t.deployment_id]
+        if t.key_id is not None:
+            self.by_key[t.key_id] -= 1
+            if not self.by_key[t.key_id]:
+                del self.by_key[t.key_id]
+
+    @contextlib.asynccontextmanager
+    async def held(self, route: Route, key: Key | None) -> AsyncIterator[None]:
+        """A place for one request on the route with the key, held while the block runs."""
+        ticket = Ticket(
+            route.deployment_id,
+            route.max_concurrency,
+            None if key is None else key.id,
+            None if key is None else key.max_concurrency,
+            route.priority + (0 if key is None else key.priority),
+            time.monotonic(),
+            asyncio.get_running_loop().create_future(),
+        )
+        if not self.waiting and self._fits(ticket):
+            self.turns.clear()  # nobody waits: a new round of turns begins
+            self._take(ticket)
+        else:
+            await self._wait(ticket, route, key)
+        try:
+            yield
+        finally:
+            self._give_back(ticket)
+            self._admit()
+
+    async def _wait(self, ticket: Ticket, route: Route, key: Key | None) -> None:
+        keys_own = ticket.key_cap is not None and (
+            self.by_key.get(ticket.key_id or 0, 0) >= ticket.key_cap
+        )
+        full = len(self.waiting) >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
+        if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
+            raise too_many(route, key, keys_own)
+        self.waiting.append(ticket)
+        self._admit()  # a place may be free: only others waited before it
+        try:
+            async with asyncio.timeout(settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S):
+                await asyncio.shield(ticket.granted)
+        except TimeoutError:
+            self._abandon(ticket)
+            raise too_many(route, key, keys_own) from None
+        except BaseException:
+            self._abandon(ticket)
+            raise
+
+    def _abandon(self, ticket: Ticket) -> None:
+        """A waiting request gave up: its ticket leaves, or its place goes on if it had one."""
+        if ticket in self.waiting:
+            self.waiting.remove(ticket)
+        elif ticket.granted.done():
+            self._give_back(ticket)
+            self._admit()
+
+    def _admit(self) -> None:
+        """Grant places to waiting requests while any fits."""
+        now = time.monotonic()
+        while self.waiting:
+            admissible = [t for t in self.waiting if self._fits(t)]
+            if not admissible:
+                return
+            ticket = turn(self.waiting, admissible, self.turns, now)
+            self.waiting.remove(ticket)
+            self._take(ticket)
+            ticket.granted.set_result(None)
+
+
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Limits] = weakref.WeakKeyDictionary()
+
+
+def limits() -> Limits:
+    """This event loop's (its waiting requests' futures belong to it)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _by_loop:
+        _by_loop[loop] = Limits()
+    return _by_loop[loop]
