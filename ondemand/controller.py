@@ -124,7 +124,7 @@ class Controller(RoomMaking):
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
         if view is not None:
-            entry.priority = view.priority
+            entry.priority, entry.start_s = view.priority, view.start_s
         now = self.clock.now()
         waiter = Waiter(
             now + self.queue_timeout_s,
@@ -238,11 +238,11 @@ class Controller(RoomMaking):
         """Wait in the memory queue until something changes (a stop, a state, the queue),
         another deployment's idle timeout runs out (it may be a victim now) or the poll
         interval passes; the first time, the request is told (the queued notice)."""
+        self.queue.setdefault(view.id, None)  # first: the notice says its place
         if not waiter.told_queued and waiter.on_queued is not None:
             waiter.told_queued = True
             waiter.on_queued()
         mark_waited("queue")
-        self.queue.setdefault(view.id, None)
         entry.queue_in(waiter)
         gauge = metrics.queued.labels(view.name)
         gauge.inc()
@@ -359,6 +359,7 @@ class Controller(RoomMaking):
 
     def _start_attempt(self, entry: Entry, view: View) -> asyncio.Task[StartOutcome]:
         attempt = asyncio.create_task(self._attempt(view))
+        entry.attempt_began, entry.waking = self.clock.now(), view.state == State.ASLEEP
 
         def ended(task: asyncio.Task[StartOutcome]) -> None:
             # Its outcome is for the requests that waited on it (they hold the task), never
@@ -416,6 +417,13 @@ class Controller(RoomMaking):
                     metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
                 return outcome
             return StartOutcome.QUEUED
+
+    def queue_order(self) -> list[int]:
+        """The memory queue in the order it is served (`head` first)."""
+        now = self.clock.now()
+        ranks = {d: self.entry(d).rank(now, self.aging_s) for d in self.queue}
+        waiting = [d for d in self.queue if ranks[d] is not None]
+        return sorted(waiting, key=lambda d: -(ranks[d] or 0.0))
 
     def head(self) -> int | None:
         """The deployment the memory queue serves next: the one whose best waiting request

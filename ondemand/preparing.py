@@ -35,6 +35,12 @@ def tell(deployment_id: int, doing: str) -> None:
             loop.call_soon_threadsafe(listener, doing)
 
 
+def doing(deployment_id: int) -> str:
+    """What a start of it does now ("" when none prepares)."""
+    with _lock:
+        return _doing.get(deployment_id, "")
+
+
 @contextlib.contextmanager
 def listening(deployment_id: int, listener: Listener | None) -> Iterator[None]:
     """While the block runs (a request waits for its slot), `listener` hears in this event

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from ondemand import preparing
+from ondemand import preparing, wait_figures
 from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
 from ondemand.state import Slot, View
+from openai_api import wait_status
 from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
 
@@ -70,8 +71,14 @@ class ControllerSlots:
 
     async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot:
         ctl = controller()
-        on_queued = None if notice is None else notice.on_queued
+        deployment_id = route.deployment_id
+
+        def figures() -> dict[str, Any] | None:
+            return wait_figures.of(ctl, deployment_id)
+
+        on_queued = None if notice is None else lambda: notice.on_queued(figures())
         on_preparing = None if notice is None else notice.on_preparing
+        wait_status.follow(figures)  # a stream's keepalives say its place, step and estimate
         # A start that installs or pulls first (minutes) is told to the request meanwhile.
         with preparing.listening(route.deployment_id, on_preparing):
             return await ctl.acquire(
@@ -83,6 +90,11 @@ class ControllerSlots:
 
     def release(self, slot: Slot) -> None:
         controller().release(slot)
+
+    def status(self, route: Route) -> dict[str, Any] | None:
+        ctl = controller()
+        found = ctl.status(view_of_route(route), route.deployment_id)
+        return {**found, "waiting": wait_figures.of(ctl, route.deployment_id)}
 
 
 def view_of_route(route: Route) -> View:

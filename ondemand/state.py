@@ -135,6 +135,9 @@ class Entry:
     lease_wall_until: float = float("-inf")  # our lease's end in wall time, as written
     timeout_recorded_at: float = float("-inf")
     priority: int = 0  # the deployment's class, as last read
+    start_s: float | None = None  # its measured start, as last read
+    attempt_began: float = 0.0  # clock time its last start attempt began
+    waking: bool = False  # that attempt wakes it (no estimate: a wake is no start)
     # Its recent use (slots granted, decayed: policy.decayed_uses) as of `used_at` (clock).
     uses: float = 0.0
     used_at: float = 0.0

@@ -19,11 +19,12 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from common import priority
+from openai_api import wait_status
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class Limits:
         if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
             raise too_many(route, key, keys_own)
         self.waiting.append(ticket)
+        wait_status.follow(lambda: self.figures_of(ticket))
         self._admit()  # a place may be free: only others waited before it
         try:
             async with asyncio.timeout(settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S):
@@ -153,6 +155,21 @@ class Limits:
         except BaseException:
             self._abandon(ticket)
             raise
+
+    def figures_of(self, ticket: Ticket) -> dict[str, Any] | None:
+        """Its place among those waiting for the same deployment, in the order they go."""
+        if ticket not in self.waiting:
+            return None
+        same = [t for t in self.waiting if t.deployment_id == ticket.deployment_id]
+        now = time.monotonic()
+        ahead = 0
+        while same:
+            nxt = turn(self.waiting, same, self.turns, now)
+            if nxt is ticket:
+                break
+            same.remove(nxt)
+            ahead += 1
+        return {"waiting_for": "a place", "position": ahead + 1, "eta_s": None}
 
     def _abandon(self, ticket: Ticket) -> None:
         """A waiting request gave up: its ticket leaves, or its place goes on if it had one."""

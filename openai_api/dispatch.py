@@ -35,8 +35,8 @@ class Slot(Protocol):
 class WaitNotice(Protocol):
     """What a request that waits for an on-demand slot is told (openai_api/queued_notice)."""
 
-    def on_queued(self) -> None:
-        """It has to wait for memory (once)."""
+    def on_queued(self, figures: dict[str, Any] | None = None) -> None:
+        """It has to wait for memory (once), with its place and estimate where known."""
 
     def on_preparing(self, doing: str) -> None:
         """The start it waits for is pulling an image or installing an engine environment."""
@@ -50,6 +50,11 @@ class OnDemandSlots(Protocol):
 
     def release(self, slot: Any) -> None:
         """Give back a slot this source's acquire returned."""
+        ...
+
+    def status(self, route: Route) -> dict[str, Any] | None:
+        """The model's on-demand counts and phase in this process, with `waiting`: the
+        figures of its wait (openai_api/wait_status.py), None when nothing waits."""
         ...
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from deployments.models import Deployment
+from openai_api import model_status
 from openai_api.auth import Caller, authenticate, last_used
 from openai_api.bodies import form_field, json_bytes, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
@@ -58,6 +59,14 @@ async def handle(exchange: Exchange) -> None:
         wanted = endpoint[len("models/") :]
         if method == "POST" and wanted.endswith(WARM):
             return await warm(exchange, snapshot, caller, wanted[: -len(WARM)])
+        # A model named ".../status" keeps its card: only an unknown name is a status.
+        if (
+            method == "GET"
+            and wanted.endswith(model_status.SUFFIX)
+            and wanted not in snapshot.routes
+        ):
+            name = wanted[: -len(model_status.SUFFIX)]
+            return await model_status.answer(exchange, route_for(snapshot, caller, name), name)
         if method not in ("GET", "HEAD"):
             raise GatewayError(405, f"{method} is not allowed on {path}.", "method_not_allowed")
         return await models(exchange, snapshot, caller.key, wanted)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 
+from openai_api import wait_status
 from openai_api.forwarder import sse_start
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 COMMENT = b": keepalive\n\n"
+CHANGE_CHECK_S = 1.0  # how soon a changed place or step is said
 # The answer a Responses turn keeps alive while it waits for its slot: set by the foreground
 # handler of a streaming request (engine_turn reads it); None elsewhere (background runs).
 waiting_answer: ContextVar[SseOpener | None] = ContextVar("waiting_answer", default=None)
@@ -64,29 +67,42 @@ async def enter_kept_alive(
 @contextlib.asynccontextmanager
 async def kept_alive(opener: SseOpener | None) -> AsyncIterator[None]:
     """A comment every MSHIP_SSE_KEEPALIVE_S while the block runs (nothing without an
-    opener: a request that does not stream). The beat ends between two writes, never in
-    the middle of one."""
+    opener: a request that does not stream), with the wait's figures once whoever makes it
+    wait gives them (openai_api/wait_status.py): said again as soon as what it waits for, its
+    place or its start's step changes. The beat ends between two writes, never in the middle
+    of one."""
     if opener is None:
         yield
         return
     done = asyncio.Event()
+    status = wait_status.WaitStatus()
+    token = wait_status.current.set(status)
 
     async def beat() -> None:
         interval = settings.MSHIP_SSE_KEEPALIVE_S
+        said: tuple[Any, ...] | None = None
+        last_write = time.monotonic()
         while not done.is_set():
             # asyncio.timeout, not wait_for: wait_for makes a task of the wait, each beat of
             # each waiting stream (a burst of first requests has a thousand).
+            step = min(interval, CHANGE_CHECK_S) if status.source is not None else interval
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(step):
                     await done.wait()
                 return
-            await opener.write(COMMENT)
+            figures = status.figures()
+            now = time.monotonic()
+            changed = figures is not None and said != (said := wait_status.key_of(figures))
+            if changed or now - last_write >= interval:
+                last_write = now
+                await opener.write(COMMENT if figures is None else wait_status.comment(figures))
 
     beating = asyncio.create_task(beat())
     try:
         yield
     finally:
         done.set()
+        wait_status.current.reset(token)
         # A beat whose write failed found the caller gone: the request's own path finds
         # that out too.
         with contextlib.suppress(Exception):

@@ -19,6 +19,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from openai_api import wait_status
 from openai_api.endpoints import notice_eligible
 
 if TYPE_CHECKING:
@@ -51,10 +52,12 @@ def eligible(endpoint: str, data: dict[str, Any] | None, streaming: bool) -> boo
     return notice_eligible(endpoint, streaming)
 
 
-def text_for(name: str) -> str:
-    return (
-        f"[{name} had to wait for memory to start; it is starting now and its answer follows.]\n\n"
+def text_for(name: str, figures: dict[str, Any] | None = None) -> str:
+    said = wait_status.words(figures or {})
+    waited = (
+        f"had to wait for memory to start ({said})" if said else "had to wait for memory to start"
     )
+    return f"[{name} {waited}; it is starting now and its answer follows.]\n\n"
 
 
 def preparing_text(name: str, doing: str) -> str:
@@ -89,12 +92,12 @@ def chunk(endpoint: str, name: str, text: str | None = None) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def prepend(endpoint: str, name: str, raw: bytes) -> bytes:
+def prepend(endpoint: str, name: str, raw: bytes, figures: dict[str, Any] | None = None) -> bytes:
     """The engine's non-streaming answer with the notice in front of its text, or as it was
     where there is no text to put it in front of."""
     try:
         body = json.loads(raw)
-        notice = text_for(name)
+        notice = text_for(name, figures)
         if endpoint == "chat/completions":
             message = body["choices"][0]["message"]
             if not isinstance(message.get("content"), str):
@@ -130,14 +133,16 @@ class QueuedNotice:
         # /v1 only: on /ondemand a stream that only waits for a start gets nothing (the seed).
         self.tells_preparing = tells_preparing
         self.queued = False
+        self.figures: dict[str, Any] | None = None  # its place and estimate when it queued
         self.told: set[str] = set()  # what it was told the start is doing
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False  # the engine is called: nothing more of ours
 
-    def on_queued(self) -> None:
+    def on_queued(self, figures: dict[str, Any] | None = None) -> None:
         if not self.queued:
             self.queued = True
-            self._stream(text_for(self.name))
+            self.figures = figures
+            self._stream(text_for(self.name, figures))
 
     def on_preparing(self, doing: str) -> None:
         if self.tells_preparing and doing not in self.told:
@@ -157,4 +162,4 @@ class QueuedNotice:
     def transform(self) -> Any:
         if self.streaming or not self.queued:
             return None
-        return lambda raw: prepend(self.endpoint, self.name, raw)
+        return lambda raw: prepend(self.endpoint, self.name, raw, self.figures)

@@ -215,4 +215,5 @@ def test_it_answers_429_past_max_concurrency_when_set_to_reject(
             sdk.chat.completions.create(**body)
     assert refused.value.response.headers["retry-after"] == "1"
     assert refused.value.code == "too_many_concurrent_requests"
+    wait_until(lambda: not any(lim.by_deployment for lim in concurrency._by_loop.values()), 10)
     assert sdk.chat.completions.create(**body).choices[0].message.content  # free again

@@ -4,8 +4,10 @@ by the first request, once for a burst, refused with the seed's codes."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from typing import TYPE_CHECKING, Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -156,10 +158,14 @@ def test_it_keeps_a_streaming_request_alive_while_its_model_starts(
     ) as answer:
         assert answer.status_code == 200
         lines = [line for line in answer.iter_lines() if line]
-    assert lines[0] == ": keepalive"  # while Modelship starts the model
+    # While Modelship starts the model: comments, with what it waits for and an estimate (a
+    # minute: no start of it was measured yet).
     first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
-    assert set(lines[:first_data]) == {": keepalive"}  # none once the engine was called
+    said = [json.loads(line.removeprefix(": modelship-wait ")) for line in lines[:first_data]]
+    assert said[0] == {"waiting_for": "its start", "position": 0, "eta_s": 60}
     assert lines[-1] == "data: [DONE]"
+    cold.refresh_from_db()
+    assert cold.start_s is not None and cold.start_s < 10  # measured now: about a second
 
     deployer.stop(cold.pk)
     seen_by_gateway(lambda s: s.routes["cold"].state == "stopped")
@@ -170,11 +176,59 @@ def test_it_keeps_a_streaming_request_alive_while_its_model_starts(
         headers=headers,
     ) as answer:
         lines = [line for line in answer.iter_lines() if line]
-    assert lines[0] == ": keepalive"
+    again = json.loads(lines[0].removeprefix(": modelship-wait "))
+    assert again["waiting_for"] == "its start" and again["eta_s"] <= 10  # from the measure
     first_event = next(i for i, line in enumerate(lines) if line.startswith("event: "))
     assert lines[first_event] == "event: response.created"
-    assert set(lines[:first_event]) == {": keepalive"}
+    assert all(line.startswith(": ") for line in lines[:first_event])  # comments only
     assert "event: response.completed" in lines
+
+
+def test_it_says_the_wait_in_comments_the_official_sdks_read_past(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    site.MSHIP_SSE_KEEPALIVE_S = 0.2
+    key = api_key()
+    cold = on_demand(make_deployment, site, "cold", config={"startup_delay_s": 1.5})
+    chunks = list(
+        sdk(gateway_url, key).chat.completions.create(
+            model="cold", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    deployer.stop(cold.pk)
+    seen_by_gateway(lambda s: s.routes["cold"].state == "stopped")
+    claude = anthropic.Anthropic(base_url=gateway_url, api_key=key, max_retries=0, timeout=60)
+    with claude.messages.stream(
+        model="cold", max_tokens=16, messages=[{"role": "user", "content": "x"}]
+    ) as stream:
+        assert "".join(stream.text_stream)
+
+
+def test_it_tells_where_a_model_stands_to_a_key_that_may_use_it(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    on_demand(make_deployment, site, "cold", config={"startup_delay_s": 2.0})
+    key, other = api_key(), api_key("other", allowed_models=["nothing-here"])
+    url = f"{gateway_url}/v1/models/cold/status"
+
+    def status(secret: str = key) -> httpx.Response:
+        return httpx.get(url, headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+
+    assert status(other).status_code == 404  # as for its card
+    before = status().json()
+    assert before["state"] == "planned · idle" and before["waiting"] is None
+    waiting = in_thread(ask, sdk(gateway_url, key), "cold")  # a plain request: no stream
+    wait_until(lambda: status().json()["waiting"] is not None, 10)
+    during = status().json()
+    assert during["state"].startswith("starting") and during["queued"] == 0
+    figures = during["waiting"]
+    assert (figures["waiting_for"], figures["position"]) == ("its start", 0)
+    assert 55 <= figures["eta_s"] <= 60  # a minute (never measured), running down
+    waiting.join(30)
+    after = status().json()
+    assert after["state"] == "ready" and after["waiting"] is None
+    assert 1.5 < after["measured_start_s"] < 30
 
 
 def test_it_ends_a_kept_alive_stream_with_the_refusal_as_an_event(
@@ -193,7 +247,7 @@ def test_it_ends_a_kept_alive_stream_with_the_refusal_as_an_event(
     ) as answer:
         assert answer.status_code == 200  # committed by the keepalives
         lines = [line for line in answer.iter_lines() if line]
-    assert lines[0] == ": keepalive"
+    assert lines[0].startswith(": modelship-wait ")
     events = [line for line in lines if line.startswith("event: ")]
     assert events[0] == "event: response.created" and events[-1] == "event: response.failed"
     assert any('"start_failed"' in line for line in lines)
