@@ -78,6 +78,12 @@ make_room_stops = Counter(
     "Idle on-demand deployments stopped (or put to sleep) to make room for another.",
     ["deployment"],
 )
+out_of_memory_retries = Counter(
+    "modelship_out_of_memory_retries",
+    "On-demand starts that ran out of memory and were tried once more, claiming what the"
+    " engine showed it needs.",
+    ["deployment"],
+)
 drains = Counter(
     "modelship_drains",
     "On-demand deployments in use that took no new request so that the queue's head, which"

@@ -16,7 +16,7 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 
-from deployments import engine_envs, sleep_tiers
+from deployments import engine_envs, out_of_memory, sleep_tiers
 from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -103,14 +103,18 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
         raise
     except StartFailed as exc:
         stop_handles(deployment, handles)
+        reason, learned = str(exc), dict[str, Any]()
+        if (said := out_of_memory.cause(reason)) is not None:
+            reason, learned = out_of_memory.explained(deployment, said, reason)
         transition(
             deployment,
             State.FAILED,
             expected=[State.STARTING],
-            reason=str(exc),
+            reason=reason,
             actor=actor,
             engine_urls=[],
             runtime_handle={},
+            **learned,
         )
         return deployment
     transition(

@@ -131,6 +131,7 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
         1, int(getattr(deployment, "replica_count", None) or deployment.num_replicas or 1)
     )
     num_gpus = deployment.num_gpus
+    learned = float(getattr(deployment, "learned_gib", None) or 0.0)
     if not on_gpus:
         if deployment.memory_gib is not None:
             gib = float(deployment.memory_gib)
@@ -138,7 +139,7 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
             gib = float(num_gpus) * gpu_memory_gib()
         else:
             gib = estimate_gib(deployment)
-        return Demand(replicas=replicas, gib=gib)
+        return Demand(replicas=replicas, gib=max(gib, learned))
     if num_gpus is not None:
         if num_gpus <= 0:
             return None
@@ -150,6 +151,7 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
         if deployment.memory_gib is not None
         else estimate_gib(deployment)
     )
+    gib = max(gib, learned)
     return Demand(replicas=replicas, gib=gib) if gib > 0 else None
 
 

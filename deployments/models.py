@@ -189,6 +189,9 @@ class Deployment(Versioned):
     state_reason = models.TextField(blank=True, default="")
     # What a start that has not launched yet is doing (pulling its image, installing its
     # engine environment): its progress is the state reason meanwhile. Empty otherwise.
+    # Per replica: what a start that ran out of memory showed it needs (deployments/
+    # out_of_memory.py); the fit check claims the larger of it and the estimate.
+    learned_gib = models.FloatField("memory learned (GiB)", null=True, blank=True, editable=False)
     # Seconds its starts took to become ready (a running mean of the last ones): what the
     # scheduler weighs as the cost of stopping it, and a waiting client's estimate.
     # Asleep: 1 (weights in host memory) or 2 (weights dropped); None otherwise.

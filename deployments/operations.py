@@ -31,6 +31,8 @@ from deployments.validation import cross_field_problems, name_clashes
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+# A change of these voids the memory an out-of-memory start taught (Deployment.learned_gib).
+SIZED_BY = {"model", "config", "memory_gib", "num_gpus", "loader"}
 # What an operator sets on a deployment (the rest is its state).
 SETTABLE_FIELDS = (
     *CONFIG_FIELDS,
@@ -129,6 +131,8 @@ def update(
             before = current.snapshot()
             for field, value in changes.items():
                 setattr(current, field, value)
+            if changes.keys() & SIZED_BY:
+                current.learned_gib = None  # another model or size: what was learned is moot
             current.save()
             audit.record(
                 "update", current, user=user, actor=actor, before=before, after=current.snapshot()

@@ -35,6 +35,7 @@ def prepare_known_series() -> None:
         metrics.queue_timeouts.labels(name)
         metrics.make_room_stops.labels(name)
         metrics.drains.labels(name)
+        metrics.out_of_memory_retries.labels(name)
         metrics.start_failures.labels(name)
         metrics.cold_start_duration.labels(name)
         for outcome in COUNTED_OUTCOMES:

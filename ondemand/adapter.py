@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from deployments import audit, deployer, memory
+from deployments import audit, deployer, memory, out_of_memory
 from deployments.engine_metrics import Load, replicas_load
 from deployments.gate import start_gate
 from deployments.loaders import get_loader
@@ -84,6 +84,8 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         recently_loaded=recently_loaded(row),
         priority=row.priority,
         start_s=row.start_s,
+        out_of_memory=row.state == State.FAILED
+        and row.state_reason.startswith(out_of_memory.OUT_OF_MEMORY),
         wakes_on=tuple(i for replica in row.gpus or [] for i in replica)
         if row.state == State.ASLEEP
         else (),

@@ -381,9 +381,9 @@ class Controller(RoomMaking):
         outside the lock): ready, failed, stopped or queued (no memory now); raises does_not_fit."""
         if view.state in STARTABLE_STATES and not await self.deployer.prepare(view.id):
             return self._start_ended(view, await self.deployer.view(view.id))
-        entry, stopped_a_victim = self.entry(view.id), False
+        entry, stopped_a_victim, retried = self.entry(view.id), False, False
         async with self.lock:
-            for _ in range(3):
+            for _ in range(4):
                 current = await self.deployer.view(view.id)
                 if current is None:
                     return StartOutcome.STOPPED
@@ -410,7 +410,14 @@ class Controller(RoomMaking):
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue
-                outcome = self._start_ended(view, await self.deployer.view(view.id))
+                after = await self.deployer.view(view.id)
+                if after is not None and after.out_of_memory and not retried:
+                    # Out of memory: it claims what it showed it needs now; room is made for
+                    # that (a victim more, maybe) and it starts once more.
+                    retried = True
+                    metrics.out_of_memory_retries.labels(view.name).inc()
+                    continue
+                outcome = self._start_ended(view, after)
                 if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
                     metrics.cold_starts.labels(view.name, outcome.value).inc()
                 if outcome == StartOutcome.READY:
@@ -464,7 +471,12 @@ class Controller(RoomMaking):
         if after.state == State.FAILED:
             entry.backoff_s = policy.next_backoff(entry.backoff_s)
             entry.backoff_until = self.clock.now() + entry.backoff_s
-            entry.failure = "the engine failed to start"
+            entry.failure = (
+                "it ran out of memory as it started, also when it claimed what its first try"
+                " showed it needs (its page says more)"
+                if after.out_of_memory
+                else "the engine failed to start"
+            )
             return StartOutcome.FAILED
         return StartOutcome.QUEUED
 

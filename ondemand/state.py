@@ -52,6 +52,7 @@ class View:
     priority: int = 0  # its class: a request of a lower one never stops it to make room
     start_s: float | None = None  # its starts' measured running mean (None: never measured)
     wakes_on: tuple[int, ...] = ()  # asleep: the GPUs its engine holds its context on
+    out_of_memory: bool = False  # failed: its last start ran out of memory
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "0.5",
     ]
     assert vllm.can_sleep(s)
-    assert vllm.idle_action(s).startswith("sleep (level 1")
+    assert vllm.idle_action(s).startswith("sleep, woken by the next request: level 1")
     assert vllm.env(s) == {"VLLM_SERVER_DEV_MODE": "1"}
     assert not vllm.can_sleep(spec())
     assert vllm.idle_action(spec()) == "stop, started again by the next request"

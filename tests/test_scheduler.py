@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ondemand.controller import Controller
+from openai_api.errors import GatewayError
 from tests.fake_clock import FakeClock, settle
 from tests.ondemand_fakes import FakeDeployer
 
@@ -216,3 +218,32 @@ async def test_it_never_drains_before_the_bound_or_with_collation_off(
     assert (await controller.acquire(1)) is not None  # still taking requests
     controller.release(held)
     await gone(other)
+
+
+async def test_it_starts_once_more_after_an_out_of_memory_start_and_not_twice(
+    controller: Controller, deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    deployer.add(1, "big", 4)
+    waiter = acquiring(controller, 1)
+    await settle()
+
+    def ran_out_of_memory(need: float) -> None:
+        deployer.finish(1, "failed")
+        deployer.rows[1] = replace(deployer.rows[1], out_of_memory=True, need_gib=need)
+
+    ran_out_of_memory(6)  # it now claims what it showed it needs, and starts once more
+    await settle()
+    assert deployer.starts == ["big", "big"]
+    deployer.finish(1)
+    controller.release(await waiter)
+    deployer.set_state(1, "stopped")
+    again = acquiring(controller, 1)
+    await settle()
+    ran_out_of_memory(7)
+    await settle()
+    ran_out_of_memory(8)  # out of memory twice in one attempt: failed, with the cause
+    with pytest.raises(GatewayError) as failed:
+        await again
+    assert (failed.value.status, failed.value.code) == (503, "start_failed")
+    assert "ran out of memory as it started" in failed.value.message
+    assert deployer.starts == ["big"] * 4

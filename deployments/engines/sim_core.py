@@ -36,6 +36,8 @@ class SimConfig:
     tool_arguments: dict[str, Any] = field(default_factory=dict)
     memory_claim_gib: float = 0.0
     fail_at_start: bool = False
+    needs_gib: float = 0.0
+    out_of_memory: str = "cuda"
     crash_after_requests: int | None = None
     ignore_sigterm: bool = False
     embedding_dim: int = 16

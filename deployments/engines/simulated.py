@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -50,6 +50,9 @@ from deployments.engines.sim_core import (
     usage,
 )
 from deployments.engines.sim_responses import responses
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @inference
@@ -483,8 +486,26 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
     return app
 
 
+# Each engine's own words for a start that ran out of memory (given the GiB it lacked).
+OUT_OF_MEMORY: dict[str, Callable[[float], str]] = {
+    "cuda": lambda short: (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {short:.2f} GiB."
+    ),
+    "vllm": lambda short: (
+        "ValueError: No available memory for the cache blocks. Try increasing"
+        " `gpu_memory_utilization` when initializing the engine."
+    ),
+    "llama": lambda short: (
+        f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {short * 1024:.2f} MiB on"
+        " device 0: cudaMalloc failed: out of memory"
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parser("simulated-engine").parse_args(argv)
+    cli = parser("simulated-engine")
+    cli.add_argument("--memory-gib", type=float, default=None, help="the memory it is given")
+    args = cli.parse_args(argv)
     config = SimConfig.from_dict(config_of(args.config))
     if config.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -495,6 +516,11 @@ def main(argv: list[str] | None = None) -> None:
         ballast[offset] = 1  # touch every page, so it is resident
     if config.fail_at_start:
         print("simulated engine: RuntimeError: injected start failure", file=sys.stderr)
+        raise SystemExit(1)
+    if args.memory_gib is not None and args.memory_gib < config.needs_gib:
+        print(
+            OUT_OF_MEMORY[config.out_of_memory](config.needs_gib - args.memory_gib), file=sys.stderr
+        )
         raise SystemExit(1)
     names = args.served_model_name or [args.model]
     app = make_app(config, names)

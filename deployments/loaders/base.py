@@ -22,6 +22,15 @@ GENERATE_ENDPOINTS = ("chat/completions", "completions", "responses")
 EMBED_ENDPOINTS = ("embeddings",)
 
 
+def claimed_gib(deployment: Any) -> float | None:
+    """The memory its engine is given: what the operator set, or more where a start that ran
+    out of memory taught it needs more (deployments/out_of_memory.py)."""
+    learned = getattr(deployment, "learned_gib", None)
+    if deployment.memory_gib is None or learned is None:
+        return deployment.memory_gib  # type: ignore[no-any-return]
+    return max(float(deployment.memory_gib), float(learned))
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """The parts of a deployment an engine's command line is built from (no ORM)."""
@@ -45,7 +54,7 @@ class EngineSpec:
             aliases=tuple(deployment.aliases or ()),
             config=dict(deployment.config or {}),
             num_gpus=deployment.num_gpus,
-            memory_gib=deployment.memory_gib,
+            memory_gib=claimed_gib(deployment),
         )
 
     @property

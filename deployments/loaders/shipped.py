@@ -86,6 +86,8 @@ class SimulatedLoader(ShippedEngineLoader):
         "enable_sleep_mode": "it sleeps, as vLLM's sleep mode does",
         "ignore_sleep": "it takes a sleep and stays awake, as vLLM's CPU worker does",
         "download": "it fetches its weights into the model cache at start",
+        "needs_gib": "given less memory than this, it fails at start as out of memory",
+        "out_of_memory": "how it says so: cuda, vllm or llama (as those engines do)",
     }
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
@@ -103,6 +105,12 @@ class SimulatedLoader(ShippedEngineLoader):
 
     def sees_images(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("vision"))
+
+    def argv(self, spec: EngineSpec, host: str, port: str, container: bool = False) -> list[str]:
+        # What it is given, as vLLM is given a share of its GPU: below its `needs_gib` it
+        # fails as an engine out of memory does.
+        given = [] if spec.memory_gib is None else ["--memory-gib", str(spec.memory_gib)]
+        return [*super().argv(spec, host, port, container), *given]
 
     def reads_files(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("vision"))  # it stands in for a multimodal model
