@@ -78,6 +78,32 @@ make_room_stops = Counter(
     "Idle on-demand deployments stopped (or put to sleep) to make room for another.",
     ["deployment"],
 )
+starts = Counter(
+    "modelship_starts",
+    "Starts of on-demand deployments by what started them: a request, preload (serve's"
+    " start), baseline (restored once the host was idle), retry (after running out of"
+    " memory).",
+    ["deployment", "reason"],
+)
+evictions = Counter(
+    "modelship_evictions",
+    "On-demand deployments put away (asleep or stopped) by why: idle (its timeout),"
+    " make_room (for another's start), slept_long (asleep past MSHIP_SLEEP_MAX_S).",
+    ["deployment", "reason"],
+)
+tier_changes = Counter(
+    "modelship_tier_changes",
+    "Engines entering a rest tier: asleep_1 (weights in host memory), asleep_2 (weights"
+    " dropped), stopped.",
+    ["deployment", "tier"],
+)
+queue_wait = Histogram(
+    "modelship_queue_wait_seconds",
+    "How long requests that waited for an on-demand model (its start, memory, a place)"
+    " waited, by their class (the key's plus the deployment's).",
+    ["priority"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
+)
 out_of_memory_retries = Counter(
     "modelship_out_of_memory_retries",
     "On-demand starts that ran out of memory and were tried once more, claiming what the"

@@ -16,6 +16,7 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 
+from common import metrics
 from deployments import engine_envs, out_of_memory, sleep_tiers
 from deployments.audit import event
 from deployments.engine_metrics import read_load
@@ -311,6 +312,7 @@ def sleep(
         sleep_level=level,
     )
     if asleep:
+        metrics.tier_changes.labels(deployment.name, f"asleep_{level}").inc()
         return True
     _orphaned(deployment)
     return False
@@ -358,7 +360,10 @@ def rest(
         return False
     if get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
         return sleep(deployment_id, precheck=precheck, actor=actor, reason=reason)
-    return stop(deployment_id, precheck=precheck, actor=actor, reason=reason)
+    stopped = stop(deployment_id, precheck=precheck, actor=actor, reason=reason)
+    if stopped:
+        metrics.tier_changes.labels(deployment.name, "stopped").inc()
+    return stopped
 
 
 def wake(

@@ -6,6 +6,7 @@ import logging
 
 from django.db import transaction
 
+from common import metrics
 from deployments import audit, deployer, hooks
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment, State
@@ -21,6 +22,8 @@ def start(deployment_id: int, actor: str = "system") -> str:
         return f"refused: {exc}"  # the deployer wrote the event
     except Deployment.DoesNotExist:
         return "gone"
+    if actor == "preload" and deployment.state == State.READY:
+        metrics.starts.labels(deployment.name, "preload").inc()
     return deployment.state
 
 

@@ -36,6 +36,10 @@ def prepare_known_series() -> None:
         metrics.make_room_stops.labels(name)
         metrics.drains.labels(name)
         metrics.out_of_memory_retries.labels(name)
+        for reason in ("request", "preload", "baseline", "retry"):
+            metrics.starts.labels(name, reason)
+        for reason in ("idle", "make_room", "slept_long"):
+            metrics.evictions.labels(name, reason)
         metrics.start_failures.labels(name)
         metrics.cold_start_duration.labels(name)
         for outcome in COUNTED_OUTCOMES:

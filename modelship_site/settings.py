@@ -405,6 +405,9 @@ MSHIP_CONCURRENCY_OVERFLOW = env_choice("MSHIP_CONCURRENCY_OVERFLOW", "queue", (
 # stopped after MSHIP_SLEEP_MAX_S asleep (0: never).
 MSHIP_SLEEP_HOST_GIB = env_float("MSHIP_SLEEP_HOST_GIB", -1)
 MSHIP_SLEEP_MAX_S = env_float("MSHIP_SLEEP_MAX_S", 3600)
+# The baseline (ondemand/baseline.py): the on-demand deployments marked preload are started
+# again, where they fit, once the host has been idle this long (0: only when serve starts).
+MSHIP_BASELINE_AFTER_S = env_float("MSHIP_BASELINE_AFTER_S", 1800)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

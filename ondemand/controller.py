@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from common import metrics
+from common.priority import label as class_label
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
 from ondemand import errors, policy
@@ -141,6 +142,8 @@ class Controller(RoomMaking):
             while True:
                 slot = await self._look(deployment_id, entry, waiter, seen)
                 if slot is not None:
+                    waited = self.clock.now() - waiter.arrived
+                    metrics.queue_wait.labels(class_label(waiter.priority)).observe(waited)
                     return slot
                 seen = None
         finally:
@@ -420,6 +423,7 @@ class Controller(RoomMaking):
                 outcome = self._start_ended(view, after)
                 if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
                     metrics.cold_starts.labels(view.name, outcome.value).inc()
+                    metrics.starts.labels(view.name, "retry" if retried else "request").inc()
                 if outcome == StartOutcome.READY:
                     metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
                 return outcome

@@ -73,6 +73,7 @@ class RoomMaking:
             if await self.deployer.stop(victim.id, self._stoppable, reason, room_for=view.id):
                 stopped += 1
                 metrics.make_room_stops.labels(victim.name).inc()
+                metrics.evictions.labels(victim.name, "make_room").inc()
                 self.last_stop_at = self.clock.now()
                 self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
         self.notify()

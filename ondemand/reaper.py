@@ -10,12 +10,13 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
+from common import metrics
 from deployments import audit, deployer
 from deployments.engine_metrics import replicas_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable
-from ondemand import policy
+from ondemand import baseline, policy
 from ondemand.lease import lapsed
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,18 @@ def stop_long_sleepers() -> list[str]:
             if deployer.stop(row.pk, precheck=slept_long, actor=ACTOR, reason=text):
                 audit.record("ondemand_stop", row, actor=ACTOR, text=text)
                 stopped.append(row.name)
+                metrics.evictions.labels(row.name, "slept_long").inc()
+                metrics.tier_changes.labels(row.name, "stopped").inc()
         except EngineUnreachable as exc:
             log.warning("%s: not stopped: %s", row.name, exc)
     return stopped
 
 
 def reap_once() -> list[str]:
-    """The names of the deployments put away, "(asleep)" after those put to sleep."""
+    """The names of the deployments put away, "(asleep)" after those put to sleep, and
+    "(baseline)" after those the baseline started again."""
     stopped = stop_long_sleepers()
+    stopped += [f"{name} (baseline)" for name in baseline.restore()]
     # An unset mode may be on demand too (scaling to zero): approve() reads the effective
     # mode, the query only leaves out what is always on for sure.
     candidates = Deployment.objects.filter(
@@ -102,4 +107,5 @@ def reap_once() -> list[str]:
             deployment.refresh_from_db(fields=["state"])
             asleep = deployment.state == State.ASLEEP
             stopped.append(f"{deployment.name} (asleep)" if asleep else deployment.name)
+            metrics.evictions.labels(deployment.name, "idle").inc()
     return stopped

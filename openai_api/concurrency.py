@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from common import priority
+from common import metrics, priority
 from openai_api import wait_status
 from openai_api.errors import GatewayError
 
@@ -149,6 +149,8 @@ class Limits:
         try:
             async with asyncio.timeout(settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S):
                 await asyncio.shield(ticket.granted)
+            waited = time.monotonic() - ticket.arrived
+            metrics.queue_wait.labels(priority.label(ticket.priority)).observe(waited)
         except TimeoutError:
             self._abandon(ticket)
             raise too_many(route, key, keys_own) from None
