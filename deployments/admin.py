@@ -140,7 +140,11 @@ class DeploymentAdmin(DeploymentPage, admin.ModelAdmin):
         return format_html(
             '{}<div class="ms-sub">last <span data-live="last_request_at" data-id="{}" '
             'data-time="{}">{}</span></div>',
-            live_cell(obj, "activity", display.activity_label(inflight, queued)),
+            live_cell(
+                obj,
+                "activity",
+                display.activity_label(inflight, queued, *display.waiting_of(status)),
+            ),
             obj.pk,
             last or "",
             display.ago(last, time.time()),

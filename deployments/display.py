@@ -65,12 +65,26 @@ def gpu_label(gpus: list[list[int]] | None) -> str:
     return "; ".join(f"replica {n}: {r}" for n, r in enumerate(replicas))
 
 
-def activity_label(inflight: int, queued: int) -> str:
-    """Requests in flight and waiting (on demand: for its start or for memory)."""
+def activity_label(
+    inflight: int, queued: int, position: int | None = None, eta_s: float | None = None
+) -> str:
+    """Requests in flight and waiting (on demand: for its start or for memory), with the
+    model's place in the memory queue and the estimate of its start where known."""
     parts = [f"{inflight} in flight"] if inflight else []
     if queued:
         parts.append(f"{queued} queued")
+    if position:
+        parts.append(f"place {position} in the queue")
+    if eta_s is not None:
+        parts.append(f"ready in about {round(eta_s)} s")
     return " · ".join(parts) or "—"
+
+
+def waiting_of(status: dict[str, Any] | None) -> tuple[int | None, float | None]:
+    """The place in the memory queue and the start's estimate an on-demand status carries."""
+    if status is None:
+        return None, None
+    return status.get("position"), status.get("eta_s")
 
 
 def state_label(

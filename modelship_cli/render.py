@@ -85,6 +85,8 @@ def record(row: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
         "need_gib": float(row.get("need_gib") or 0),
         "in_flight": ondemand.get("inflight") if on_demand else None,
         "queued": ondemand.get("queued") if on_demand else None,
+        "queue_place": ondemand.get("position") if on_demand else None,
+        "ready_in_s": ondemand.get("eta_s") if on_demand else None,
         "idle_left_s": idle_left_s(row, now),
         "reason": row.get("state_reason") or "",
     }
@@ -102,9 +104,12 @@ def ps_row(row: dict[str, Any], now: datetime | None = None) -> tuple[str, ...]:
     busy = facts["in_flight"] and facts["state"] == "ready"
     idle = "busy" if busy else "-" if left is None else f"in {left // 60}m{left % 60:02d}s"
     counts = ("-" if facts[k] is None else str(facts[k]) for k in ("in_flight", "queued"))
+    state = facts["state_label"]
+    if facts["ready_in_s"] is not None:
+        state += f" · ready in ~{facts['ready_in_s']}s"
     return (
         row["name"],
-        facts["state_label"],
+        state,
         age(facts["in_state_s"]),
         str(facts["mode"] or "").replace("_", " "),
         model_of(row),
@@ -226,8 +231,13 @@ def on_demand_text(ondemand: Any) -> str:
     if not isinstance(ondemand, dict):
         return "-"
     last = ondemand.get("last_request_at")
+    waiting = ""
+    if ondemand.get("position"):
+        waiting += f", place {ondemand['position']} in the memory queue"
+    if ondemand.get("eta_s") is not None:
+        waiting += f", ready in about {ondemand['eta_s']} s"
     return (
-        f"{ondemand.get('inflight', 0)} in flight, {ondemand.get('queued', 0)} queued,"
+        f"{ondemand.get('inflight', 0)} in flight, {ondemand.get('queued', 0)} queued{waiting},"
         f" last request {moment(last) if last else 'none'}"
     )
 

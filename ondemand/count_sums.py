@@ -52,10 +52,14 @@ class CountSums:
             return None
         phases = {status["phase"] for status in fresh}
         since = [s["queued_since"] for s in fresh if s.get("queued_since")]
+        etas = [s["eta_s"] for s in fresh if s.get("eta_s") is not None]
+        places = [s["position"] for s in fresh if s.get("position")]
         return {
             "inflight": sum(int(status["inflight"]) for status in fresh),
             "queued": sum(int(status["queued"]) for status in fresh),
             "last_request_at": max((s["last_request_at"] or 0 for s in fresh), default=0) or None,
             "queued_since": min(since, default=None),
+            "eta_s": max(etas, default=None),  # the slowest process's estimate
+            "position": min(places, default=None),
             "phase": next((p for p in PRESSING if p in phases), fresh[-1]["phase"]),
         }

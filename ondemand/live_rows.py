@@ -92,7 +92,7 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "launched": bool(deployment.engine_urls),
         "sleep_level": deployment.sleep_level,
         "phase": None if status is None else status["phase"],
-        "activity": display.activity_label(inflight, queued),
+        "activity": display.activity_label(inflight, queued, *display.waiting_of(status)),
         "inflight": inflight,
         "queued": queued,
         "queued_since": None if status is None else status.get("queued_since"),
@@ -124,7 +124,11 @@ def with_counts(row: Row, status: dict[str, Any]) -> Row:
         **row,
         "label": label,
         "phase": status["phase"],
-        "activity": display.activity_label(status["inflight"], status["queued"]),
+        "activity": display.activity_label(
+            status["inflight"], status["queued"], status.get("position"), status.get("eta_s")
+        ),
+        "eta_s": status.get("eta_s"),
+        "position": status.get("position"),
         "inflight": status["inflight"],
         "queued": status["queued"],
         "queued_since": status.get("queued_since"),

@@ -113,7 +113,8 @@ def view_of_route(route: Route) -> View:
 def _status(ctl: Controller, deployment_id: int) -> dict[str, Any]:
     route = catalog.snapshot.by_id(deployment_id) if catalog.snapshot else None
     status = ctl.status(None if route is None else view_of_route(route), deployment_id)
-    return {**status, "process": PROCESS}  # a page sums the processes' counts
+    figures = wait_figures.shown(wait_figures.of(ctl, deployment_id))
+    return {**status, **figures, "process": PROCESS}  # a page sums the processes' counts
 
 
 async def _renew(ctl: Controller, publisher: CounterPublisher) -> None:

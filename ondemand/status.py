@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ondemand import wait_figures
 from ondemand.registry import controllers
 from ondemand.state import Entry, describe
 
@@ -15,8 +16,7 @@ if TYPE_CHECKING:
 def status_of(deployment: Deployment) -> dict[str, Any] | None:
     if not deployment.is_on_demand:
         return None
-    entry = next(
-        (c.entries[deployment.pk] for c in controllers() if deployment.pk in c.entries),
-        Entry(),
-    )
-    return describe(entry, deployment.state)
+    ctl = next((c for c in controllers() if deployment.pk in c.entries), None)
+    entry = ctl.entries[deployment.pk] if ctl is not None else Entry()
+    figures = wait_figures.of(ctl, deployment.pk) if ctl is not None else None
+    return {**describe(entry, deployment.state), **wait_figures.shown(figures)}

@@ -37,6 +37,13 @@ def of(ctl: Controller, deployment_id: int) -> dict[str, Any] | None:
     return None
 
 
+def shown(figures: dict[str, Any] | None) -> dict[str, Any]:
+    """The part of the figures a deployment's status carries: its place in the memory queue
+    and the seconds its start is estimated to take still (None: nothing waits, or unknown)."""
+    figures = figures or {}
+    return {"position": figures.get("position") or None, "eta_s": figures.get("eta_s")}
+
+
 def _start_of(ctl: Controller, deployment_id: int) -> float:
     measured = ctl.entry(deployment_id).start_s
     return measured if measured is not None else START_S_UNMEASURED

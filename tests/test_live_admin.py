@@ -13,6 +13,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from deployments import display
 from deployments.models import Deployment, State
 from deployments.transitions import transition
 from modelship_site.asgi import application
@@ -156,10 +157,22 @@ def test_it_stops_counting_a_process_it_no_longer_hears_from() -> None:
         "queued": 0,
         "last_request_at": 5.0,
         "queued_since": None,
+        "eta_s": None,
+        "position": None,
         "phase": "serving",
     }
     now[0] = 2 * STALE_S
     assert sums.summed(1) is None
+
+
+def test_it_shows_the_slowest_estimate_and_the_best_place_of_the_processes() -> None:
+    sums = CountSums()
+    waiting = {"inflight": 0, "queued": 1, "last_request_at": None, "phase": "queued"}
+    sums.add(1, {**waiting, "position": 2, "eta_s": 40, "process": "a"})
+    summed = sums.add(1, {**waiting, "position": 1, "eta_s": 70, "process": "b"})
+    assert (summed["position"], summed["eta_s"]) == (1, 70)
+    label = display.activity_label(0, summed["queued"], summed["position"], summed["eta_s"])
+    assert label == "2 queued · place 1 in the queue · ready in about 70 s"
 
 
 @pytest.mark.parametrize("who", ["anonymous", "not staff", "staff without view permission"])
