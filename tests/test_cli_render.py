@@ -4,10 +4,11 @@ place in the memory queue and the estimate, from the API's ondemand field."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from modelship_cli import render
 
-ROW = {
+ROW: dict[str, Any] = {
     "name": "chat",
     "state": "stopped",
     "state_label": "queued · waiting for memory",
