@@ -5,17 +5,20 @@ official openai SDK."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from deployments import deployer
 from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
+from ondemand import baseline
 from tests.conftest import wait_until
 from tests.docker_support import docker_block
 from tests.gateway_support import seen_by_gateway
@@ -348,3 +351,38 @@ def test_it_says_llama_cpps_errors_and_forced_tools_in_openais_words(
             tool_choice={"type": "function", "function": {"name": "fly"}},
         )
     assert unknown.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+def test_it_keeps_to_the_loaded_model_cap_and_restores_the_baseline_with_the_real_engine(
+    tiny_models: dict[str, Path],
+    make_deployment: Any,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    site: Any,
+) -> None:
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    site.MSHIP_MAX_LOADED_MODELS = 1
+    site.MSHIP_BASELINE_AFTER_S = 600
+    made = {
+        name: make_deployment(name, mode="on_demand", idle_timeout_s=60, **tiny(tiny_models))
+        for name in ("tiny-first", "tiny-second")
+    }
+    Deployment.objects.filter(name="tiny-first").update(preload=True)  # the baseline
+    seen_by_gateway(lambda s: {"tiny-first", "tiny-second"} <= set(s.routes))
+    client = sdk(gateway_url, api_key())
+    for name in ("tiny-first", "tiny-second"):
+        answer = client.chat.completions.create(model=name, messages=HI, max_tokens=3)
+        assert answer.usage is not None and answer.usage.completion_tokens == 3
+    first, second = (Deployment.objects.get(pk=made[n].pk) for n in ("tiny-first", "tiny-second"))
+    # Memory had room for both; the cap of one loaded model did not.
+    assert (first.state, first.state_reason) == (
+        State.STOPPED,
+        "Put to sleep to make room for tiny-second",
+    )
+    assert second.state == State.READY and second.start_s is not None
+    # A quiet hour later the second is put away by its idle timeout, and the baseline is back.
+    deployer.stop(second.pk, reason="idle")
+    then = timezone.now() - timedelta(seconds=601)
+    Deployment.objects.update(state_changed_at=then, lease_until=then)
+    assert baseline.restore() == ["tiny-first"]
+    assert Deployment.objects.get(pk=first.pk).state == State.READY
