@@ -96,6 +96,8 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "inflight": inflight,
         "queued": queued,
         "queued_since": None if status is None else status.get("queued_since"),
+        "position": display.waiting_of(status)[0],
+        "eta_s": display.waiting_of(status)[1],
         "last_request_at": display.last_request_at(deployment, status),
         "idle_timeout_s": deployment.effective_idle_timeout_s if deployment.is_on_demand else None,
         "holding_gib": holding_gib,

@@ -149,10 +149,13 @@
     body.replaceChildren(
       el("p", {}, waiting + " request" + (waiting === 1 ? "" : "s") + " waiting for a start or for memory"),
       el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "deployment"), el("th", {}, "in flight"),
-        el("th", {}, "waiting"), el("th", {}, "oldest wait"))),
+        el("th", {}, "waiting"), el("th", {}, "oldest wait"), el("th", {}, "queue place"),
+        el("th", {}, "ready in"))),
       el("tbody", {}, ...list.map((row) => el("tr", { "data-name": row.name }, el("td", {}, link(row)),
         el("td", {}, String(row.inflight)), el("td", {}, String(row.queued)),
-        el("td", {}, row.queued_since ? duration(now - row.queued_since) : "—"))))));
+        el("td", {}, row.queued_since ? duration(now - row.queued_since) : "—"),
+        el("td", {}, row.position ? String(row.position) : "—"),
+        el("td", {}, row.eta_s != null ? "about " + duration(row.eta_s) : "—"))))));
   }
 
   // A line chart of one rate: SVG, scaled to its own maximum.
