@@ -217,9 +217,27 @@ def devices(exclude_id: int | None = None) -> list[Device]:
     ]
 
 
+def engines_on(exclude_id: int | None = None, leaving: bool = True) -> dict[int, int]:
+    """How many deployments have an engine on each GPU (`leaving`: those stopping too)."""
+    _, held = holdings_by_device(exclude_id)
+    return {
+        index: len({row.pk for row, _ in on if leaving or row.state != State.STOPPING})
+        for index, on in held.items()
+    }
+
+
+def open_devices(now: list[Device], counts: dict[int, int]) -> list[Device]:
+    """The GPUs with fewer engines than MSHIP_MAX_LOADED_PER_GPU (every one without a cap)."""
+    cap = int(settings.MSHIP_MAX_LOADED_PER_GPU)
+    if cap <= 0 or not gpu_inventory():
+        return now
+    return [d for d in now if counts.get(d.index, 0) < cap]
+
+
 def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> list[list[int]]:
     """Place the deployment and return each replica's GPUs (none on a pool host, or for an
-    engine that takes no GPU); InsufficientMemory when it does not fit now.
+    engine that takes no GPU); InsufficientMemory when it does not fit now, or fits only on
+    GPUs that hold MSHIP_MAX_LOADED_PER_GPU engines already.
 
     ``alongside_itself`` counts the deployment's running engine as held, for a blue-green
     replacement that runs the new engine beside the old one.
@@ -228,10 +246,24 @@ def check_fit(deployment: Deployment, *, alongside_itself: bool = False) -> list
     demand = demand_of(deployment, on_gpus)
     if demand is None:
         return []
-    now = devices(exclude_id=None if alongside_itself else deployment.pk)
+    exclude = None if alongside_itself else deployment.pk
+    now = devices(exclude_id=exclude)
+    usable = open_devices(now, engines_on(exclude))
     try:
-        placed = placement.place(demand, now)
+        placed = placement.place(demand, usable)
     except NoRoom as exc:
+        if len(usable) < len(now):
+            cap = settings.MSHIP_MAX_LOADED_PER_GPU
+            full = ", ".join(str(d.index) for d in now if d not in usable)
+            where = f"GPUs {full} hold {cap} engines, the most MSHIP_MAX_LOADED_PER_GPU allows"
+            free = sum(max(0.0, d.free_gib) for d in usable)
+            raise InsufficientMemory(
+                deployment.name,
+                need_gib(deployment),
+                free,
+                sum(d.total_gib for d in now),
+                where=where,
+            ) from exc
         raise refusal(deployment, demand, now, exc) from exc
     return placed if on_gpus else []
 
@@ -265,7 +297,8 @@ def short_of_room(deployment_id: int) -> bool:
     leaving = [
         (i, gib) for i, on in held.items() for other, gib in on if other.state == State.STOPPING
     ]
-    return not placement.fits(demand, placement.freed(devices(exclude_id=row.pk), leaving))
+    freed = placement.freed(devices(exclude_id=row.pk), leaving)
+    return not placement.fits(demand, open_devices(freed, engines_on(row.pk, leaving=False)))
 
 
 def check_fit_where(deployment: Deployment, placed: list[list[int]]) -> None:

@@ -395,6 +395,9 @@ MSHIP_COLLATION_S = env_float("MSHIP_COLLATION_S", 60)
 # At most this many models loaded (starting or ready) at once on the host, as Ollama's
 # OLLAMA_MAX_LOADED_MODELS: a start past it stops an unused on-demand one first (0: no cap).
 MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)
+# And per GPU: a start goes only on a GPU with fewer engines than this (0: no cap); make-room
+# frees one where none is open.
+MSHIP_MAX_LOADED_PER_GPU = env_int("MSHIP_MAX_LOADED_PER_GPU", 0)
 # A request past a deployment's or a key's max_concurrency: "queue" (it waits its turn, the
 # higher class first, then the key with the fewest in flight, up to the queue timeout) or
 # "reject" (429 with Retry-After at once).

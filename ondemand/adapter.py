@@ -116,6 +116,8 @@ def _budget() -> Budget:
         capacity_gib=host["on_demand_capacity_gib"],
         free_gib=host["free_gib"],
         devices=tuple(memory.devices()) if host["gpus"] else (),
+        engines_on=tuple(memory.engines_on().items()) if host["gpus"] else (),
+        gpu_cap=settings.MSHIP_MAX_LOADED_PER_GPU,
     )
 
 

@@ -61,12 +61,24 @@ class Budget:
     free_gib: float
     # Each GPU with what is free on it now; empty on a host without GPUs (one pool).
     devices: tuple[Device, ...] = ()
+    # How many deployments have an engine on each GPU, and MSHIP_MAX_LOADED_PER_GPU (0: none).
+    engines_on: tuple[tuple[int, int], ...] = ()
+    gpu_cap: int = 0
 
     def room_after(self, view: View, stopped: Sequence[View] = ()) -> bool:
-        """Whether the view's start fits once `stopped` release their memory."""
-        return room_after(
-            view.demand, view.need_gib, self.free_gib, self.devices, stopped, view.wakes_on
-        )
+        """Whether the view's start fits once `stopped` release their memory (and, under a
+        cap per GPU, their place on their GPUs)."""
+        where = view.wakes_on
+        if self.gpu_cap > 0 and self.devices:
+            counts = dict(self.engines_on)
+            for gone in stopped:
+                for index in {device for device, _ in gone.held}:
+                    counts[index] = counts.get(index, 0) - 1
+            open_ = {d.index for d in self.devices if counts.get(d.index, 0) < self.gpu_cap}
+            where = tuple(i for i in (where or open_) if i in open_)
+            if not where:
+                return False
+        return room_after(view.demand, view.need_gib, self.free_gib, self.devices, stopped, where)
 
 
 class Deployer(Protocol):

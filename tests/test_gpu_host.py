@@ -373,3 +373,33 @@ def test_it_reads_a_containers_gpus_back_from_its_label(
     assert adopt_all()["adopted"] == ["boxed"]
     boxed.refresh_from_db()
     assert boxed.gpus == []  # as the container's label says
+
+
+def test_it_keeps_to_the_loaded_model_cap_per_gpu(
+    gpu_host: Any, gateway_url: str, api_key: Any, make_deployment: Any
+) -> None:
+    """One engine per GPU: the second model goes on the other GPU though the first has room;
+    a third makes room by stopping the least recently used; an always-on one is refused."""
+    gpu_host.MSHIP_MAX_LOADED_PER_GPU = 1
+    first = on_demand(make_deployment, gpu_host, "first", memory_gib=2)
+    second = on_demand(make_deployment, gpu_host, "second", memory_gib=2)
+    on_demand(make_deployment, gpu_host, "third", memory_gib=2)
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+    for model in ("first", "second"):
+        assert ask(client, model)
+    gpus = [Deployment.objects.get(pk=d.pk).gpus for d in (first, second)]
+    assert sorted(gpus) == [[[0]], [[1]]]  # pack would have put both on one GPU
+    pinned = make_deployment("pinned", memory_gib=2)
+    with pytest.raises(InsufficientMemory) as refused:
+        deployer.restart(pinned.pk)
+    assert "hold 1 engines, the most MSHIP_MAX_LOADED_PER_GPU allows" in str(refused.value)
+    wait_until(
+        lambda: all(c.entry(d.pk).inflight == 0 for c in controllers() for d in (first, second))
+    )
+    for ctl in controllers():
+        ctl.entry(first.pk).idle_since -= 7200
+    assert ask(client, "third")
+    states = {d.name: (d.state, d.gpus) for d in Deployment.objects.exclude(name="pinned")}
+    assert states["first"] == (State.STOPPED, [])
+    assert states["third"] == (State.READY, gpus[0])  # where the first was
+    assert states["second"] == (State.READY, gpus[1])
