@@ -151,9 +151,10 @@ class Deployment(Versioned):
     preload = models.BooleanField(
         "start when Modelship starts",
         default=False,
-        help_text="On demand: started by `serve` as it starts, as if a request had come (then"
-        " stopped by its idle timeout like any on-demand model), so the first request finds"
-        " it loaded.",
+        help_text="On demand: the baseline. Started by `serve` as it starts, as if a request"
+        " had come, and again once the host has been idle MSHIP_BASELINE_AFTER_S; its idle"
+        " timeout does not put it away meanwhile (make-room does, when another needs the"
+        " memory).",
     )
     priority = PriorityField(
         help_text="high, normal, low or a number from -100 to 100. On demand: added to the"
@@ -165,9 +166,8 @@ class Deployment(Versioned):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Per gateway process: more wait (the higher class first, then the key with"
-        " the fewest in flight) or get 429, as MSHIP_CONCURRENCY_OVERFLOW says; empty: no"
-        " limit.",
+        help_text="Per gateway process: more wait (the higher class first; within a class the"
+        " keys take turns) or get 429, as MSHIP_CONCURRENCY_OVERFLOW says; empty: no limit.",
     )
     # None: no mode switch is waiting for a start (the API shows null).
     pending_mode = models.CharField(  # noqa: DJ001
@@ -269,6 +269,7 @@ class Deployment(Versioned):
             evictable=self.evictable,
             preload=self.preload,
             priority=self.priority,
+            max_concurrency=self.max_concurrency,
             system=self.system,
             autoscaling_config=self.autoscaling_config,
             state=self.state,

@@ -4,7 +4,7 @@ and make-room count what the engine really takes rather than the estimate it out
 
 The words: PyTorch's "CUDA out of memory" (with "Tried to allocate X GiB" where it says how
 much), vLLM's "No available memory for the cache blocks", llama.cpp's failed buffer
-allocations ("failed to allocate ... buffer", "cudaMalloc failed: out of memory"). The
+allocations ("cudaMalloc failed: out of memory", "unable to allocate CUDA0 buffer"). The
 simulated engine fakes each (its `fail_at_start_with` option).
 """
 
@@ -29,9 +29,10 @@ SIGNS = (
         "the model's weights left no GPU memory for vLLM's KV cache blocks",
     ),
     ("cudaMalloc failed: out of memory", "llama.cpp could not allocate its GPU buffers"),
-    ("failed to allocate", "llama.cpp could not allocate its buffers"),
+    ("unable to allocate CUDA", "llama.cpp could not allocate its GPU buffers"),
+    ("failed to allocate CUDA", "llama.cpp could not allocate its GPU buffers"),
 )
-TRIED = re.compile(r"(?:Tried to allocate|allocating) ([0-9.]+) (GiB|MiB)")
+TRIED = re.compile(r"(?:Tried to allocate|allocating) ([0-9]{1,9}(?:\.[0-9]{1,6})?) (GiB|MiB)")
 GROWTH = 1.25  # without a figure from the engine, the next start claims a quarter more
 MAX_LEARNED_GIB = 4096.0
 

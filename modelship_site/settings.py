@@ -399,7 +399,7 @@ MSHIP_MAX_LOADED_MODELS = env_int("MSHIP_MAX_LOADED_MODELS", 0)
 # frees one where none is open.
 MSHIP_MAX_LOADED_PER_GPU = env_int("MSHIP_MAX_LOADED_PER_GPU", 0)
 # A request past a deployment's or a key's max_concurrency: "queue" (it waits its turn, the
-# higher class first, then the key with the fewest in flight, up to the queue timeout) or
+# higher class first, then the keys in turns, up to the queue timeout) or
 # "reject" (429 with Retry-After at once).
 MSHIP_CONCURRENCY_OVERFLOW = env_choice("MSHIP_CONCURRENCY_OVERFLOW", "queue", ("queue", "reject"))
 # The tiers of an idle engine that sleeps (vLLM sleep mode, deployments/sleep_tiers.py): level

@@ -4,8 +4,10 @@ or a burst of other models put away is loaded before the morning's first request
 
 Idle: nothing starting or stopping, no gateway holding a lease on any on-demand deployment (no
 request for MSHIP_BASELINE_AFTER_S past its idle timeout), and no deployment's state changed
-for that long. Only what fits in the memory free now is started: the baseline never stops
-anything to make room. Run by the reaper, in the django-q cluster.
+for that long. Only what fits in the memory free now (and under MSHIP_MAX_LOADED_MODELS) is
+started: the baseline never stops anything to make room. A baseline model is not put away by
+its idle timeout while the baseline is on (`kept`): make-room takes it when another model
+needs its memory, as it takes any unused model. Run by the reaper, in the django-q cluster.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def host_idle_since(quiet_s: float) -> bool:
     return last is None or (now - last).total_seconds() >= quiet_s
 
 
+def kept(row: Deployment) -> bool:
+    """A baseline model stays loaded through its idle timeouts (else it would be put away and
+    restored again every quiet half hour)."""
+    return row.preload and float(settings.MSHIP_BASELINE_AFTER_S) > 0
+
+
 def missing() -> list[Deployment]:
     """The baseline deployments that run nothing (a failed one waits for a request or an
     operator: restarting it every pass would fail every pass)."""
@@ -50,6 +58,10 @@ def restore() -> list[str]:
         return []
     started = []
     for row in missing():
+        cap = int(settings.MSHIP_MAX_LOADED_MODELS)
+        loaded = Deployment.objects.filter(state__in=(State.STARTING, State.READY)).count()
+        if cap and loaded >= cap:
+            break  # no room under the loaded-model cap: the baseline stops nothing
         try:
             check_fit(row)
             deployer.restart(row.pk, actor=ACTOR)

@@ -72,6 +72,7 @@ class Controller(RoomMaking):
         # Models in use drained for the queue's head (victim -> head): no new slot is granted
         # on them, so that they go unused and make-room can swap them out (collation's bound).
         self.draining: dict[int, int] = {}
+        self.order: tuple[int, list[int]] = (-1, [])  # wait_figures.queue_order's cache
         self._background: set[asyncio.Future[Any]] = set()
         # Called with a deployment's id when its in-flight or queued count changes.
         self.on_counts: Callable[[int], None] | None = None
@@ -428,13 +429,6 @@ class Controller(RoomMaking):
                     metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
                 return outcome
             return StartOutcome.QUEUED
-
-    def queue_order(self) -> list[int]:
-        """The memory queue in the order it is served (`head` first)."""
-        now = self.clock.now()
-        ranks = {d: self.entry(d).rank(now, self.aging_s) for d in self.queue}
-        waiting = [d for d in self.queue if ranks[d] is not None]
-        return sorted(waiting, key=lambda d: -(ranks[d] or 0.0))
 
     def head(self) -> int | None:
         """The deployment the memory queue serves next: the one whose best waiting request

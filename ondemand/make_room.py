@@ -72,6 +72,7 @@ class RoomMaking:
             reason = f"Put to sleep to make room for {view.name}"
             if await self.deployer.stop(victim.id, self._stoppable, reason, room_for=view.id):
                 stopped += 1
+                self.draining.pop(victim.id, None)  # swapped out: its requests may start it
                 metrics.make_room_stops.labels(victim.name).inc()
                 metrics.evictions.labels(victim.name, "make_room").inc()
                 self.last_stop_at = self.clock.now()
@@ -118,8 +119,10 @@ class RoomMaking:
         # Equal costs (all idle past their timeouts, say) go least recently used first.
         candidates.sort(key=lambda pair: self.entry(pair[1].id).idle_since)
         # The ceiling is the start's best request's class, aged: a low request that waited
-        # may stop a normal model (it is never starved), a fresh one may not.
-        return policy.victims(candidates, covers, self.entry(view.id).rank(now, self.aging_s))
+        # may stop a normal model (it is never starved), a fresh one may not; with no request
+        # left (all gave up as this looked), none.
+        rank = self.entry(view.id).rank(self.clock.now(), self.aging_s)
+        return None if rank is None else policy.victims(candidates, covers, rank)
 
     async def _may_stop(self, view: View) -> bool:
         """Stoppable for a start by the rules, and a fresh load sample of the engine agrees
@@ -153,11 +156,16 @@ class RoomMaking:
                 continue
             uses = self.entry(other.id).uses_at(now)
             candidates.append((policy.keep_cost(False, other.start_s, uses, other.need_gib), other))
-        chosen = policy.victims(
-            candidates,
-            lambda stopped: budget.room_after(view, [*stopping, *stopped]),
-            entry.rank(now, self.aging_s),
-        )
+        loaded = sum(v.state in LOADED and v.id != view.id for v in views)
+
+        def covers(stopped: list[View]) -> bool:
+            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
+            return within and budget.room_after(view, [*stopping, *stopped])
+
+        rank = entry.rank(self.clock.now(), self.aging_s)
+        if rank is None:
+            return  # its requests left while this looked: nothing to drain for
+        chosen = policy.victims(candidates, covers, rank)
         for victim in chosen or ():
             if victim.id not in self.draining:
                 self.draining[victim.id] = view.id
@@ -204,4 +212,6 @@ class RoomMaking:
         """What make-room's stop re-checks on the fresh row: unused (or idle, by the seed's
         rule where the site keeps it)."""
         activity = self._activity(view)
-        return policy.is_unused(activity) if self.evict_unused else policy.is_idle(activity)
+        if self.evict_unused or view.id in self.draining:  # a drained one goes once unused
+            return policy.is_unused(activity)
+        return policy.is_idle(activity)

@@ -52,7 +52,7 @@ def activity_of(row: Deployment) -> policy.Activity:
 def approve(row: Deployment) -> bool:
     """The precheck, on the freshly read, locked row: ready (the reaper leaves asleep ones
     be) and idle by the rules the gateway's controller applies too."""
-    return row.state == State.READY and policy.is_idle(activity_of(row))
+    return row.state == State.READY and not baseline.kept(row) and policy.is_idle(activity_of(row))
 
 
 def slept_long(row: Deployment) -> bool:

@@ -21,7 +21,7 @@ def of(ctl: Controller, deployment_id: int) -> dict[str, Any] | None:
     now = ctl.clock.now()
     own = entry.start_s if entry.start_s is not None else START_S_UNMEASURED
     if deployment_id in ctl.queue:
-        order = ctl.queue_order()
+        order = queue_order(ctl)
         if deployment_id in order:
             place = order.index(deployment_id) + 1
             ahead = sum(_start_of(ctl, other) for other in order[: place - 1])
@@ -35,6 +35,17 @@ def of(ctl: Controller, deployment_id: int) -> dict[str, Any] | None:
             figures["doing"] = doing
         return figures
     return None
+
+
+def queue_order(ctl: Controller) -> list[int]:
+    """The memory queue in the order it is served (the head first), as it stood this second:
+    every waiting stream asks for its place each second."""
+    now = ctl.clock.now()
+    if ctl.order[0] != int(now):
+        ranks = {d: ctl.entry(d).rank(now, ctl.aging_s) for d in ctl.queue}
+        waiting = [d for d in ctl.queue if ranks[d] is not None]
+        ctl.order = (int(now), sorted(waiting, key=lambda d: -(ranks[d] or 0.0)))
+    return ctl.order[1]
 
 
 def shown(figures: dict[str, Any] | None) -> dict[str, Any]:

@@ -3,9 +3,14 @@ gateway process; the rest wait their turn, fairly, or get 429 (MSHIP_CONCURRENCY
 
 A freed place goes to the waiting request that ranks highest: its class (the key's plus the
 deployment's, common/priority.py), aged one class per MSHIP_PRIORITY_AGING_S; among equals,
-the one whose key has had the fewest places since the queue was last empty (keys take turns:
-a key's burst of a thousand goes one by one beside another key's single request, which waits
-one turn, not a thousand); then the first to arrive.
+the one whose key has had the fewest places (keys take turns: a key's burst of a thousand
+goes one by one beside another key's single request, which waits one turn, not a thousand);
+then the first to arrive. A key that starts to wait joins the round just ahead of the keys
+waiting already (start-time fair queuing): it has the next turn, and a late burst does not
+go before all of them.
+
+A request that fits goes at once unless a request it competes with (the same deployment, the
+same key) waits before it; at most MSHIP_ONDEMAND_MAX_QUEUED wait per deployment.
 
 The engine queues what it is sent in arrival order: only a limit held here, where the keys
 are known, can be fair between them. Nothing is shared between processes (`serve --workers
@@ -66,8 +71,10 @@ def turn(
 def too_many(route: Route, key: Key | None, keys_own: bool) -> GatewayError:
     if keys_own and key is not None:
         said = f"This API key has {key.max_concurrency} requests in flight, the most it may."
-    else:
+    elif route.max_concurrency is not None:
         said = f"{route.name} has {route.max_concurrency} requests in flight, the most it takes."
+    else:
+        said = "Too many requests wait for a place on this model."
     return GatewayError(
         429,
         f"{said} Try again shortly.",
@@ -83,7 +90,9 @@ class Limits:
         self.by_deployment: dict[int, int] = {}
         self.by_key: dict[int, int] = {}
         self.waiting: list[Ticket] = []
-        self.turns: dict[int | None, int] = {}  # places each key had since none waited
+        self.turns: dict[int | None, int] = {}  # places each key had in this round
+        self.version = 0  # raised when the waiting list changes (the places' cache)
+        self._places: tuple[int, dict[int, int]] = (-1, {})
 
     @staticmethod
     def binds(route: Route, key: Key | None) -> bool:
@@ -125,8 +134,9 @@ class Limits:
             time.monotonic(),
             asyncio.get_running_loop().create_future(),
         )
-        if not self.waiting and self._fits(ticket):
-            self.turns.clear()  # nobody waits: a new round of turns begins
+        if self._fits(ticket) and not self._competes(ticket):
+            if not self.waiting:
+                self.turns.clear()  # nobody waits: a new round of turns begins
             self._take(ticket)
         else:
             await self._wait(ticket, route, key)
@@ -136,14 +146,31 @@ class Limits:
             self._give_back(ticket)
             self._admit()
 
+    def _competes(self, ticket: Ticket) -> bool:
+        """A request waits already for what this one would take: its deployment's limit or
+        its key's."""
+        return any(
+            (ticket.deployment_cap is not None and t.deployment_id == ticket.deployment_id)
+            or (ticket.key_cap is not None and t.key_id == ticket.key_id)
+            for t in self.waiting
+        )
+
     async def _wait(self, ticket: Ticket, route: Route, key: Key | None) -> None:
         keys_own = ticket.key_cap is not None and (
             self.by_key.get(ticket.key_id or 0, 0) >= ticket.key_cap
         )
-        full = len(self.waiting) >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
+        same = sum(t.deployment_id == ticket.deployment_id for t in self.waiting)
+        full = same >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
         if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
             raise too_many(route, key, keys_own)
+        if ticket.key_id not in self.turns:
+            # Joins the round just ahead of the waiting keys (the next turn is its own), not
+            # at nought, where a late burst would go before all of them.
+            waiting_keys = {t.key_id for t in self.waiting}
+            least = min((self.turns.get(k, 0) for k in waiting_keys), default=0)
+            self.turns[ticket.key_id] = max(0, least - 1)
         self.waiting.append(ticket)
+        self.version += 1
         wait_status.follow(lambda: self.figures_of(ticket))
         self._admit()  # a place may be free: only others waited before it
         try:
@@ -159,24 +186,31 @@ class Limits:
             raise
 
     def figures_of(self, ticket: Ticket) -> dict[str, Any] | None:
-        """Its place among those waiting for the same deployment, in the order they go."""
-        if ticket not in self.waiting:
-            return None
-        same = [t for t in self.waiting if t.deployment_id == ticket.deployment_id]
-        now = time.monotonic()
-        ahead = 0
-        while same:
-            nxt = turn(self.waiting, same, self.turns, now)
-            if nxt is ticket:
-                break
-            same.remove(nxt)
-            ahead += 1
-        return {"waiting_for": "a place", "position": ahead + 1, "eta_s": None}
+        """Its place among those waiting for the same deployment, in the order they would go
+        if nothing changed (the keys' turns as they stand: an estimate). One sort of the
+        waiting list per change of it, however many streams ask."""
+        if self._places[0] != self.version:
+            now, aging = time.monotonic(), float(settings.MSHIP_PRIORITY_AGING_S)
+            arrival = {id(t): n for n, t in enumerate(self.waiting)}
+
+            def order(t: Ticket) -> tuple[float, int, int]:
+                had = self.turns.get(t.key_id, 0)
+                return (-priority.rank(t.priority, now - t.arrived, aging), had, arrival[id(t)])
+
+            places: dict[int, int] = {}
+            seen: dict[int, int] = {}
+            for t in sorted(self.waiting, key=order):
+                seen[t.deployment_id] = seen.get(t.deployment_id, 0) + 1
+                places[id(t)] = seen[t.deployment_id]
+            self._places = (self.version, places)
+        place = self._places[1].get(id(ticket))
+        return None if place is None else {"waiting_for": "a place", "position": place}
 
     def _abandon(self, ticket: Ticket) -> None:
         """A waiting request gave up: its ticket leaves, or its place goes on if it had one."""
         if ticket in self.waiting:
             self.waiting.remove(ticket)
+            self.version += 1
         elif ticket.granted.done():
             self._give_back(ticket)
             self._admit()
@@ -190,6 +224,7 @@ class Limits:
                 return
             ticket = turn(self.waiting, admissible, self.turns, now)
             self.waiting.remove(ticket)
+            self.version += 1
             self._take(ticket)
             ticket.granted.set_result(None)
 

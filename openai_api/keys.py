@@ -17,6 +17,8 @@ def snapshot(key: ApiKey) -> dict[str, Any]:
         "prefix": key.prefix,
         "allowed_models": key.allowed_models,
         "requests_per_minute": key.requests_per_minute,
+        "priority": key.priority,
+        "max_concurrency": key.max_concurrency,
         "revoked": key.revoked,
     }
 

@@ -174,7 +174,8 @@ def waiting_in_gateway() -> int:
 def test_it_holds_requests_past_max_concurrency_and_serves_the_higher_key_first(
     serving: Callable[..., Deployment], api_key: Callable[..., str], gateway_url: str
 ) -> None:
-    serving("sim", config={"reply": "word " * 10, "tokens_per_second": 20}, max_concurrency=1)
+    # Each answer streams for 2 s: the first holds the one place while the others queue.
+    serving("sim", config={"reply": "word " * 8, "tokens_per_second": 4}, max_concurrency=1)
     keys = {"normal": api_key("normal"), "high": api_key("high", priority=10)}
     finished: list[str] = []
 
@@ -217,3 +218,46 @@ def test_it_answers_429_past_max_concurrency_when_set_to_reject(
     assert refused.value.code == "too_many_concurrent_requests"
     wait_until(lambda: not any(lim.by_deployment for lim in concurrency._by_loop.values()), 10)
     assert sdk.chat.completions.create(**body).choices[0].message.content  # free again
+
+
+async def test_it_lets_a_late_burst_take_turns_with_a_steady_key(requests: Requests) -> None:
+    chat, steady, late = route(cap=1), key(1), key(2)
+    requests.send("steady-0", chat, steady)
+    for n in range(1, 6):
+        requests.send(f"steady-{n}", chat, steady)
+    await settle()
+    for n in range(3):  # the steady key has had turns while nobody else waited
+        await requests.finish(f"steady-{n}")
+    for n in range(4):
+        requests.send(f"late-{n}", chat, late)
+    await settle()
+    await requests.finish("steady-3")
+    await requests.finish(requests.served[-1])
+    await requests.finish(requests.served[-1])
+    # The late key's burst takes turns with the steady key: not all four first.
+    assert requests.served[4:7] == ["late-0", "steady-4", "late-1"]
+    for name in ("steady-5", "late-2", "late-3"):
+        if name not in requests.served:
+            await requests.finish(requests.served[-1])
+    for task in requests.tasks.values():
+        task.cancel()
+
+
+async def test_it_lets_a_request_that_fits_go_while_others_wait_elsewhere(
+    requests: Requests, settings: Any
+) -> None:
+    settings.MSHIP_ONDEMAND_MAX_QUEUED = 2
+    busy, idle, capped = route(cap=1, deployment_id=1), route(cap=100, deployment_id=2), key(1)
+    for n in range(3):
+        requests.send(f"busy-{n}", busy, capped)
+    await settle()
+    assert len(requests.limits.waiting) == 2  # the list is full for that model
+    requests.send("elsewhere", idle, key(2))
+    await settle()
+    assert "elsewhere" in requests.served  # not refused, not queued behind them
+    with pytest.raises(GatewayError) as refused:
+        async with requests.limits.held(busy, key(3)):
+            pass
+    assert "model-1 has 1 requests in flight" in refused.value.message
+    for task in requests.tasks.values():
+        task.cancel()

@@ -30,6 +30,8 @@ def test_it_claims_what_the_engine_tried_to_allocate_or_a_quarter_more() -> None
     assert out_of_memory.learned_need(OUT_OF_MEMORY["vllm"](2.0), 8.0) == 10.0  # +25%
     assert out_of_memory.learned_need(OUT_OF_MEMORY["vllm"](2.0), 2.0) == 3.0  # at least 1
     assert out_of_memory.learned_need(OUT_OF_MEMORY["llama"](0.25), 2.0) == 2.5  # 256 MiB: 0.5
+    assert out_of_memory.learned_need("allocating . MiB on device 0", 2.0) == 3.0  # no figure
+    assert out_of_memory.learned_need("allocating . MiB on device 0", 2.0) == 3.0  # no figure
 
 
 @pytest.mark.usefixtures("engines")
