@@ -57,6 +57,7 @@ class PriorityField(models.IntegerField):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("default", 0)
+        kwargs.setdefault("blank", True)  # a form left empty means normal (0)
         kwargs.setdefault("validators", [MinValueValidator(LOWEST), MaxValueValidator(HIGHEST)])
         super().__init__(*args, **kwargs)
 
@@ -85,4 +86,5 @@ class PriorityFormField(forms.IntegerField):
     def to_python(self, value: Any) -> int | None:
         if isinstance(value, str) and value.strip().lower() in CLASSES:
             return CLASSES[value.strip().lower()]
-        return super().to_python(value)
+        found = super().to_python(value)
+        return 0 if found is None else found

@@ -133,6 +133,8 @@ def test_it_deploys_lists_follows_runs_and_operates_through_the_api(
         "need_gib",
         "in_flight",
         "queued",
+        "queue_place",
+        "ready_in_s",
         "idle_left_s",
         "reason",
     }

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from deployments import out_of_memory
-from deployments.engines.simulated import OUT_OF_MEMORY
+from deployments.engines.sim_sleep import OUT_OF_MEMORY
 from deployments.models import Deployment, DeploymentEvent, State
 from tests.gateway_support import seen_by_gateway
 

@@ -312,6 +312,9 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     assert (lazy.state, lazy.state_reason) == (RESTED, put_away)
     assert Deployment.objects.get(pk=other.pk).state == State.READY
 
+    # (The on-demand seed's make-room from here: "other", unused but within its idle timeout,
+    # is not stopped for vLLM; the default would swap it out at once, tests/test_scheduler.)
+    site.MSHIP_MAKE_ROOM_FROM = "idle"
     # Queued for memory while "other" (busy by its lease) holds it: a plain streamed chat
     # gets the queued notice as its first chunk, a structured one never does; they and a
     # request through /ondemand (LiteLLM's way in) are answered by vLLM once "other" is

@@ -21,10 +21,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from deployments.engines import sim_sleep
 from deployments.engines.common import (
     config_of,
     engine_app,
@@ -50,9 +51,6 @@ from deployments.engines.sim_core import (
     usage,
 )
 from deployments.engines.sim_responses import responses
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 
 @inference
@@ -354,44 +352,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
-async def sleep(request: web.Request) -> web.Response:
-    """vLLM's levels: 1 keeps the weights in host memory, 2 discards them (a wake must then
-    reload them)."""
-    state = request.app[STATE]
-    level = request.query.get("level", "1")
-    if level not in ("1", "2"):
-        return web.json_response({"error": f"level must be 1 or 2, not {level!r}"}, status=400)
-    state.sleeping = not state.config.ignore_sleep
-    state.sleep_level = int(level)
-    return web.Response(text="")
-
-
-async def wake_up(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state.sleeping and state.sleep_level == 2:
-        state.weights_dropped = True
-    state.sleeping = False
-    return web.Response(text="")
-
-
-async def collective_rpc(request: web.Request) -> web.Response:
-    """The one method on-demand calls: reload_weights, after a level 2 wake."""
-    state = request.app[STATE]
-    body = await request.json()
-    if body.get("method") != "reload_weights":
-        return web.json_response({"error": "only reload_weights is simulated"}, status=400)
-    state.weights_dropped = False
-    return web.json_response({"results": [None]})
-
-
-async def reset_prefix_cache(request: web.Request) -> web.Response:
-    return web.Response(text="")
-
-
-async def is_sleeping(request: web.Request) -> web.Response:
-    return web.json_response({"is_sleeping": request.app[STATE].sleeping})
-
-
 async def cancellations(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({"count": len(state.cancellations), "cancelled": state.cancellations})
@@ -468,11 +428,11 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
         web.post("/v1/audio/transcriptions", transcriptions),
         web.post("/v1/audio/translations", transcriptions),
         web.get("/metrics", metrics),
-        web.post("/sleep", sleep),
-        web.post("/wake_up", wake_up),
-        web.post("/collective_rpc", collective_rpc),
-        web.post("/reset_prefix_cache", reset_prefix_cache),
-        web.get("/is_sleeping", is_sleeping),
+        web.post("/sleep", sim_sleep.sleep),
+        web.post("/wake_up", sim_sleep.wake_up),
+        web.post("/collective_rpc", sim_sleep.collective_rpc),
+        web.post("/reset_prefix_cache", sim_sleep.reset_prefix_cache),
+        web.get("/is_sleeping", sim_sleep.is_sleeping),
         web.get("/sim/cancellations", cancellations),
         web.get("/sim/stats", stats),
         web.get("/sim/env", environment),
@@ -484,22 +444,6 @@ def make_app(config: SimConfig, served_names: list[str]) -> web.Application:
     app = engine_app(served_names, routes, owner="simulated", client_max_size=64 * 2**20)
     app[STATE] = SimState(config=config, served_names=served_names)
     return app
-
-
-# Each engine's own words for a start that ran out of memory (given the GiB it lacked).
-OUT_OF_MEMORY: dict[str, Callable[[float], str]] = {
-    "cuda": lambda short: (
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {short:.2f} GiB."
-    ),
-    "vllm": lambda short: (
-        "ValueError: No available memory for the cache blocks. Try increasing"
-        " `gpu_memory_utilization` when initializing the engine."
-    ),
-    "llama": lambda short: (
-        f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {short * 1024:.2f} MiB on"
-        " device 0: cudaMalloc failed: out of memory"
-    ),
-}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -519,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1)
     if args.memory_gib is not None and args.memory_gib < config.needs_gib:
         print(
-            OUT_OF_MEMORY[config.out_of_memory](config.needs_gib - args.memory_gib), file=sys.stderr
+            sim_sleep.OUT_OF_MEMORY[config.out_of_memory](config.needs_gib - args.memory_gib),
+            file=sys.stderr,
         )
         raise SystemExit(1)
     names = args.served_model_name or [args.model]
