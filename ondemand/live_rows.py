@@ -79,6 +79,7 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
     status = status_of(deployment)
     inflight = display.in_flight(deployment, status)
     queued = 0 if status is None else status["queued"]
+    position, eta_s = display.waiting_of(status)
     return {
         "id": deployment.pk,
         "name": deployment.name,
@@ -92,12 +93,12 @@ def row_of(deployment: Deployment, holding_gib: float) -> Row:
         "launched": bool(deployment.engine_urls),
         "sleep_level": deployment.sleep_level,
         "phase": None if status is None else status["phase"],
-        "activity": display.activity_label(inflight, queued, *display.waiting_of(status)),
+        "activity": display.activity_label(inflight, queued, position, eta_s),
         "inflight": inflight,
         "queued": queued,
         "queued_since": None if status is None else status.get("queued_since"),
-        "position": display.waiting_of(status)[0],
-        "eta_s": display.waiting_of(status)[1],
+        "position": position,
+        "eta_s": eta_s,
         "last_request_at": display.last_request_at(deployment, status),
         "idle_timeout_s": deployment.effective_idle_timeout_s if deployment.is_on_demand else None,
         "holding_gib": holding_gib,

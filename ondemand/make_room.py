@@ -20,10 +20,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ondemand.clock import Clock
-    from ondemand.state import Deployer, Entry, View
+    from ondemand.state import Budget, Deployer, Entry, View
 
 SETTLE_S = 20.0  # how long freed memory may take to show, and the does_not_fit grace
 LOADED = (State.STARTING, State.READY)  # what the cap on loaded models counts
+
+
+def loaded_besides(view: View, views: list[View]) -> int:
+    """The models loaded (starting or ready) other than the view's, as the caps count."""
+    return sum(v.state in LOADED and v.id != view.id for v in views)
 
 
 class RoomMaking:
@@ -44,7 +49,7 @@ class RoomMaking:
         the cap on loaded models."""
         if self.max_loaded <= 0:
             return
-        loaded = sum(v.state in LOADED and v.id != view.id for v in await self.deployer.views())
+        loaded = loaded_besides(view, await self.deployer.views())
         if not policy.within_cap(loaded, self.max_loaded, 0):
             raise InsufficientMemory(
                 view.name,
@@ -98,10 +103,8 @@ class RoomMaking:
         # A stop under way (any process's) is room being made already: two processes must
         # not each stop a victim for one start. Each idle timer is learnt, so that a queued
         # request wakes when one runs out, even of a model this process never served.
-        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
         for other in views:
             self.entry(other.id).idle_timeout_s = other.idle_timeout_s
-        loaded = sum(v.state in LOADED and v.id != view.id for v in views)
         now = self.clock.now()
         candidates = []
         for other in views:
@@ -111,18 +114,29 @@ class RoomMaking:
                     self._still_idle(other), other.start_s, entry.uses_at(now), other.need_gib
                 )
                 candidates.append((cost, other))
-
-        def covers(stopped: list[View]) -> bool:
-            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
-            return within and budget.room_after(view, [*stopping, *stopped])
-
         # Equal costs (all idle past their timeouts, say) go least recently used first.
         candidates.sort(key=lambda pair: self.entry(pair[1].id).idle_since)
         # The ceiling is the start's best request's class, aged: a low request that waited
         # may stop a normal model (it is never starved), a fresh one may not; with no request
         # left (all gave up as this looked), none.
         rank = self.entry(view.id).rank(self.clock.now(), self.aging_s)
+        covers = self._covers(view, views, budget)
         return None if rank is None else policy.victims(candidates, covers, rank)
+
+    def _covers(
+        self, view: View, views: list[View], budget: Budget
+    ) -> Callable[[list[View]], bool]:
+        """Whether stopping some models makes room for the view's start: in memory once they
+        and the stops under way (any process's: room being made already) release theirs,
+        and under the cap on loaded models."""
+        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
+        loaded = loaded_besides(view, views)
+
+        def covers(stopped: list[View]) -> bool:
+            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
+            return within and budget.room_after(view, [*stopping, *stopped])
+
+        return covers
 
     async def _may_stop(self, view: View) -> bool:
         """Stoppable for a start by the rules, and a fresh load sample of the engine agrees
@@ -149,23 +163,16 @@ class RoomMaking:
             return
         views = await self.deployer.views()
         budget = await self.deployer.budget()
-        stopping = [v for v in views if v.state == State.STOPPING and v.id != view.id]
         candidates = []
         for other in views:
             if other.id == view.id or other.state != State.READY or not self._drainable(other):
                 continue
             uses = self.entry(other.id).uses_at(now)
             candidates.append((policy.keep_cost(False, other.start_s, uses, other.need_gib), other))
-        loaded = sum(v.state in LOADED and v.id != view.id for v in views)
-
-        def covers(stopped: list[View]) -> bool:
-            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
-            return within and budget.room_after(view, [*stopping, *stopped])
-
         rank = entry.rank(self.clock.now(), self.aging_s)
         if rank is None:
             return  # its requests left while this looked: nothing to drain for
-        chosen = policy.victims(candidates, covers, rank)
+        chosen = policy.victims(candidates, self._covers(view, views, budget), rank)
         for victim in chosen or ():
             if victim.id not in self.draining:
                 self.draining[victim.id] = view.id
