@@ -50,6 +50,24 @@ tokens = Counter(
     "Tokens in and out, where the engine's answer reports its usage.",
     ["model", "direction"],
 )
+usage_tokens = Counter(
+    "modelship_usage_tokens",
+    "Tokens used, by model, team and key (a key's visible prefix only where"
+    " MSHIP_METRICS_KEY_PREFIXES is on), counted or estimated (openai_api/usage/).",
+    ["model", "team", "key", "direction"],
+)
+gpu_seconds = Counter(
+    "modelship_gpu_seconds",
+    "GPU-seconds attributed to requests: a replica's GPU share times the time it served,"
+    " divided among the requests in flight on it.",
+    ["model", "team", "key"],
+)
+budget_used = Gauge(
+    "modelship_budget_used_ratio",
+    "The share of a key's or a team's budget used in its current period (1: exhausted).",
+    ["owner", "name", "budget"],
+    multiprocess_mode="livemax",
+)
 inflight = Gauge(
     "modelship_inflight_requests",
     "Requests being answered by a deployment's engines now.",

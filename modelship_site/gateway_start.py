@@ -8,10 +8,12 @@ is: Channels' router knows no lifespan scope.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from openai_api.catalog import catalog
+from openai_api.usage.ledger import ledger
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ def with_route_table(app: Asgi) -> Asgi:
                 await load_route_table()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                # What the requests used since the last flush is written before the end.
+                await asyncio.to_thread(ledger.close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

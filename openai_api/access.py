@@ -24,12 +24,17 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from django.conf import settings
 
 from common import metrics
 from openai_api.endpoints import PUBLIC
+from openai_api.usage import recording
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Key
+    from openai_api.usage.recording import Usage
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,10 @@ CLIENT_GONE = 499
 USAGE_TAIL = 4096  # usage sits at the end of an answer: this much of it is searched
 TOKENS_IN = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 TOKENS_OUT = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
+TOKENS_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)"\s*:\s*(\d+)')
+# A transcription's length: verbose_json's duration, or usage {"type": "duration", "seconds"}.
+AUDIO_SECONDS = re.compile(rb'"(?:duration|seconds)"\s*:\s*([0-9]+(?:\.[0-9]+)?)')
+AUDIO_IN = frozenset({"audio/transcriptions", "audio/translations"})
 NAMED = frozenset(
     {
         *PUBLIC,
@@ -67,6 +76,18 @@ class RequestRecord:
     waited: str = ""  # "start" (a cold start), "queue" (memory), or "" (neither)
     last: bytes = b""
     before_last: bytes = b""
+    # What usage needs (openai_api/usage/): the key, the request's size, its share of its
+    # engine's GPU time, the events of a streamed answer (the estimate where no usage comes),
+    # usage a stream's engine sent that the client did not ask for (taken out of the answer),
+    # and the media units of the request.
+    key_ref: Key | None = None
+    body_bytes: int = 0
+    gpu_seconds: float = 0.0
+    streaming: bool = False
+    events: int = 0
+    reported: tuple[int, int, int] | None = None
+    images: int = 0
+    characters: int = 0
 
     def sent(self, body: bytes) -> None:
         """A body chunk went out (called per chunk: a few attribute writes, no lock)."""
@@ -75,6 +96,8 @@ class RequestRecord:
                 self.first_byte = time.perf_counter()
             self.bytes_out += len(body)
             self.before_last, self.last = self.last, body
+            if self.streaming:
+                self.events += body.count(b"data:")
 
     def usage(self) -> tuple[int | None, int | None]:
         tail = (self.before_last + self.last)[-USAGE_TAIL:]
@@ -83,6 +106,35 @@ class RequestRecord:
             int(found_in[-1]) if found_in else None,
             int(found_out[-1]) if found_out else None,
         )
+
+    def measured(self, status: int) -> Usage:
+        """What the request used: the engine's own usage where it gave one, else the
+        gateway's estimate (counted as one); its GPU time and media units."""
+        ok = status < 400
+        tail = (self.before_last + self.last)[-USAGE_TAIL:]
+        if self.reported is not None:
+            usage = recording.Usage(*self.reported)
+        else:
+            found_in, found_out = self.usage() if ok else (0, 0)
+            cached = TOKENS_CACHED.findall(tail)
+            guess_in = guess_out = 0
+            if self.endpoint in recording.TEXT and ok and self.bytes_out:
+                guess_in, guess_out = recording.estimate(
+                    self.endpoint, self.body_bytes, self.events, self.bytes_out
+                )
+            usage = recording.Usage(
+                tokens_in=guess_in if found_in is None else found_in,
+                tokens_out=guess_out if found_out is None else found_out,
+                tokens_cached=int(cached[-1]) if cached else 0,
+                estimated=(guess_in if found_in is None else 0)
+                + (guess_out if found_out is None else 0),
+            )
+        usage.gpu_seconds = self.gpu_seconds
+        if ok:
+            usage.images, usage.characters = self.images, self.characters
+            if self.endpoint in AUDIO_IN and (seconds := AUDIO_SECONDS.findall(tail)):
+                usage.audio_s = float(seconds[-1])
+        return usage
 
 
 # The record of the request the running task serves: the on-demand controller marks on it
@@ -112,9 +164,15 @@ def finish(record: RequestRecord) -> None:
     now = time.perf_counter()
     duration = now - record.started
     ttfb = record.first_byte - record.started if record.first_byte is not None else None
-    tokens_in, tokens_out = record.usage() if record.status == 200 else (None, None)
     # Nothing went out: the caller left first (nginx's 499).
     status = record.status or CLIENT_GONE
+    used = record.measured(status) if record.model else None
+    tokens_in = used.tokens_in if used is not None and status == 200 else None
+    tokens_out = used.tokens_out if used is not None and status == 200 else None
+    if used is not None:
+        recording.count(
+            record.key_ref, record.model, record.endpoint, status, duration, ttfb, used, time.time()
+        )
     series = _series(record.model, endpoint_label(record.endpoint), status, key_label(record.key))
     series.requests.inc()
     series.duration.observe(duration)
@@ -125,7 +183,13 @@ def finish(record: RequestRecord) -> None:
     if tokens_out and series.tokens_out is not None:
         series.tokens_out.inc(tokens_out)
     if settings.MSHIP_ACCESS_LOG == "json":
-        writer.put(line(record, status, duration, ttfb, tokens_in, tokens_out))
+        fields = line(record, status, duration, ttfb, tokens_in, tokens_out)
+        if used is not None:
+            fields["team"] = record.key_ref.team_name if record.key_ref is not None else ""
+            fields["tokens_cached"] = used.tokens_cached
+            fields["tokens_estimated"] = used.estimated
+            fields["gpu_seconds"] = round(used.gpu_seconds, 6)
+        writer.put(fields)
 
 
 @dataclass(frozen=True, slots=True)

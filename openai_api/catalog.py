@@ -26,6 +26,9 @@ from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
+from openai_api.usage.budgets import Owner
+from openai_api.usage.gpu_share import replica_shares
+from openai_api.usage.models import BUDGETS, Budgeted, Team
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,6 +61,8 @@ class Route:
     names_forced_tool: bool = True
     priority: int = 0  # its class (common/priority.py)
     max_concurrency: int | None = None  # requests at once, per gateway process
+    # Each replica's GPU share, in the order of `urls` (openai_api/usage/gpu_share.py).
+    gpu_shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,10 @@ class Key:
     requests_per_minute: int | None
     priority: int = 0
     max_concurrency: int | None = None
+    team_id: int = 0
+    team_name: str = ""
+    # The key's and its team's budgets, where they set any (openai_api/usage/budgets.py).
+    budget_owners: tuple[Owner, ...] = ()
 
     def may_use(self, route: Route) -> bool:
         if not self.allowed_models:
@@ -84,7 +93,7 @@ class Snapshot:
     models: tuple[Route, ...] = ()
     keys: dict[str, Key] = field(default_factory=dict)  # prefix -> key
     loaded_at: float = 0.0  # when the tables were last seen to hold this (monotonic)
-    stamp: tuple[Stamp, Stamp] = ((0, 0, 0), (0, 0, 0))  # the tables' stamps when read
+    stamp: tuple[Stamp, ...] = ()  # the tables' stamps when read
     read_at: float = 0.0  # when the rows were read (monotonic)
 
     def by_id(self, deployment_id: int) -> Route | None:
@@ -117,6 +126,7 @@ def route_of(d: Deployment) -> Route:
         names_forced_tool=loader.names_forced_tool if loader else True,
         priority=d.priority,
         max_concurrency=d.max_concurrency,
+        gpu_shares=replica_shares(d.num_gpus, d.gpus, len(d.engine_urls or ())),
     )
 
 
@@ -134,6 +144,24 @@ def key_of(k: ApiKey) -> Key:
         requests_per_minute=k.requests_per_minute,
         priority=k.priority,
         max_concurrency=k.max_concurrency,
+        team_id=k.team_id or 0,
+        team_name=k.team.name if k.team is not None else "",
+        budget_owners=tuple(
+            Owner(kind, owner.pk, ref, owner.name, limits)
+            for kind, owner, ref in (
+                ("key", k, k.prefix),
+                ("team", k.team, getattr(k.team, "ref", "")),
+            )
+            if owner is not None and (limits := budget_limits(owner))
+        ),
+    )
+
+
+def budget_limits(owner: Budgeted) -> tuple[tuple[str, str, str, int], ...]:
+    return tuple(
+        (field, what, period, limit)
+        for field, what, period in BUDGETS
+        if (limit := getattr(owner, field)) is not None
     )
 
 
@@ -152,12 +180,12 @@ def skipped(kind: str, pk: int, exc: Exception) -> None:
 FULL_READ_S = 10.0
 
 
-def stamps() -> tuple[Stamp, Stamp]:
-    """The deployments' and the keys' stamps."""
-    return stamp(Deployment), stamp(ApiKey)
+def stamps() -> tuple[Stamp, Stamp, Stamp]:
+    """The deployments', the keys' and the teams' stamps."""
+    return stamp(Deployment), stamp(ApiKey), stamp(Team)
 
 
-def checked_stamps() -> tuple[Stamp, Stamp]:
+def checked_stamps() -> tuple[Stamp, Stamp, Stamp]:
     """`stamps()` from the refresher's thread, which keeps no connection."""
     try:
         return stamps()
@@ -182,7 +210,7 @@ def load() -> Snapshot:
             models.append(route)
             for served in (route.name, *route.aliases):
                 routes.setdefault(served, route)
-        for k in ApiKey.objects.all():
+        for k in ApiKey.objects.select_related("team"):
             try:
                 keys[k.prefix] = key_of(k)
             except Exception as exc:

@@ -22,9 +22,12 @@ from typing import Any, Protocol
 import aiohttp
 from django.conf import settings
 
+from openai_api import access
+from openai_api.catalog import catalog
 from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
+from openai_api.usage.gpu_time import meter
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +213,17 @@ class Forwarder:
 
     @asynccontextmanager
     async def using(self, base_url: str) -> AsyncIterator[aiohttp.ClientSession]:
-        """The engine's session, counted as in use until the block ends."""
+        """The engine's session, counted as in use until the block ends, and the request's
+        share of the engine's GPU time for as long (openai_api/usage/gpu_time.py)."""
         self.active[base_url] = self.active.get(base_url, 0) + 1
+        ticket = meter.begin(base_url, catalog.snapshot)
         try:
             yield self.session(base_url)
         finally:
+            spent = meter.end(ticket)
+            record = access.current.get()
+            if record is not None:
+                record.gpu_seconds += spent
             self.active[base_url] -= 1
             if not self.active[base_url]:
                 del self.active[base_url]

@@ -28,6 +28,8 @@ from openai_api.rate_limits import rate_limiter
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, compact, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
+from openai_api.usage.recording import admit, media_units
+from openai_api.usage.stream_usage import with_usage_asked
 
 WARM = "/warm"  # POST /v1/models/{model}/warm
 SEQUENCE_NUMBER = re.compile(r"-?[0-9]{1,18}")
@@ -51,6 +53,7 @@ async def handle(exchange: Exchange) -> None:
     record.identity = caller.identity
     if caller.key is not None:
         record.key = shown_prefix(caller.key.prefix)
+        record.key_ref = caller.key
         # Every route, before its body is read or parsed: a caller over its rate costs
         # nothing more (conversations and stored responses too).
         await rate_limiter.check(caller.key)
@@ -92,6 +95,9 @@ async def handle(exchange: Exchange) -> None:
     )
     route = route_for(snapshot, caller, name)
     record.model = route.name
+    admit(caller.key)  # its budgets, once it asks a model for something
+    record.body_bytes, record.streaming = len(body), streaming
+    record.images, record.characters = media_units(endpoint, data)
     check_output_tokens(route, data)
     previous = (data or {}).get("previous_response_id")
     if (endpoint == "responses" or tool) and isinstance(previous, str):
@@ -106,9 +112,13 @@ async def handle(exchange: Exchange) -> None:
         return await responses.create(exchange, route, caller.identity, data or {})
     if endpoint not in route.endpoints:
         raise unsupported(route, name, endpoint)
+    sent = data
     if endpoint == "chat/completions" and data and (said := chat_body(route, data)) is not data:
-        body = await json_bytes(said, len(body))
-    traffic = Traffic(route, endpoint, path, body, streaming, data)
+        body, sent = await json_bytes(said, len(body)), said
+    asked = with_usage_asked(endpoint, streaming, sent)
+    if asked is not None:
+        body = await json_bytes(asked, len(body))
+    traffic = Traffic(route, endpoint, path, body, streaming, data, strip_usage=asked is not None)
     await relay(exchange, traffic, lambda on_queued: dispatcher.slot(route, on_queued))
 
 
@@ -240,6 +250,7 @@ async def warm(exchange: Exchange, snapshot: Snapshot, caller: Caller, name: str
     idle timer restarts as after a request."""
     route = route_for(snapshot, caller, name)
     exchange.record.model = route.name
+    admit(caller.key)
     async with dispatcher.slot(route):
         pass
     body = {"id": name, "object": "model", "owned_by": "modelship", "status": "ready"}

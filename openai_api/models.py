@@ -12,6 +12,8 @@ from django.db import models
 from common.json_shapes import list_of_names
 from common.priority import PriorityField
 from common.versioned import Versioned, VersionedQuerySet
+from openai_api.usage.models import Budgeted, Team
+from openai_api.usage.models import UsageMinute as UsageMinute  # the app's models
 
 KEY_PREFIX = "msk"
 
@@ -25,7 +27,7 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class ApiKey(Versioned):
+class ApiKey(Budgeted, Versioned):
     """A client's key: stored hashed, shown once; its visible prefix finds it."""
 
     UNVERSIONED = frozenset({"last_used"})
@@ -56,6 +58,14 @@ class ApiKey(Versioned):
         validators=[MinValueValidator(1)],
         help_text="Per gateway process, over every model: more wait or get 429, as"
         " MSHIP_CONCURRENCY_OVERFLOW says; empty: no limit.",
+    )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="keys",
+        help_text="Its usage counts towards the team's, and the team's budgets bind it too.",
     )
     priority = PriorityField(
         help_text="high, normal, low or a number from -100 to 100: added to the model's own"

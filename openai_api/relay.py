@@ -18,6 +18,7 @@ from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_err
 from openai_api.keepalive import SseOpener, enter_kept_alive
 from openai_api.queued_notice import QueuedNotice
 from openai_api.queued_notice import eligible as notice_eligible
+from openai_api.usage.stream_usage import UsageStripper
 
 if TYPE_CHECKING:
     from openai_api.exchange import Exchange
@@ -35,6 +36,9 @@ class Traffic:
     body: bytes
     streaming: bool
     data: dict[str, Any] | None
+    # The gateway asked the engine for a stream's usage the client did not ask for: its
+    # usage event is taken out of the answer (openai_api/usage/stream_usage.py).
+    strip_usage: bool = False
 
 
 async def relay(
@@ -82,7 +86,10 @@ async def relay(
             inflight.inc()
             metrics.last_request_at[route.name] = time.time()
             try:
-                await forwarder.forward(call, exchange.send)
+                send = exchange.send
+                if traffic.strip_usage:
+                    send = UsageStripper(send, exchange.record)
+                await forwarder.forward(call, send)
             finally:
                 inflight.dec()
     except GatewayError as exc:

@@ -29,6 +29,8 @@ from deployments import deployer, engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from openai_api.access import writer
+from openai_api.usage.counters import sync
+from openai_api.usage.ledger import ledger
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -176,6 +178,17 @@ def quiet_access_log() -> Iterator[None]:
     writer.stream = Discard()
     yield
     writer.stream = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def usage_written_when_asked() -> Iterator[None]:
+    """The usage ledger and the budget counters of this process write and read only when a
+    test asks (`ledger.flush()`, `sync.sync()`), never from their threads in the middle of
+    another test; what is left is dropped at the end, not written to a database gone by then."""
+    ledger.stop.set()
+    sync.stop.set()
+    yield
+    ledger.rows.clear()
 
 
 # What the flush between transactional tests keeps: what migrate made once (Django's post_migrate

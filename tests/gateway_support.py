@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import io
 import json
 import secrets
 import threading
@@ -25,6 +26,7 @@ from deployments.runtimes.process import free_port
 from modelship_site.asgi import application
 from modelship_site.server import config
 from ondemand import gateway
+from openai_api.access import writer
 from openai_api.catalog import catalog
 from openai_api.forwarder import forwarder
 from openai_api.models import ApiKey
@@ -177,3 +179,18 @@ def ondemand_site(
     reread_guard()
     yield OnDemandSite(gateway_url, key, key_file)
     reread_guard()
+
+
+@pytest.fixture
+def access_lines() -> Iterator[list[dict[str, Any]]]:
+    """The access lines the in-process gateway writes (to stdout, in a real server)."""
+    lines: list[dict[str, Any]] = []
+
+    class Keep(io.StringIO):
+        def write(self, text: str) -> int:
+            lines.extend(json.loads(line) for line in text.splitlines())
+            return len(text)
+
+    previous, writer.stream = writer.stream, Keep()
+    yield lines
+    writer.stream = previous

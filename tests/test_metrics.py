@@ -4,7 +4,6 @@ access log's one JSON line per request."""
 from __future__ import annotations
 
 import functools
-import io
 import json
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from deployments import deployer
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
-from openai_api.access import writer
 from openai_api.models import ApiKey
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 
@@ -179,21 +177,6 @@ def test_it_counts_a_known_sequence_exactly_over_two_gateway_processes(
     assert cold["request_id"] and cold["tokens_out"] > 0
     warm_line = next(line for line in lines if line["model"] == "warm")
     assert warm_line["waited"] is None
-
-
-@pytest.fixture
-def access_lines() -> Iterator[list[dict[str, Any]]]:
-    """The access lines the in-process gateway writes (to stdout, in a real server)."""
-    lines: list[dict[str, Any]] = []
-
-    class Keep(io.StringIO):
-        def write(self, text: str) -> int:
-            lines.extend(json.loads(line) for line in text.splitlines())
-            return len(text)
-
-    previous, writer.stream = writer.stream, Keep()
-    yield lines
-    writer.stream = previous
 
 
 def test_it_logs_a_streamed_answer_with_its_bytes_and_nothing_when_off(

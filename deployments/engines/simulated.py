@@ -334,7 +334,11 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             return error(400, "A 'file' part is required.", "missing_file")
         content = upload.file.read()
         digest = hashlib.sha256(content).hexdigest()
-        return web.json_response({"text": f"{len(content)} bytes sha256={digest}"})
+        # OpenAI's usage of a transcription: the audio's seconds (as 16 kHz 16-bit mono).
+        seconds = {"type": "duration", "seconds": round(len(content) / 32000, 3)}
+        return web.json_response(
+            {"text": f"{len(content)} bytes sha256={digest}", "usage": seconds}
+        )
 
 
 async def metrics(request: web.Request) -> web.Response:

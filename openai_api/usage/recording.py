@@ -1,0 +1,134 @@
+"""A finished request's usage: its row of the ledger, its budgets' counts, its metrics; and
+the budget check of a request that starts. Called once per request, on the event loop: a
+few dict lookups and additions; the writing happens on the ledger's and the counters'
+threads."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from common import metrics
+from openai_api.models import shown_prefix
+from openai_api.usage.budgets import budgets
+from openai_api.usage.counters import sync
+from openai_api.usage.ledger import ledger
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Key
+
+# Endpoints whose answers are counted in tokens (estimated where the engine reports none).
+TEXT = frozenset({"chat/completions", "completions", "responses", "messages", "embeddings"})
+CHARS_PER_TOKEN = 4  # the gateway's estimate where an engine reports no usage
+
+
+def admit(key: Key | None) -> None:
+    """A request of `key` may start: 429 when it or its team is out of a budget."""
+    if key is not None and key.budget_owners:
+        if sync.thread is None:
+            sync.start()
+        budgets.check(key.budget_owners)
+
+
+IMAGES = frozenset({"images/generations", "images/edits", "images/variations"})
+MAX_UNITS = 10_000  # a request's own figure is bounded: it is the caller's to set
+
+
+def media_units(endpoint: str, data: dict[str, Any] | None) -> tuple[int, int]:
+    """The images a request asks for and the characters it has spoken, from its body (the
+    answer has them too, but a megabyte of images is not read for a count)."""
+    if endpoint in IMAGES:
+        wanted = (data or {}).get("n", 1)
+        if isinstance(wanted, int) and not isinstance(wanted, bool):
+            return min(max(wanted, 0), MAX_UNITS), 0
+        return 1, 0
+    if endpoint == "audio/speech" and isinstance(text := (data or {}).get("input"), str):
+        return 0, len(text)
+    return 0, 0
+
+
+@dataclass(slots=True)
+class Usage:
+    """What one request used, as the ledger adds it up."""
+
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_cached: int = 0
+    estimated: int = 0  # of tokens_in + tokens_out
+    gpu_seconds: float = 0.0
+    images: int = 0
+    audio_s: float = 0.0
+    characters: int = 0
+
+
+def estimate(endpoint: str, body_bytes: int, events: int, bytes_out: int) -> tuple[int, int]:
+    """Tokens in and out by the gateway's own count, where the engine gave none: a token per
+    CHARS_PER_TOKEN bytes of the request, a token per streamed event (an engine streams one
+    token per event) or per CHARS_PER_TOKEN bytes of a whole answer."""
+    tokens_in = body_bytes // CHARS_PER_TOKEN
+    if endpoint == "embeddings":
+        return tokens_in, 0
+    return tokens_in, events if events else bytes_out // CHARS_PER_TOKEN
+
+
+def count(
+    key: Key | None,
+    model: str,
+    endpoint: str,
+    status: int,
+    duration: float,
+    ttft: float | None,
+    usage: Usage,
+    when: float,
+) -> None:
+    failed = status >= 400
+    minute = int(when) // 60 * 60
+    team_id = key.team_id if key is not None else 0
+    ledger.add(
+        (minute, key.id if key is not None else 0, team_id, model),
+        (
+            1,
+            1 if failed else 0,
+            usage.tokens_in,
+            usage.tokens_out,
+            usage.tokens_cached,
+            usage.estimated,
+            usage.gpu_seconds,
+            duration,
+            ttft or 0.0,
+            1 if ttft is not None else 0,
+            usage.images,
+            usage.audio_s,
+            usage.characters,
+        ),
+    )
+    budgets.add(
+        key.budget_owners if key is not None else (),
+        usage.tokens_in + usage.tokens_out,
+        usage.gpu_seconds,
+    )
+    series = _series(model, key.team_name if key is not None else "", _key_label(key))
+    if usage.tokens_in:
+        series[0].inc(usage.tokens_in)
+    if usage.tokens_out:
+        series[1].inc(usage.tokens_out)
+    if usage.gpu_seconds:
+        series[2].inc(usage.gpu_seconds)
+
+
+def _key_label(key: Key | None) -> str:
+    if key is None or not settings.MSHIP_METRICS_KEY_PREFIXES:
+        return ""
+    return shown_prefix(key.prefix)
+
+
+@functools.lru_cache(maxsize=4096)
+def _series(model: str, team: str, key: str) -> tuple[Any, Any, Any]:
+    return (
+        metrics.usage_tokens.labels(model, team, key, "in"),
+        metrics.usage_tokens.labels(model, team, key, "out"),
+        metrics.gpu_seconds.labels(model, team, key),
+    )

@@ -1,0 +1,276 @@
+"""Usage and budgets at the gateway: every request's tokens and GPU-seconds in the usage
+table, streams' usage asked of the engine and kept from clients that did not ask, budgets
+that refuse the next request once used up (README, "Usage and budgets")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+from django.db import DatabaseError
+from django.db.models import Sum
+
+from deployments.models import AuditEntry, Deployment
+from openai_api.models import ApiKey
+from openai_api.usage.budgets import Budgets, Owner
+from openai_api.usage.counters import CounterSync, sync
+from openai_api.usage.gpu_time import GpuMeter
+from openai_api.usage.ledger import Ledger, ledger
+from openai_api.usage.models import Team, UsageMinute
+from tests.conftest import wait_until
+from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+Serving = Callable[..., Deployment]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "say hello to me"}]
+
+
+def client(gateway_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0)
+
+
+def usage_of(**filters: Any) -> dict[str, Any]:
+    ledger.flush()
+    found = UsageMinute.objects.filter(**filters).aggregate(
+        requests=Sum("requests"),
+        errors=Sum("errors"),
+        tokens_in=Sum("tokens_in"),
+        tokens_out=Sum("tokens_out"),
+        estimated=Sum("tokens_estimated"),
+        gpu_seconds=Sum("gpu_seconds"),
+        images=Sum("images"),
+        characters=Sum("characters"),
+        audio_s=Sum("audio_s"),
+    )
+    return {name: value or 0 for name, value in found.items()}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_divides_gpu_seconds_among_the_requests_in_flight() -> None:
+    """One GPU, A alone for 2 s, A and B together for 2 s, B alone for 6 s: A used 2 + 1,
+    B 1 + 6, and the two add up to the 10 s the GPU served."""
+    clock = Clock()
+    meter = GpuMeter(clock)
+    meter.shares = {"http://engine": 1.0}
+    a = meter.begin("http://engine")
+    clock.now = 2.0
+    b = meter.begin("http://engine")
+    clock.now = 4.0
+    assert meter.end(a) == pytest.approx(3.0)
+    clock.now = 10.0
+    assert meter.end(b) == pytest.approx(7.0)
+    half = GpuMeter(clock)
+    half.shares = {"http://shared": 0.5}  # num_gpus 0.5: half a GPU
+    c = half.begin("http://shared")
+    clock.now = 14.0
+    assert half.end(c) == pytest.approx(2.0)
+    cpu = meter.begin("http://cpu-only")
+    clock.now = 20.0
+    assert meter.end(cpu) == 0.0
+
+
+def test_it_counts_a_streams_usage_by_the_engine_and_keeps_it_from_a_client_that_did_not_ask(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    deployment = serving("sim", config={"reply": "one two three four"})
+    Deployment.objects.filter(pk=deployment.pk).update(num_gpus=1)
+    seen_by_gateway(lambda s: s.routes["sim"].gpu_shares == (1.0,))
+    secret = api_key("app")
+    key = ApiKey.objects.get(name="app")
+    sdk = client(gateway_url, secret)
+    chunks = list(sdk.chat.completions.create(model="sim", messages=HELLO, stream=True))
+    assert chunks and all(chunk.usage is None for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "one two three four"
+    )
+    asked = list(
+        sdk.chat.completions.create(
+            model="sim", messages=HELLO, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    engine_usage = asked[-1].usage
+    assert engine_usage is not None and engine_usage.prompt_tokens == 4
+    whole = sdk.chat.completions.create(model="sim", messages=HELLO)
+    assert whole.usage is not None
+    used = usage_of(key_id=key.pk, deployment="sim")
+    assert used["requests"] == 3
+    assert used["tokens_in"] == 3 * engine_usage.prompt_tokens
+    assert (
+        used["tokens_out"]
+        == 3 * engine_usage.completion_tokens
+        == 3 * whole.usage.completion_tokens
+    )
+    assert used["estimated"] == 0
+    assert used["gpu_seconds"] > 0  # a GPU share of 1, held while each request ran
+
+
+def test_it_counts_a_client_that_hangs_up_by_its_own_estimate(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    serving("sim", config={"tokens_per_second": 20})
+    secret = api_key("leaver")
+    key = ApiKey.objects.get(name="leaver")
+    body = {"model": "sim", "messages": HELLO, "stream": True, "max_tokens": 200}
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {secret}"},
+    ) as answer:
+        lines = answer.iter_lines()
+        got = [next(lines) for _ in range(6)]  # a few tokens, then the client leaves
+    assert any(line.startswith("data:") for line in got)
+
+    def counted() -> bool:
+        return usage_of(key_id=key.pk)["requests"] == 1
+
+    wait_until(counted, 10)
+    used = usage_of(key_id=key.pk)
+    assert 1 <= used["tokens_out"] < 200  # what was generated for it, not what it asked
+    assert used["estimated"] == used["tokens_in"] + used["tokens_out"]
+    assert used["tokens_in"] > 0
+
+
+def test_it_lets_a_stream_crossing_a_budget_finish_and_refuses_the_next(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving, site: Any
+) -> None:
+    serving("sim", config={"reply": " ".join(["word"] * 30)})
+    secret = api_key("capped", tokens_per_day=10)
+    sdk = client(gateway_url, secret)
+    words = [
+        c.choices[0].delta.content
+        for c in sdk.chat.completions.create(model="sim", messages=HELLO, stream=True)
+        if c.choices and c.choices[0].delta.content
+    ]
+    assert len(words) == 30  # past the budget's 10 tokens, and not cut short
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk.chat.completions.create(model="sim", messages=HELLO)
+    error = refused.value
+    assert error.code == "budget_exceeded"
+    assert "tokens_per_day" in error.message and "of 10 tokens" in error.message
+    tomorrow = datetime.now(UTC).date().toordinal() + 1
+    assert f"{datetime.fromordinal(tomorrow):%Y-%m-%d}T00:00:00Z" in error.message
+    assert 0 < int(error.response.headers["retry-after"]) <= 86400
+    sync.sync()  # the counters' thread: totals read, the audit written
+    assert AuditEntry.objects.filter(action="budget.exceeded", object_repr="key capped").exists()
+    assert usage_of()["requests"] == 2  # the refused request counts as a request
+
+
+def test_it_holds_a_teams_budget_over_its_keys_and_warns_first(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving, site: Any
+) -> None:
+    serving("sim")
+    team = Team.objects.create(name="research", requests_per_day=5)
+    first = client(gateway_url, api_key("first", team=team))
+    second = client(gateway_url, api_key("second", team=team))
+    for sdk in (first, second, first, second):
+        sdk.chat.completions.create(model="sim", messages=HELLO)
+    sync.sync()
+    warning = AuditEntry.objects.get(action="budget.warning", object_repr="team research")
+    assert "requests_per_day" in warning.text and "4 of 5 requests" in warning.text
+    second.chat.completions.create(model="sim", messages=HELLO)  # the fifth: its last
+    for sdk in (first, second):
+        with pytest.raises(openai.RateLimitError) as refused:
+            sdk.chat.completions.create(model="sim", messages=HELLO)
+        assert "team 'research'" in refused.value.message
+    Team.objects.filter(pk=team.pk).update(requests_per_day=50)  # raised: applies at once
+    seen_by_gateway(
+        lambda s: all(o.limits[0][3] == 50 for k in s.keys.values() for o in k.budget_owners)
+    )
+    first.chat.completions.create(model="sim", messages=HELLO)
+
+
+def test_it_holds_budgets_across_gateway_processes(site: Any, db: None) -> None:
+    """Two processes' counters (each its own budgets and sync): what one used, the other
+    refuses by, within a refresh (through Redis where REDIS_URL is set, else the usage
+    table once the first flushed)."""
+    key, _ = ApiKey.issue("shared", gpu_seconds_per_day=100)
+    owner = Owner(
+        "key", key.pk, key.prefix, key.name, (("gpu_seconds_per_day", "gpu_seconds", "day", 100),)
+    )
+    one, two = Budgets(), Budgets()
+    one_ledger, two_ledger = Ledger(), Ledger()
+    one_sync, two_sync = CounterSync(one, one_ledger), CounterSync(two, two_ledger)
+    two.check((owner,))
+    one.check((owner,))
+    one.add((owner,), 0, 120.0)
+    minute = int(datetime.now(UTC).timestamp()) // 60 * 60
+    one_ledger.add((minute, key.pk, 0, "sim"), [1, 0, 0, 0, 0, 0, 120.0, 1, 0, 0, 0, 0, 0])
+    with pytest.raises(Exception, match="budget gpu_seconds_per_day"):
+        one.check((owner,))  # its own use, before any sync
+    two.check((owner,))  # the other process has not heard yet
+    one_ledger.flush()
+    one_sync.sync()
+    two_sync.sync()
+    with pytest.raises(Exception, match="120 of 100 GPU-seconds"):
+        two.check((owner,))
+    with pytest.raises(Exception, match="budget gpu_seconds_per_day"):
+        one.check((owner,))  # still, once its own count became the shared total
+
+
+def test_it_adds_every_flush_to_the_minutes_row_and_keeps_a_failed_one(db: None) -> None:
+    minute = int(datetime(2026, 12, 1, 10, 30, tzinfo=UTC).timestamp())
+    book = Ledger()
+    row = (minute, 7, 3, "sim")
+    book.add(row, [1, 0, 10, 20, 0, 0, 1.5, 0.2, 0.1, 1, 0, 0.0, 0])
+    book.add(row, [1, 1, 5, 0, 0, 5, 0.5, 0.3, 0.0, 0, 0, 0.0, 0])
+    assert book.flush()
+    book.add(row, [1, 0, 1, 2, 0, 0, 0.0, 0.1, 0.0, 0, 2, 0.0, 9])
+    assert book.flush()
+    stored = UsageMinute.objects.get()
+    assert stored.minute == datetime(2026, 12, 1, 10, 30, tzinfo=UTC)
+    assert (stored.requests, stored.errors, stored.tokens_in, stored.tokens_out) == (3, 1, 16, 22)
+    assert (stored.tokens_estimated, stored.images, stored.characters) == (5, 2, 9)
+    assert stored.gpu_seconds == pytest.approx(2.0)
+
+    def broken(rows: dict[Any, list[float]]) -> None:
+        raise DatabaseError("the database is down")
+
+    failing = Ledger(writer=broken)
+    failing.add(row, [1, 0, 4, 4, 0, 0, 0.0, 0.1, 0.0, 0, 0, 0.0, 0])
+    assert not failing.flush()
+    assert failing.rows[row][2] == 4  # kept for the next flush
+    failing.writer = Ledger().writer
+    assert failing.flush()
+    assert UsageMinute.objects.get().tokens_in == 20
+
+
+def test_it_counts_a_transcriptions_audio_seconds(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    serving("ears", usecase="transcription")
+    secret = api_key("ears")
+    answer = httpx.post(
+        gateway_url + "/v1/audio/transcriptions",
+        data={"model": "ears"},
+        files={"file": ("two-seconds.wav", b"\0" * 64000, "audio/wav")},
+        headers={"authorization": f"Bearer {secret}"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert usage_of(deployment="ears")["audio_s"] == pytest.approx(2.0)
+
+
+def test_it_writes_the_usage_in_the_access_line(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving, access_lines: Any
+) -> None:
+    serving("sim")
+    team = Team.objects.create(name="web")
+    sdk = client(gateway_url, api_key("site", team=team))
+    sdk.chat.completions.create(model="sim", messages=HELLO)
+    wait_until(lambda: bool(access_lines), 10)
+    line = access_lines[-1]
+    assert line["team"] == "web" and line["tokens_estimated"] == 0
+    assert line["tokens_in"] == 4 and "gpu_seconds" in line
