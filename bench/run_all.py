@@ -45,6 +45,11 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ],
     ),
     (
+        "What recording usage costs the gateway: off, on, on with budgets (c=32)",
+        ["usage_cost.py", "--seconds", "5", "--rounds", "3"],
+        ["usage_cost.py", "--seconds", "0.5", "--rounds", "1"],
+    ),
+    (
         "One gateway process against two (`serve --workers 2`), the same machine's cores",
         ["gateway.py", "--seconds", "4", "--servers", "modelship,modelship-w2"],
         None,  # the smoke run above serves both

@@ -47,14 +47,9 @@ time_to_first_byte = Histogram(
 )
 tokens = Counter(
     "modelship_tokens",
-    "Tokens in and out, where the engine's answer reports its usage.",
-    ["model", "direction"],
-)
-usage_tokens = Counter(
-    "modelship_usage_tokens",
-    "Tokens used, by model, team and key (a key's visible prefix only where"
-    " MSHIP_METRICS_KEY_PREFIXES is on), counted or estimated (openai_api/usage/).",
-    ["model", "team", "key", "direction"],
+    "Tokens in and out: the engine's usage, else the gateway's estimate (openai_api/usage/),"
+    " by model, team and key (a key's visible prefix only with MSHIP_METRICS_KEY_PREFIXES).",
+    ["model", "direction", "team", "key"],
 )
 gpu_seconds = Counter(
     "modelship_gpu_seconds",

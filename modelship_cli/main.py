@@ -1,5 +1,5 @@
 """modelship ps | logs | describe | events | start | stop | sleep | wake | deploy | keys | run |
-login.
+usage | teams | login.
 
 Talks to a running Modelship through its REST API (and /v1 for `run`). The site, its /api
 token and a /v1 key come from MODELSHIP_URL, MODELSHIP_TOKEN and MODELSHIP_API_KEY (or their
@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from modelship_cli import render
+from modelship_cli import render, usage
 from modelship_cli.client import (
     DEFAULT_URL,
     NOT_FOUND,
@@ -164,6 +164,9 @@ def keys(api: Api, args: argparse.Namespace) -> int:
             body["priority"] = args.priority
         if args.max_concurrency is not None:
             body["max_concurrency"] = args.max_concurrency
+        if args.team is not None:
+            body["team"] = args.team
+        body.update(usage.budget_body(args))
         made = api.post("/api/keys/", body)
         err.print(f"[dim]{made['name']} ({made['prefix']}-…), shown once:[/dim]")
         print(made["key"])
@@ -370,6 +373,8 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--max-concurrency", type=int, help="most requests in flight at once (default: no limit)"
     )
+    create.add_argument("--team", help="its team's name or id (default: none)")
+    usage.add_budget_options(create)
     key_sub.add_parser("list")
     revoke = key_sub.add_parser("revoke")
     revoke.add_argument("name", help="the key's id, name or msk- prefix")
@@ -391,6 +396,7 @@ def parser() -> argparse.ArgumentParser:
     happened.add_argument("-n", "--tail", type=int, default=20, help="how many (default 20)")
     happened.add_argument("-f", "--follow", action="store_true", help="then each new one")
     happened.set_defaults(handler=events)
+    usage.add_parsers(sub)
     sign_in = sub.add_parser("login", help="save a site and its /api token for later commands")
     sign_in.add_argument("url", nargs="?", help=f"the site (default: {DEFAULT_URL})")
     sign_in.add_argument("--token", help="the /api token (default: asked, or read from stdin)")

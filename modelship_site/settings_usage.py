@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from common.env import env_bool, env_choice, env_float, env_int
 
+# Off: no usage is recorded and no budget is checked (the bench's baseline; a site that
+# meters elsewhere).
+MSHIP_USAGE_RECORD = env_bool("MSHIP_USAGE_RECORD", True)
 # Each gateway process adds up its requests per minute in memory and writes them to the
 # usage table this often (a crash loses at most this much; a clean stop, nothing).
 MSHIP_USAGE_FLUSH_S = env_float("MSHIP_USAGE_FLUSH_S", 10)

@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from common import metrics
+from common import metrics, tracing
 from common.priority import label as class_label
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
@@ -381,10 +381,17 @@ class Controller(RoomMaking):
         return attempt
 
     async def _attempt(self, view: View) -> StartOutcome:
-        """One start, shared by all its waiters (its image and engine environment made first,
-        outside the lock): ready, failed, stopped or queued (no memory now); raises does_not_fit."""
-        if view.state in STARTABLE_STATES and not await self.deployer.prepare(view.id):
-            return self._start_ended(view, await self.deployer.view(view.id))
+        """One start, shared by all its waiters (image and engine environment made first, outside
+        the lock, each phase a span): ready, failed, stopped or queued; raises does_not_fit."""
+        with tracing.span("modelship.ondemand.start", **{"modelship.deployment": view.name}):
+            return await self._attempt_start(view)
+
+    async def _attempt_start(self, view: View) -> StartOutcome:
+        if view.state in STARTABLE_STATES:
+            with tracing.span("modelship.ondemand.prepare"):
+                prepared = await self.deployer.prepare(view.id)
+            if not prepared:
+                return self._start_ended(view, await self.deployer.view(view.id))
         entry, stopped_a_victim, retried = self.entry(view.id), False, False
         async with self.lock:
             for _ in range(4):
@@ -402,15 +409,19 @@ class Controller(RoomMaking):
                     if current.state in (*STARTABLE_STATES, State.ASLEEP):
                         await self._check_cap(current)
                     if current.state == State.ASLEEP:
-                        await self.deployer.wake(view.id)
+                        with tracing.span("modelship.ondemand.wake"):
+                            await self.deployer.wake(view.id)
                     elif current.state in STARTABLE_STATES:
-                        await self.deployer.restart(view.id)
+                        with tracing.span("modelship.ondemand.launch"):
+                            await self.deployer.restart(view.id)
                     elif current.state == State.STOPPING:
                         return StartOutcome.STOPPED
                     else:
                         return StartOutcome.ELSEWHERE
                 except InsufficientMemory:
-                    if not await self._make_room(current, stopped_a_victim):
+                    with tracing.span("modelship.ondemand.make_room"):
+                        made = await self._make_room(current, stopped_a_victim)
+                    if not made:
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue

@@ -88,6 +88,7 @@ class RequestRecord:
     reported: tuple[int, int, int] | None = None
     images: int = 0
     characters: int = 0
+    trace_id: str = ""  # where tracing is on (common/tracing.py)
 
     def sent(self, body: bytes) -> None:
         """A body chunk went out (called per chunk: a few attribute writes, no lock)."""
@@ -99,33 +100,26 @@ class RequestRecord:
             if self.streaming:
                 self.events += body.count(b"data:")
 
-    def usage(self) -> tuple[int | None, int | None]:
-        tail = (self.before_last + self.last)[-USAGE_TAIL:]
-        found_in, found_out = TOKENS_IN.findall(tail), TOKENS_OUT.findall(tail)
-        return (
-            int(found_in[-1]) if found_in else None,
-            int(found_out[-1]) if found_out else None,
-        )
-
     def measured(self, status: int) -> Usage:
         """What the request used: the engine's own usage where it gave one, else the
         gateway's estimate (counted as one); its GPU time and media units."""
         ok = status < 400
-        tail = (self.before_last + self.last)[-USAGE_TAIL:]
+        tail = (self.before_last + self.last)[-USAGE_TAIL:] if ok else b""
         if self.reported is not None:
             usage = recording.Usage(*self.reported)
+        elif not ok:
+            usage = recording.Usage()
         else:
-            found_in, found_out = self.usage() if ok else (0, 0)
-            cached = TOKENS_CACHED.findall(tail)
+            found_in, found_out = last_number(TOKENS_IN, tail), last_number(TOKENS_OUT, tail)
             guess_in = guess_out = 0
-            if self.endpoint in recording.TEXT and ok and self.bytes_out:
+            if (found_in is None or found_out is None) and self.endpoint in recording.TEXT:
                 guess_in, guess_out = recording.estimate(
                     self.endpoint, self.body_bytes, self.events, self.bytes_out
                 )
             usage = recording.Usage(
                 tokens_in=guess_in if found_in is None else found_in,
                 tokens_out=guess_out if found_out is None else found_out,
-                tokens_cached=int(cached[-1]) if cached else 0,
+                tokens_cached=(last_number(TOKENS_CACHED, tail) or 0) if b"cache" in tail else 0,
                 estimated=(guess_in if found_in is None else 0)
                 + (guess_out if found_out is None else 0),
             )
@@ -135,6 +129,11 @@ class RequestRecord:
             if self.endpoint in AUDIO_IN and (seconds := AUDIO_SECONDS.findall(tail)):
                 usage.audio_s = float(seconds[-1])
         return usage
+
+
+def last_number(pattern: re.Pattern[bytes], text: bytes) -> int | None:
+    found = pattern.findall(text)
+    return int(found[-1]) if found else None
 
 
 # The record of the request the running task serves: the on-demand controller marks on it
@@ -166,23 +165,18 @@ def finish(record: RequestRecord) -> None:
     ttfb = record.first_byte - record.started if record.first_byte is not None else None
     # Nothing went out: the caller left first (nginx's 499).
     status = record.status or CLIENT_GONE
-    used = record.measured(status) if record.model else None
-    tokens_in = used.tokens_in if used is not None and status == 200 else None
-    tokens_out = used.tokens_out if used is not None and status == 200 else None
+    used = record.measured(status) if record.model and settings.MSHIP_USAGE_RECORD else None
     if used is not None:
-        recording.count(
-            record.key_ref, record.model, record.endpoint, status, duration, ttfb, used, time.time()
-        )
+        recording.count(record.key_ref, record.model, status, duration, ttfb, used, time.time())
     series = _series(record.model, endpoint_label(record.endpoint), status, key_label(record.key))
     series.requests.inc()
     series.duration.observe(duration)
     if ttfb is not None:
         series.ttfb.observe(ttfb)
-    if tokens_in and series.tokens_in is not None:
-        series.tokens_in.inc(tokens_in)
-    if tokens_out and series.tokens_out is not None:
-        series.tokens_out.inc(tokens_out)
     if settings.MSHIP_ACCESS_LOG == "json":
+        counted = used is not None and status == 200
+        tokens_in = used.tokens_in if counted and used is not None else None
+        tokens_out = used.tokens_out if counted and used is not None else None
         fields = line(record, status, duration, ttfb, tokens_in, tokens_out)
         if used is not None:
             fields["team"] = record.key_ref.team_name if record.key_ref is not None else ""
@@ -200,8 +194,6 @@ class Series:
     requests: Any
     duration: Any
     ttfb: Any
-    tokens_in: Any
-    tokens_out: Any
 
 
 def key_label(key: str) -> str:
@@ -219,8 +211,6 @@ def _series(model: str, endpoint: str, status: int, key: str) -> Series:
         requests=metrics.requests.labels(model, endpoint, str(status), key),
         duration=metrics.request_duration.labels(model, endpoint),
         ttfb=metrics.time_to_first_byte.labels(model, endpoint),
-        tokens_in=metrics.tokens.labels(model, "in") if model else None,
-        tokens_out=metrics.tokens.labels(model, "out") if model else None,
     )
 
 
@@ -255,6 +245,7 @@ def line(
         "waited": record.waited or None,
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
+        **({"trace_id": record.trace_id} if record.trace_id else {}),
     }
 
 

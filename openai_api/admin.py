@@ -6,9 +6,11 @@ from django.contrib import admin, messages
 
 from openai_api import keys
 from openai_api.models import ApiKey
+from openai_api.usage.admin import BUDGET_FIELDS, BUDGETS_FIELDSET, budget_use
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
+    from django.utils.safestring import SafeString
 
 
 @admin.register(ApiKey)
@@ -18,24 +20,44 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "visible_prefix",
         "status",
         "rate",
+        "team",
+        "budgets_used",
         "last_used",
         "created",
     )
-    list_filter = ("revoked",)
+    list_filter = ("revoked", "team")
+    list_select_related = ("team",)
     search_fields = ("name", "prefix")
-    readonly_fields = ("visible_prefix", "created", "last_used")
-    fields = (
-        "name",
-        "visible_prefix",
-        "allowed_models",
-        "requests_per_minute",
-        "priority",
-        "max_concurrency",
-        "revoked",
-        "created",
-        "last_used",
+    readonly_fields = ("visible_prefix", "created", "last_used", "budget_use")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "visible_prefix",
+                    "team",
+                    "allowed_models",
+                    "requests_per_minute",
+                    "priority",
+                    "max_concurrency",
+                    "revoked",
+                    "created",
+                    "last_used",
+                )
+            },
+        ),
+        BUDGETS_FIELDSET,
     )
     actions = ("revoke",)
+
+    @admin.display(description="budgets used")
+    def budgets_used(self, obj: ApiKey) -> SafeString | str:
+        return budget_use(obj)
+
+    @admin.display(description="used now")
+    def budget_use(self, obj: ApiKey) -> SafeString | str:
+        return budget_use(obj)
 
     @admin.display(description="status", ordering="revoked")
     def status(self, obj: ApiKey) -> str:
@@ -62,7 +84,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
             obj.name,
             allowed_models=obj.allowed_models,
             requests_per_minute=obj.requests_per_minute,
+            team=obj.team,
             revoked=obj.revoked,
+            **{field: getattr(obj, field) for field in BUDGET_FIELDS},
         )
         obj.pk, obj.prefix = key.pk, key.prefix
         # Messages live in the session (MESSAGE_STORAGE), never in a cookie: the key is

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 
+from common import tracing
 from common.request_id import make_request_id
 from openai_api import access
 from openai_api.errors import GatewayError, error_body
@@ -236,7 +237,18 @@ def asgi(
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send)
+        if tracing.ENABLED:
+            name = f"{scope.get('method', '')} {scope.get('path', '')}"
+            with tracing.server_span(name, exchange.headers) as span:
+                await served(exchange, span)
+        else:
+            await served(exchange, None)
+
+    async def served(exchange: Exchange, span: Any) -> None:
+        scope = exchange.scope
         exchange.record.gateway = gateway
+        if span is not None:
+            exchange.record.trace_id = tracing.trace_id_of(span)
         token = access.current.set(exchange.record)
         try:
             await handler(exchange)
@@ -258,7 +270,35 @@ def asgi(
             access.current.reset(token)
             try:
                 access.finish(exchange.record)
+                if span is not None:
+                    traced(span, exchange.record)
             except Exception:  # accounting never fails a request
                 log.exception("could not record request %s", exchange.request_id)
 
     return application
+
+
+def traced(span: Any, record: access.RequestRecord) -> None:
+    """What the request's span says of it once it ended: its answer and what it used (and
+    its name without a stored response's id, which would make every name its own)."""
+    label = access.endpoint_label(record.endpoint)
+    if record.gateway == "v1" and record.endpoint and label != record.endpoint:
+        span.update_name(f"{record.method} /v1/{label}")
+    span.set_attribute("http.response.status_code", record.status or access.CLIENT_GONE)
+    span.set_attribute("modelship.request_id", record.request_id)
+    for name, value in (
+        ("modelship.model", record.model),
+        ("modelship.endpoint", record.endpoint),
+        ("modelship.key", record.key),
+        ("modelship.waited", record.waited),
+    ):
+        if value:
+            span.set_attribute(name, value)
+    if record.gpu_seconds:
+        span.set_attribute("modelship.gpu_seconds", record.gpu_seconds)
+    if record.first_byte is not None:
+        span.add_event("first byte", timestamp=tracing.at(record.first_byte))
+    if record.status >= 500:
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
+        span.set_status(Status(StatusCode.ERROR))

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from django.conf import settings
 
+from common import tracing
 from openai_api import access
 from openai_api.catalog import catalog
 from openai_api.engine_error_codes import normalized, openai_code
@@ -142,6 +143,7 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dic
         out[name] = raw_value.decode("latin-1")
     out["accept-encoding"] = "identity"
     out["x-request-id"] = request_id
+    tracing.inject(out)  # the engine continues the request's trace (W3C traceparent)
     return out
 
 
@@ -218,7 +220,8 @@ class Forwarder:
         self.active[base_url] = self.active.get(base_url, 0) + 1
         ticket = meter.begin(base_url, catalog.snapshot)
         try:
-            yield self.session(base_url)
+            with tracing.client_span("modelship.engine"):
+                yield self.session(base_url)
         finally:
             spent = meter.end(ticket)
             record = access.current.get()

@@ -12,6 +12,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+from common import tracing
 from deployments.models import Deployment
 from openai_api import model_status
 from openai_api.auth import Caller, authenticate, last_used
@@ -49,15 +50,16 @@ async def handle(exchange: Exchange) -> None:
     record.endpoint = endpoint
     snapshot = await catalog.current()
     peer = (scope.get("client") or ("", 0))[0]
-    caller = authenticate(snapshot, exchange.headers, peer)
-    record.identity = caller.identity
-    if caller.key is not None:
-        record.key = shown_prefix(caller.key.prefix)
-        record.key_ref = caller.key
-        # Every route, before its body is read or parsed: a caller over its rate costs
-        # nothing more (conversations and stored responses too).
-        await rate_limiter.check(caller.key)
-        last_used.touch(caller.key)
+    with tracing.span("modelship.auth"):
+        caller = authenticate(snapshot, exchange.headers, peer)
+        record.identity = caller.identity
+        if caller.key is not None:
+            record.key = shown_prefix(caller.key.prefix)
+            record.key_ref = caller.key
+            # Every route, before its body is read or parsed: a caller over its rate costs
+            # nothing more (conversations and stored responses too).
+            await rate_limiter.check(caller.key)
+            last_used.touch(caller.key)
     if endpoint == "models" or endpoint.startswith("models/"):
         wanted = endpoint[len("models/") :]
         if method == "POST" and wanted.endswith(WARM):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 
+from common import tracing
 from openai_api import wait_status
 from openai_api.forwarder import sse_start
 
@@ -58,10 +59,11 @@ async def enter_kept_alive(
     """Enter the slot into `held` with keepalives while it is being acquired (a cold start,
     the queue), and none once it is: the caller then calls the engine. A slot that never
     waits (`immediate`, an always-on replica) is entered without them."""
-    if opener is None or getattr(slot, "immediate", False):
-        return await held.enter_async_context(slot)
-    async with kept_alive(opener):
-        return await held.enter_async_context(slot)
+    with tracing.span("modelship.slot"):  # the wait for an engine: a queue, a start
+        if opener is None or getattr(slot, "immediate", False):
+            return await held.enter_async_context(slot)
+        async with kept_alive(opener):
+            return await held.enter_async_context(slot)
 
 
 @contextlib.asynccontextmanager

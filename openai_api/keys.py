@@ -8,6 +8,7 @@ from typing import Any
 
 from deployments import audit
 from openai_api.models import ApiKey, shown_prefix
+from openai_api.usage.models import BUDGETS
 
 
 def snapshot(key: ApiKey) -> dict[str, Any]:
@@ -20,6 +21,8 @@ def snapshot(key: ApiKey) -> dict[str, Any]:
         "priority": key.priority,
         "max_concurrency": key.max_concurrency,
         "revoked": key.revoked,
+        "team": key.team.name if key.team is not None else None,
+        **{field: getattr(key, field) for field, _, _ in BUDGETS},
     }
 
 

@@ -165,8 +165,8 @@ def test_it_reads_the_hosts_memory_where_the_kernel_tells(tmp_path: Path) -> Non
 def test_it_counts_the_sites_requests_and_tokens_from_its_counter_files() -> None:
     before = read_totals()
     metrics.requests.labels("chat", "chat", "200", "").inc()
-    metrics.tokens.labels("chat", "in").inc(7)
-    metrics.tokens.labels("chat", "out").inc(5)
+    metrics.tokens.labels("chat", "in", "", "").inc(7)
+    metrics.tokens.labels("chat", "out", "", "").inc(5)
     after = read_totals()
     assert after.requests - before.requests == 1
     assert after.tokens - before.tokens == 12

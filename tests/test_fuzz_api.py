@@ -22,6 +22,7 @@ from schemathesis.checks import positive_data_acceptance
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment
 from openai_api.models import ApiKey
+from openai_api.usage.models import Team
 
 # schemathesis imports its OpenAPI modules on first use; imported here, at collection, they are
 # not parsed (pytest's assertion rewrite) while the in-process gateway's threads run, where
@@ -125,7 +126,11 @@ def test_it_answers_deep_json_on_every_operation_with_a_body_in_json(
     token: str, live_server: Any
 ) -> None:
     raw = SchemaGenerator().get_schema(request=None, public=True)
-    ids = {"deployments": Deployment.objects.get(name="a").pk, "keys": ApiKey.issue("k")[0].pk}
+    ids = {
+        "deployments": Deployment.objects.get(name="a").pk,
+        "keys": ApiKey.issue("k")[0].pk,
+        "teams": Team.objects.create(name="t").pk,
+    }
     operations = [
         (method.upper(), path.replace("{id}", str(ids.get(path.split("/")[2], 0))))
         for path, methods in raw["paths"].items()

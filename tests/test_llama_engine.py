@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from django.core.management import call_command
+from django.db.models import Sum
 from django.utils import timezone
 
 from deployments import deployer
@@ -19,6 +20,8 @@ from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from ondemand import baseline
+from openai_api.usage.ledger import ledger
+from openai_api.usage.models import UsageMinute
 from tests.conftest import wait_until
 from tests.docker_support import docker_block
 from tests.gateway_support import seen_by_gateway
@@ -111,6 +114,27 @@ def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
     )
     assert completion.choices[0].text and completion.usage is not None
     assert completion.usage.completion_tokens == 7
+    # Usage: the engine's own counts, a stream's asked of it though this client did not ask.
+    unasked = list(
+        client.chat.completions.create(
+            model="tiny", messages=HI, max_tokens=12, temperature=0, stream=True
+        )
+    )
+    assert unasked and all(chunk.usage is None for chunk in unasked)
+    ledger.flush()
+    used = UsageMinute.objects.filter(deployment="tiny").aggregate(
+        requests=Sum("requests"),
+        tokens_in=Sum("tokens_in"),
+        tokens_out=Sum("tokens_out"),
+        estimated=Sum("tokens_estimated"),
+    )
+    chat_in = first.usage.prompt_tokens
+    assert used == {
+        "requests": 5,
+        "tokens_in": 4 * chat_in + completion.usage.prompt_tokens,
+        "tokens_out": 4 * 12 + 7,
+        "estimated": 0,
+    }
 
 
 def test_it_takes_a_default_answer_length_and_sampling_from_its_operator(

@@ -5,7 +5,7 @@ that refuse the next request once used up (README, "Usage and budgets")."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -16,6 +16,7 @@ from django.db.models import Sum
 
 from deployments.models import AuditEntry, Deployment
 from openai_api.models import ApiKey
+from openai_api.tasks import sweep_usage
 from openai_api.usage.budgets import Budgets, Owner
 from openai_api.usage.counters import CounterSync, sync
 from openai_api.usage.gpu_time import GpuMeter
@@ -274,3 +275,14 @@ def test_it_writes_the_usage_in_the_access_line(
     line = access_lines[-1]
     assert line["team"] == "web" and line["tokens_estimated"] == 0
     assert line["tokens_in"] == 4 and "gpu_seconds" in line
+
+
+def test_it_sweeps_usage_past_its_retention(site: Any, db: None) -> None:
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    for days in (0, 10, 40):
+        UsageMinute.objects.create(minute=now - timedelta(days=days), key_id=days, requests=1)
+    site.MSHIP_USAGE_RETENTION_DAYS = 30
+    assert sweep_usage() == 1
+    assert sorted(UsageMinute.objects.values_list("key_id", flat=True)) == [0, 10]
+    site.MSHIP_USAGE_RETENTION_DAYS = 0  # kept forever
+    assert sweep_usage() == 0

@@ -76,4 +76,6 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
     assert (sweep.func, sweep.minutes) == ("openai_api.tasks.sweep_responses", 60)
     sync = Schedule.objects.get(name="modelship-litellm-sync")
     assert (sync.func, sync.minutes) == ("ondemand.tasks.sync_litellm", 1)
-    assert Schedule.objects.count() == 4
+    usage = Schedule.objects.get(name="modelship-usage-sweep")
+    assert (usage.func, usage.minutes) == ("openai_api.tasks.sweep_usage", 60)
+    assert Schedule.objects.count() == 5

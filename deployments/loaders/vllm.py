@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from common import tracing
 from deployments import engine_envs, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
 
@@ -107,6 +108,10 @@ class VllmLoader(Loader):
         options.update({k: v for k, v in self.gpu_options(spec).items() if k not in spec.config})
         if spec.usecase == "embed" and "runner" not in options:
             options["runner"] = "pooling"
+        if tracing.wanted(os.environ) and "otlp_traces_endpoint" not in options:
+            # The site traces: vLLM exports its spans to the same collector, under the
+            # gateway's (it reads the traceparent the gateway passes).
+            options["otlp_traces_endpoint"] = tracing.collector(os.environ)
         return argv + cli_flags(options)
 
     @staticmethod
@@ -130,6 +135,10 @@ class VllmLoader(Loader):
 
     def env(self, spec: EngineSpec) -> dict[str, str]:
         env: dict[str, str] = {}
+        if tracing.wanted(os.environ) and "otlp_traces_endpoint" not in spec.config:
+            # vLLM's exporter speaks gRPC unless told; the collector URL is OTLP/HTTP's.
+            env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+            env["OTEL_SERVICE_NAME"] = f"vllm {spec.served_names[0]}"
         if self.can_sleep(spec):
             # /sleep, /wake_up and /is_sleeping are served only in vLLM's development mode.
             env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -1,21 +1,25 @@
 """/api/keys/: the gateway's API keys for scripts and the `modelship` command. Create shows
 the secret once; a key is restricted by editing it and revoked by its action, never deleted
-(its audit rows name it). Every change goes through openai_api/keys.py and is audited."""
+(its audit rows name it). Every change goes through openai_api/keys.py and is audited.
+
+/api/teams/: teams of keys and their budgets, changed through openai_api/teams.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Count
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import DjangoModelPermissions
 from rest_framework.response import Response
 
-from deployments.api.filters import StrictFilterSet, strict_boolean
-from openai_api import keys
-from openai_api.api.serializers import ApiKeySerializer, IssuedKeySerializer
+from deployments.api.filters import IdFilter, StrictFilterSet, strict_boolean
+from openai_api import keys, teams
+from openai_api.api.serializers import ApiKeySerializer, IssuedKeySerializer, TeamSerializer
 from openai_api.models import ApiKey
+from openai_api.usage.models import Team
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -42,10 +46,11 @@ class KeyPermissions(DjangoModelPermissions):
 
 class KeyFilter(StrictFilterSet):
     revoked = strict_boolean("revoked")  # `?revoked=null` is a 400, not every key
+    team = IdFilter("team_id")
 
     class Meta:
         model = ApiKey
-        fields = ("revoked", "name")
+        fields = ("revoked", "name", "team")
 
 
 class ApiKeyViewSet(
@@ -55,7 +60,7 @@ class ApiKeyViewSet(
     mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
-    queryset = ApiKey.objects.all()
+    queryset = ApiKey.objects.select_related("team")
     serializer_class = ApiKeySerializer
     permission_classes = [KeyPermissions]
     filterset_class = KeyFilter
@@ -80,3 +85,29 @@ class ApiKeyViewSet(
         key = self.get_object()
         keys.revoke(request.user, key)
         return Response(ApiKeySerializer(key).data)
+
+
+class TeamFilter(StrictFilterSet):
+    class Meta:
+        model = Team
+        fields = ("name",)
+
+
+class TeamViewSet(viewsets.ModelViewSet):
+    """Teams: their budgets bind all their keys together; removing one leaves its keys
+    without a team. Needs the team model's permissions."""
+
+    queryset = Team.objects.annotate(key_count=Count("keys"))
+    serializer_class = TeamSerializer
+    filterset_class = TeamFilter
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = teams.create(self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = teams.change(
+            self.request.user, serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance: Team) -> None:
+        teams.delete(self.request.user, instance)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from common import tracing
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_error_of, forwarder, unreachable
@@ -72,6 +73,7 @@ async def call_engine(
     url = base_url + ("/v1/responses" if by_engine else "/v1/chat/completions")
     headers = {"content-type": "application/json", "x-request-id": request_id}
     async with forwarder.using(base_url) as session:
+        tracing.inject(headers)
         try:
             answer = await session.post(url, json=body, headers=headers)
         except aiohttp.ClientError as exc:

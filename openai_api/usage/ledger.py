@@ -64,6 +64,14 @@ class Ledger:
         # again then, where no Redis keeps them).
         self.after_write: list[Callable[[dict[Row, list[float]]], None]] = []
 
+    def row(self, row: Row) -> list[float]:
+        """The figures of `row` to add to in place; the caller holds `lock` (and started the
+        thread)."""
+        kept = self.rows.get(row)
+        if kept is None:
+            kept = self.rows[row] = [0.0] * WIDTH
+        return kept
+
     def add(self, row: Row, values: Iterable[float]) -> None:
         if self.thread is None:
             self.start()

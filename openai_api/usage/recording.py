@@ -16,6 +16,23 @@ from openai_api.models import shown_prefix
 from openai_api.usage.budgets import budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import ledger
+from openai_api.usage.models import COUNTED
+
+(
+    REQUESTS,
+    ERRORS,
+    TOKENS_IN,
+    TOKENS_OUT,
+    TOKENS_CACHED,
+    TOKENS_ESTIMATED,
+    GPU,
+    DURATION,
+    TTFT,
+    TTFT_COUNT,
+    IMAGES,
+    AUDIO,
+    CHARACTERS,
+) = range(len(COUNTED))
 
 if TYPE_CHECKING:
     from openai_api.catalog import Key
@@ -27,20 +44,20 @@ CHARS_PER_TOKEN = 4  # the gateway's estimate where an engine reports no usage
 
 def admit(key: Key | None) -> None:
     """A request of `key` may start: 429 when it or its team is out of a budget."""
-    if key is not None and key.budget_owners:
+    if key is not None and key.budget_owners and settings.MSHIP_USAGE_RECORD:
         if sync.thread is None:
             sync.start()
         budgets.check(key.budget_owners)
 
 
-IMAGES = frozenset({"images/generations", "images/edits", "images/variations"})
+IMAGE_ENDPOINTS = frozenset({"images/generations", "images/edits", "images/variations"})
 MAX_UNITS = 10_000  # a request's own figure is bounded: it is the caller's to set
 
 
 def media_units(endpoint: str, data: dict[str, Any] | None) -> tuple[int, int]:
     """The images a request asks for and the characters it has spoken, from its body (the
     answer has them too, but a megabyte of images is not read for a count)."""
-    if endpoint in IMAGES:
+    if endpoint in IMAGE_ENDPOINTS:
         wanted = (data or {}).get("n", 1)
         if isinstance(wanted, int) and not isinstance(wanted, bool):
             return min(max(wanted, 0), MAX_UNITS), 0
@@ -77,46 +94,47 @@ def estimate(endpoint: str, body_bytes: int, events: int, bytes_out: int) -> tup
 def count(
     key: Key | None,
     model: str,
-    endpoint: str,
     status: int,
     duration: float,
     ttft: float | None,
     usage: Usage,
     when: float,
 ) -> None:
-    failed = status >= 400
-    minute = int(when) // 60 * 60
-    team_id = key.team_id if key is not None else 0
-    ledger.add(
-        (minute, key.id if key is not None else 0, team_id, model),
-        (
-            1,
-            1 if failed else 0,
-            usage.tokens_in,
-            usage.tokens_out,
-            usage.tokens_cached,
-            usage.estimated,
-            usage.gpu_seconds,
-            duration,
-            ttft or 0.0,
-            1 if ttft is not None else 0,
-            usage.images,
-            usage.audio_s,
-            usage.characters,
-        ),
-    )
-    budgets.add(
-        key.budget_owners if key is not None else (),
-        usage.tokens_in + usage.tokens_out,
-        usage.gpu_seconds,
-    )
-    series = _series(model, key.team_name if key is not None else "", _key_label(key))
-    if usage.tokens_in:
-        series[0].inc(usage.tokens_in)
-    if usage.tokens_out:
-        series[1].inc(usage.tokens_out)
-    if usage.gpu_seconds:
-        series[2].inc(usage.gpu_seconds)
+    """Add a finished request to its minute's row (only the figures it has: most are 0)."""
+    row_key = (int(when) // 60 * 60, key.id if key else 0, key.team_id if key else 0, model)
+    tokens = usage.tokens_in + usage.tokens_out
+    if ledger.thread is None:
+        ledger.start()
+    with ledger.lock:
+        row = ledger.row(row_key)
+        row[REQUESTS] += 1
+        row[DURATION] += duration
+        if status >= 400:
+            row[ERRORS] += 1
+        if ttft is not None:
+            row[TTFT] += ttft
+            row[TTFT_COUNT] += 1
+        if tokens:
+            row[TOKENS_IN] += usage.tokens_in
+            row[TOKENS_OUT] += usage.tokens_out
+            row[TOKENS_CACHED] += usage.tokens_cached
+            row[TOKENS_ESTIMATED] += usage.estimated
+        if usage.gpu_seconds:
+            row[GPU] += usage.gpu_seconds
+        if usage.images or usage.audio_s or usage.characters:
+            row[IMAGES] += usage.images
+            row[AUDIO] += usage.audio_s
+            row[CHARACTERS] += usage.characters
+    if key is not None and key.budget_owners:
+        budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
+    if tokens or usage.gpu_seconds:
+        series = _series(model, key.team_name if key else "", _key_label(key))
+        if usage.tokens_in:
+            series[0].inc(usage.tokens_in)
+        if usage.tokens_out:
+            series[1].inc(usage.tokens_out)
+        if usage.gpu_seconds:
+            series[2].inc(usage.gpu_seconds)
 
 
 def _key_label(key: Key | None) -> str:
@@ -128,7 +146,7 @@ def _key_label(key: Key | None) -> str:
 @functools.lru_cache(maxsize=4096)
 def _series(model: str, team: str, key: str) -> tuple[Any, Any, Any]:
     return (
-        metrics.usage_tokens.labels(model, team, key, "in"),
-        metrics.usage_tokens.labels(model, team, key, "out"),
+        metrics.tokens.labels(model, "in", team, key),
+        metrics.tokens.labels(model, "out", team, key),
         metrics.gpu_seconds.labels(model, team, key),
     )

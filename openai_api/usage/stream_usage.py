@@ -28,7 +28,7 @@ def with_usage_asked(endpoint: str, streaming: bool, data: dict[str, Any] | None
     """The body to send where the gateway must ask for usage the client did not, else None."""
     if not streaming or endpoint not in ASKED_ON or not isinstance(data, dict):
         return None
-    if not settings.MSHIP_USAGE_FROM_STREAMS:
+    if not (settings.MSHIP_USAGE_FROM_STREAMS and settings.MSHIP_USAGE_RECORD):
         return None
     options = data.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:

@@ -14,6 +14,7 @@ SCHEDULES: dict[str, tuple[str, int]] = {
     "modelship-ondemand-reaper": ("ondemand.tasks.reap", 1),
     "modelship-responses-sweep": ("openai_api.tasks.sweep_responses", 60),
     "modelship-litellm-sync": ("ondemand.tasks.sync_litellm", 1),
+    "modelship-usage-sweep": ("openai_api.tasks.sweep_usage", 60),
 }
 
 
@@ -35,7 +36,7 @@ def setup_schedules() -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Register the watchdog, the on-demand reaper and the responses sweep; idempotent."
+    help = "Register the watchdog, the on-demand reaper and the sweeps; idempotent."
 
     def handle(self, *args: Any, **options: Any) -> None:
         created = setup_schedules()

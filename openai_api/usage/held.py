@@ -1,0 +1,84 @@
+"""The GPU-seconds a deployment held: its held periods, read from its state events (a
+deployment holds its GPUs from entering starting, ready or stopping until it enters any other
+state), times its replicas' GPU share (openai_api/usage/gpu_share.py).
+
+What it held less what its requests were attributed is its idle account
+(openai_api/usage/report.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from deployments.models import HOLDING_STATES, Deployment, DeploymentEvent, State
+from openai_api.usage.gpu_share import replica_shares
+
+Period = tuple[datetime, datetime]
+STATES = tuple(state.value for state in State)
+HOLDING = frozenset(state.value for state in HOLDING_STATES)
+# Time buckets a report may group by, and their length.
+BUCKETS = {
+    "minute": timedelta(minutes=1),
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+}
+
+
+def gpu_share(deployment: Deployment) -> float:
+    """The GPUs all its replicas hold together (0: it runs on CPUs only)."""
+    return sum(replica_shares(deployment.num_gpus, deployment.gpus, deployment.num_replicas))
+
+
+def held_periods(name: str, since: datetime, until: datetime) -> list[Period]:
+    """When the deployment of this name held its GPUs between `since` and `until`: its state
+    at `since` is the one its last event before then entered."""
+    events = DeploymentEvent.objects.filter(deployment_name=name, kind__in=STATES)
+    before = events.filter(time__lt=since).order_by("-time", "-id").values_list("kind", flat=True)
+    start: datetime | None = since if before.first() in HOLDING else None
+    periods: list[Period] = []
+    within = events.filter(time__gte=since, time__lt=until).order_by("time", "id")
+    for kind, time in within.values_list("kind", "time"):
+        if kind in HOLDING:
+            start = time if start is None else start
+        elif start is not None:
+            periods.append((start, time))
+            start = None
+    if start is not None and start < until:
+        periods.append((start, until))
+    return periods
+
+
+def bucket_of(moment: datetime, bucket: str) -> datetime:
+    """The start of the UTC minute, hour or day the moment falls in."""
+    moment = moment.astimezone(UTC)
+    if bucket == "minute":
+        return moment.replace(second=0, microsecond=0)
+    if bucket == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def held_seconds(periods: list[Period], bucket: str | None) -> dict[datetime | None, float]:
+    """Seconds held in each time bucket (its start; None: no buckets, the whole range)."""
+    held: dict[datetime | None, float] = {}
+    for start, end in periods:
+        if bucket is None:
+            held[None] = held.get(None, 0.0) + (end - start).total_seconds()
+            continue
+        moment = start
+        while moment < end:
+            opened = bucket_of(moment, bucket)
+            closed = min(end, opened + BUCKETS[bucket])
+            held[opened] = held.get(opened, 0.0) + (closed - moment).total_seconds()
+            moment = closed
+    return held
+
+
+def held_gpu_seconds(
+    deployment: Deployment, since: datetime, until: datetime, bucket: str | None = None
+) -> dict[datetime | None, float]:
+    """GPU-seconds it held, per time bucket (None: over the whole range)."""
+    share = gpu_share(deployment)
+    if share <= 0 or until <= since:
+        return {}
+    held = held_seconds(held_periods(deployment.name, since, until), bucket)
+    return {opened: seconds * share for opened, seconds in held.items()}

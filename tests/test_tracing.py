@@ -1,0 +1,113 @@
+"""Traces from the gateway to the engine (README, "Traces"): spans received by an OTLP/HTTP
+receiver in the test's process, as a collector would receive them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from common import tracing
+from deployments.loaders import EngineSpec, get_loader
+from tests.conftest import wait_until
+from tests.gateway_support import seen_by_gateway
+from tests.otlp_receiver import Receiver
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+pytestmark = pytest.mark.usefixtures("engines")
+SERVER, CLIENT = 2, 3  # OTLP's span kinds
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    tracing.configure(found.url, delay_ms=50)
+    yield found
+    tracing.shutdown()
+    found.close()
+
+
+def test_it_traces_a_cold_on_demand_request_from_the_caller_to_the_engine(
+    receiver: Receiver,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Any,
+    site: Any,
+    access_lines: list[dict[str, Any]],
+) -> None:
+    lazy = make_deployment(
+        "lazy", mode="on_demand", idle_timeout_s=60, config={"startup_delay_s": 0.3}
+    )
+    seen_by_gateway(lambda s: "lazy" in s.routes)
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "lazy", "messages": [{"role": "user", "content": "hi"}]},
+        headers={
+            "authorization": f"Bearer {api_key()}",
+            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+        },
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    tracing.flush()
+    root = receiver.named("POST /v1/chat/completions", CALLER_TRACE)
+    assert (root.trace_id, root.parent_id, root.kind) == (CALLER_TRACE, CALLER_SPAN, SERVER)
+    assert root.attributes["http.response.status_code"] == 200
+    assert root.attributes["modelship.model"] == "lazy"
+    assert root.attributes["modelship.waited"] == "start"
+    assert "first byte" in root.events and root.service == "modelship"
+    auth = receiver.named("modelship.auth", CALLER_TRACE)
+    slot = receiver.named("modelship.slot", CALLER_TRACE)
+    start = receiver.named("modelship.ondemand.start", CALLER_TRACE)
+    engine = receiver.named("modelship.engine", CALLER_TRACE)
+    assert auth.parent_id == slot.parent_id == engine.parent_id == root.span_id
+    assert start.parent_id == slot.span_id
+    assert start.attributes["modelship.deployment"] == "lazy"
+    for phase in ("modelship.ondemand.prepare", "modelship.ondemand.launch"):
+        assert receiver.named(phase, CALLER_TRACE).parent_id == start.span_id
+    assert engine.kind == CLIENT
+    # The engine was asked under the engine call's span: it continues the same trace.
+    lazy.refresh_from_db()
+    headers = httpx.get(lazy.engine_urls[0] + "/sim/last_chat_headers").json()
+    assert headers["traceparent"] == f"00-{CALLER_TRACE}-{engine.span_id}-01"
+    wait_until(lambda: any(line.get("model") == "lazy" for line in access_lines), 10)
+    line = next(line for line in access_lines if line.get("model") == "lazy")
+    assert line["trace_id"] == CALLER_TRACE
+
+
+def test_it_traces_nothing_and_logs_no_trace_id_when_off(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Any],
+    access_lines: list[dict[str, Any]],
+) -> None:
+    assert not tracing.ENABLED
+    engine = serving("sim").engine_url
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "sim", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {api_key()}"},
+    )
+    assert answer.status_code == 200
+    assert "traceparent" not in httpx.get(engine + "/sim/last_chat_headers").json()
+    wait_until(lambda: any(line.get("model") == "sim" for line in access_lines), 10)
+    assert all("trace_id" not in line for line in access_lines)
+
+
+def test_it_points_vllm_at_the_sites_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm = get_loader("vllm")
+    spec = EngineSpec(name="m", model="org/model")
+    assert "--otlp-traces-endpoint" not in vllm.argv(spec, "h", "1")
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in vllm.env(spec)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    argv = vllm.argv(spec, "h", "1")
+    at = argv.index("--otlp-traces-endpoint")
+    assert argv[at + 1] == "http://collector:4318/v1/traces"
+    assert vllm.env(spec)["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # the OpenTelemetry way to turn it off
+    assert "--otlp-traces-endpoint" not in vllm.argv(spec, "h", "1")
