@@ -10,16 +10,19 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.contrib import admin
 from django.db import connection
+from django.urls import path
 
 from common.redact import redact_urls
 from deployments.ray_cluster import cluster_summary
 from deployments.sign_in import ThrottledAdminLoginForm
 from ondemand.live import may_see_events, may_watch
 from ondemand.live_rows import for_viewer, snapshot
+from openai_api.usage.admin_page import usage_page
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
     from django.template.response import TemplateResponse
+    from django.urls import URLPattern, URLResolver
 
 # The Ray cluster's block waits this long for its dashboard; the page does not wait longer.
 RAY_WAIT_S = 2.0
@@ -50,6 +53,15 @@ class ModelshipAdminSite(admin.AdminSite):
             context["dashboard"] = {"rows": list(rows.values()), "host": host}
             context["ray"] = ray_block()
         return super().index(request, {**context, **(extra_context or {})})
+
+    def get_urls(self) -> list[URLResolver | URLPattern]:
+        # /admin/usage/: tokens and GPU-seconds per team, key and model, and the budgets
+        # (openai_api/usage/admin_page.py); linked from every page's header.
+        usage = path("usage/", self.admin_view(self.usage_view), name="usage")
+        return [usage, *super().get_urls()]
+
+    def usage_view(self, request: HttpRequest) -> TemplateResponse:
+        return usage_page(request, self.each_context(request))
 
     def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[Any]:
         apps = super().get_app_list(request, app_label)

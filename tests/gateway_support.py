@@ -5,10 +5,13 @@ database queries), for the whole session."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import io
 import json
 import secrets
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +33,7 @@ from openai_api.access import writer
 from openai_api.catalog import catalog
 from openai_api.forwarder import forwarder
 from openai_api.models import ApiKey
-from tests.conftest import wait_until
+from tests.conftest import REPO, answers, env_for_subprocess, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -194,3 +197,41 @@ def access_lines() -> Iterator[list[dict[str, Any]]]:
     previous, writer.stream = writer.stream, Keep()
     yield lines
     writer.stream = previous
+
+
+def server(tmp_path: Path, site: Any, name: str, metrics_dir: Path) -> tuple[str, Any]:
+    port = free_port("127.0.0.1")
+    env = env_for_subprocess(
+        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        MSHIP_VAR_DIR=str(tmp_path / "var"),
+        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
+        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
+        MSHIP_MEMORY_CAPACITY_GIB="8",
+        MSHIP_ROUTE_REFRESH_S="0.2",
+        MSHIP_METRICS_KEY_PREFIXES="1",  # test_metrics checks the counts by key
+        MSHIP_USAGE_FLUSH_S="0.2",  # test_usage: budgets across the two, soon
+        MSHIP_BUDGET_REFRESH_S="0.2",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=(tmp_path / f"{name}.out").open("wb"),
+        stderr=(tmp_path / f"{name}.err").open("wb"),
+    )
+    return f"http://127.0.0.1:{port}", process
+
+
+@pytest.fixture
+def two_gateways(tmp_path: Path, site: Any, transactional_db: None) -> Iterator[list[str]]:
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    started = [server(tmp_path, site, name, metrics_dir) for name in ("a", "b")]
+    try:
+        for url, _ in started:
+            wait_until(functools.partial(answers, url + "/health"), 60)
+        yield [url for url, _ in started]
+    finally:
+        for _, process in started:
+            process.terminate()
+            process.wait(30)

@@ -3,10 +3,7 @@ access log's one JSON line per request."""
 
 from __future__ import annotations
 
-import functools
 import json
-import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -21,12 +18,11 @@ from common import metrics
 from deployments import deployer
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, State
-from deployments.runtimes.process import free_port
 from openai_api.models import ApiKey
-from tests.conftest import REPO, answers, env_for_subprocess, wait_until
+from tests.conftest import wait_until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -50,42 +46,6 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum over every sample of `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
-
-
-def server(tmp_path: Path, site: Any, name: str, metrics_dir: Path) -> tuple[str, Any]:
-    port = free_port("127.0.0.1")
-    env = env_for_subprocess(
-        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
-        MSHIP_VAR_DIR=str(tmp_path / "var"),
-        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
-        MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
-        MSHIP_MEMORY_CAPACITY_GIB="8",
-        MSHIP_ROUTE_REFRESH_S="0.2",
-        MSHIP_METRICS_KEY_PREFIXES="1",  # the counts by key are checked below
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=(tmp_path / f"{name}.out").open("wb"),
-        stderr=(tmp_path / f"{name}.err").open("wb"),
-    )
-    return f"http://127.0.0.1:{port}", process
-
-
-@pytest.fixture
-def two_gateways(tmp_path: Path, site: Any, transactional_db: None) -> Iterator[list[str]]:
-    metrics_dir = tmp_path / "metrics"
-    metrics_dir.mkdir()
-    started = [server(tmp_path, site, name, metrics_dir) for name in ("a", "b")]
-    try:
-        for url, _ in started:
-            wait_until(functools.partial(answers, url + "/health"), 60)
-        yield [url for url, _ in started]
-    finally:
-        for _, process in started:
-            process.terminate()
-            process.wait(30)
 
 
 def test_it_counts_a_known_sequence_exactly_over_two_gateway_processes(

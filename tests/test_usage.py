@@ -14,6 +14,7 @@ import pytest
 from django.db import DatabaseError
 from django.db.models import Sum
 
+from deployments import deployer
 from deployments.models import AuditEntry, Deployment
 from openai_api.models import ApiKey
 from openai_api.tasks import sweep_usage
@@ -286,3 +287,29 @@ def test_it_sweeps_usage_past_its_retention(site: Any, db: None) -> None:
     assert sorted(UsageMinute.objects.values_list("key_id", flat=True)) == [0, 10]
     site.MSHIP_USAGE_RETENTION_DAYS = 0  # kept forever
     assert sweep_usage() == 0
+
+
+def test_it_holds_a_budget_over_two_gateway_processes(
+    two_gateways: list[str], make_deployment: Any
+) -> None:
+    """The process that served a request refuses the next at once (its own count); the
+    other within a refresh (Redis where REDIS_URL is set, else the usage table)."""
+    sim = make_deployment("sim", config={"reply": "one two three four five six seven"})
+    deployer.restart(sim.pk)
+    _, secret = ApiKey.issue("shared", tokens_per_day=5)
+    a, b = (
+        openai.OpenAI(base_url=url + "/v1", api_key=secret, max_retries=0, timeout=30)
+        for url in two_gateways
+    )
+    assert a.chat.completions.create(model="sim", messages=HELLO).choices  # 4 + 7 tokens
+    with pytest.raises(openai.RateLimitError, match="tokens_per_day"):
+        a.chat.completions.create(model="sim", messages=HELLO)
+
+    def b_refuses() -> bool:
+        try:
+            b.chat.completions.create(model="sim", messages=HELLO)
+        except openai.RateLimitError as refused:
+            return refused.code == "budget_exceeded"
+        return False
+
+    wait_until(b_refuses, 10)
