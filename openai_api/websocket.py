@@ -39,18 +39,20 @@ import orjson
 from django.conf import settings
 
 from common.request_id import make_request_id
-from openai_api import ws_lanes
+from openai_api import access, ws_lanes
 from openai_api.auth import authenticate, last_used
 from openai_api.bodies import json_value
 from openai_api.catalog import catalog
 from openai_api.errors import TYPES, GatewayError
 from openai_api.exchange import cors_allowed, json_headers
 from openai_api.gateway import check_response_scope, responses_route
+from openai_api.models import shown_prefix
 from openai_api.output_tokens import check_output_tokens
 from openai_api.rate_limits import rate_limiter
 from openai_api.responses.fields import bad
 from openai_api.responses.foreground import Opening, run
 from openai_api.responses.turn import Turn, prepare
+from openai_api.usage.recording import admit
 
 if TYPE_CHECKING:
     from openai_api.exchange import Receive, Scope, Send
@@ -219,11 +221,27 @@ class Socket:
         self.lanes[lane] = asyncio.create_task(self.create(event, lane))
 
     async def create(self, event: dict[str, Any], lane: str) -> None:
+        """A response on a lane, counted as a request of its own: its access line, metrics,
+        usage and GPU-seconds (openai_api/access.py)."""
+        record = access.RequestRecord("POST", "/v1/responses", make_request_id(None))
+        record.gateway, record.endpoint, record.streaming = "ws", "responses", True
+        token = access.current.set(record)
+        try:
+            await self.respond(event, lane, record)
+        finally:
+            access.current.reset(token)
+            try:
+                access.finish(record)
+            except Exception:  # accounting never fails a response
+                log.exception("could not record request %s", record.request_id)
+
+    async def respond(self, event: dict[str, Any], lane: str, record: access.RequestRecord) -> None:
         data = {k: v for k, v in event.items() if k not in ("type", "stream_id")}
-        request_id = make_request_id(None)
+        request_id = record.request_id
         out = SocketOut(self, lane)
         turn: Turn | None = None
         previous = data.get("previous_response_id")
+        record.status = 200  # unless refused below
         try:
             if data.get("background"):
                 raise bad("background is not available over a WebSocket.", "background")
@@ -233,18 +251,21 @@ class Socket:
             data["stream"] = True  # implicit over a socket
             turn = await self.prepare(data)
             await run(turn, out, request_id, generate)
+            record.reported = reported_usage(turn.translator.response.get("usage"))
             if turn.translator.response["status"] in ("completed", "incomplete"):
                 self.remember(turn)
             else:
                 self.forget(previous)
         except GatewayError as exc:
             self.forget(previous)
+            record.status = exc.status
             with contextlib.suppress(ClientGone):
                 await self.send(error_event(exc, lane))
         except ClientGone:
             pass  # the receive loop sees the close and ends the socket
         except Exception:
             self.forget(previous)
+            record.status = 500
             log.exception("a WebSocket response failed (request %s)", request_id)
             message = f"The server had an error processing the request {request_id}."
             with contextlib.suppress(ClientGone):
@@ -267,6 +288,10 @@ class Socket:
         if not isinstance(data.get("model"), str):
             raise bad("'model' is required.", "model")
         route = responses_route(snapshot, caller, data["model"])
+        if (record := access.current.get()) is not None:
+            record.model, record.identity, record.key_ref = route.name, caller.identity, caller.key
+            record.key = shown_prefix(caller.key.prefix) if caller.key is not None else ""
+        admit(caller.key)  # its budgets, as a POST's
         check_output_tokens(route, data)
         previous = data.get("previous_response_id")
         try:
@@ -328,3 +353,15 @@ class SocketOut:
         self.opened = True
         for event in events:
             await self.socket.send(event, self.lane)
+
+
+def reported_usage(usage: Any) -> tuple[int, int, int] | None:
+    """A Responses usage object as the record counts it: tokens in, out and cached."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    figures = (usage.get("input_tokens"), usage.get("output_tokens"), cached or 0)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in figures):
+        return None
+    return figures  # type: ignore[return-value]

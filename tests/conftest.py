@@ -29,6 +29,7 @@ from deployments import deployer, engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from openai_api.access import writer
+from openai_api.usage.budgets import budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import ledger
 
@@ -189,6 +190,14 @@ def usage_written_when_asked() -> Iterator[None]:
     sync.stop.set()
     yield
     ledger.rows.clear()
+
+
+@pytest.fixture(autouse=True)
+def fresh_usage() -> None:
+    """Each test counts its own requests: what earlier ones used is not flushed into its."""
+    with ledger.lock:
+        ledger.rows.clear()
+    budgets.forget()
 
 
 # What the flush between transactional tests keeps: what migrate made once (Django's post_migrate

@@ -13,10 +13,13 @@ import httpx
 import openai
 import pytest
 import websockets
+from django.db.models import Sum
 from websockets.sync.client import connect
 
 from openai_api import websocket
 from openai_api.models import ApiKey
+from openai_api.usage.ledger import ledger
+from openai_api.usage.models import UsageMinute
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
 from tests.open_responses_schema import conforming_sdk
@@ -336,3 +339,22 @@ def test_it_answers_an_unexpected_failure_with_an_error_event_and_stays_open(
         assert text_of(until_done(connection)) == "back"
     assert (failed["status"], failed["error"]["code"]) == (500, "internal_error")
     assert "a bug" not in failed["error"]["message"]  # the details stay in the log
+
+
+def test_it_counts_each_response_on_a_socket_as_a_request_with_its_usage(
+    client: openai.OpenAI, serving: Callable[..., Deployment]
+) -> None:
+    serving("sim", config={"reply": "one two three"})
+    with client.responses.connect() as connection:
+        for _ in range(2):
+            connection.response.create(model="sim", input="count me")
+            usage = final(until_done(connection))["usage"]
+    ledger.flush()
+    used = UsageMinute.objects.filter(deployment="sim").aggregate(
+        requests=Sum("requests"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out")
+    )
+    assert used == {
+        "requests": 2,
+        "tokens_in": 2 * usage["input_tokens"],
+        "tokens_out": 2 * usage["output_tokens"],
+    }

@@ -16,6 +16,7 @@ from django.db.models import Sum
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
+from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
 from openai_api.tasks import sweep_usage
 from openai_api.usage.budgets import Budgets, Owner
@@ -313,3 +314,22 @@ def test_it_holds_a_budget_over_two_gateway_processes(
         return False
 
     wait_until(b_refuses, 10)
+
+
+def test_it_serves_on_or_refuses_as_told_while_budget_totals_cannot_be_read(
+    site: Any, db: None
+) -> None:
+    limits = (("requests_per_day", "requests", "day", 1000),)
+    owner = Owner("key", 1, "stale-ref", "app", limits)
+    counted = Budgets()
+    counted.check((owner,))
+    site.MSHIP_BUDGET_STALE_S = 30
+    counted.synced_at -= 31  # no totals read for longer than that: Redis and the table down
+    site.MSHIP_BUDGET_FAILURE = "open"
+    counted.check((owner,))  # the last totals and this process's own count
+    site.MSHIP_BUDGET_FAILURE = "closed"
+    with pytest.raises(GatewayError) as refused:
+        counted.check((owner,))
+    assert (refused.value.status, refused.value.code) == (503, "budget_unavailable")
+    counted.settle({}, {})  # totals read again
+    counted.check((owner,))
