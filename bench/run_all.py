@@ -45,7 +45,7 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ],
     ),
     (
-        "What recording usage costs the gateway: off, on, on with budgets (c=32)",
+        "What recording usage and tracing cost the gateway (c=32)",
         ["usage_cost.py", "--seconds", "5", "--rounds", "3"],
         ["usage_cost.py", "--seconds", "0.5", "--rounds", "1"],
     ),

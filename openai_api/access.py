@@ -110,7 +110,7 @@ class RequestRecord:
         elif not ok:
             usage = recording.Usage()
         else:
-            found_in, found_out = last_number(TOKENS_IN, tail), last_number(TOKENS_OUT, tail)
+            found_in, found_out = token_counts(tail)
             guess_in = guess_out = 0
             if (found_in is None or found_out is None) and self.endpoint in recording.TEXT:
                 guess_in, guess_out = recording.estimate(
@@ -129,6 +129,15 @@ class RequestRecord:
             if self.endpoint in AUDIO_IN and (seconds := AUDIO_SECONDS.findall(tail)):
                 usage.audio_s = float(seconds[-1])
         return usage
+
+
+def token_counts(tail: bytes) -> tuple[int | None, int | None]:
+    """The tokens in and out an answer's tail reports in its last `usage` (None: none)."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None, None
+    usage = tail[at:]
+    return last_number(TOKENS_IN, usage), last_number(TOKENS_OUT, usage)
 
 
 def last_number(pattern: re.Pattern[bytes], text: bytes) -> int | None:

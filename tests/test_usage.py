@@ -245,7 +245,7 @@ def test_it_adds_every_flush_to_the_minutes_row_and_keeps_a_failed_one(db: None)
     failing = Ledger(writer=broken)
     failing.add(row, [1, 0, 4, 4, 0, 0, 0.0, 0.1, 0.0, 0, 0, 0.0, 0])
     assert not failing.flush()
-    assert failing.rows[row][2] == 4  # kept for the next flush
+    assert failing.retry[row][2] == 4  # kept for the next flush
     failing.writer = Ledger().writer
     assert failing.flush()
     assert UsageMinute.objects.get().tokens_in == 20

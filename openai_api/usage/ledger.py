@@ -60,6 +60,11 @@ class Ledger:
         self.flush_lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
+        # What a write that failed kept, for the next one (apart: `on_swap` has seen it).
+        self.retry: dict[Row, list[float]] = {}
+        # Told of each row once, as a flush takes it out of memory (the token and GPU-second
+        # metrics, counted then rather than per request).
+        self.on_swap: list[Callable[[dict[Row, list[float]]], None]] = []
         # Told after each write that succeeded, with what it wrote (budgets read their totals
         # again then, where no Redis keeps them).
         self.after_write: list[Callable[[dict[Row, list[float]]], None]] = []
@@ -98,25 +103,40 @@ class Ledger:
                 connection.close()  # this thread holds no connection between flushes
 
     def flush(self) -> bool:
-        """Write what was added since the last flush; False (kept for the next) if it failed."""
+        """Write what was added since the last flush, with what a failed write kept; False
+        (all of it kept for the next) when this one fails too."""
         with self.flush_lock:
             with self.lock:
-                rows, self.rows = self.rows, {}
+                fresh, self.rows = self.rows, {}
+            for listener in list(self.on_swap):
+                self.tell(listener, fresh)
+            rows, self.retry = self.retry, {}
+            for row, values in fresh.items():
+                kept = rows.get(row)
+                if kept is None:
+                    rows[row] = values
+                else:
+                    rows[row] = [a + b for a, b in zip(kept, values, strict=True)]
             if not rows:
                 return True
             try:
                 self.writer(rows)
             except DatabaseError as exc:
                 log.warning("usage of %d row(s) kept for the next flush: %s", len(rows), exc)
-                for row, values in rows.items():
-                    self.add(row, values)
+                self.retry = rows
                 return False
             for listener in list(self.after_write):
-                try:
-                    listener(rows)
-                except Exception:
-                    log.exception("a listener of the usage flush failed")
+                self.tell(listener, rows)
             return True
+
+    @staticmethod
+    def tell(
+        listener: Callable[[dict[Row, list[float]]], None], rows: dict[Row, list[float]]
+    ) -> None:
+        try:
+            listener(rows)
+        except Exception:
+            log.exception("a listener of the usage flush failed")
 
     def close(self) -> None:
         """The process stops: what is left is written now."""

@@ -15,7 +15,7 @@ from common import metrics
 from openai_api.models import shown_prefix
 from openai_api.usage.budgets import budgets
 from openai_api.usage.counters import sync
-from openai_api.usage.ledger import ledger
+from openai_api.usage.ledger import Row, ledger
 from openai_api.usage.models import COUNTED
 
 (
@@ -125,16 +125,31 @@ def count(
             row[IMAGES] += usage.images
             row[AUDIO] += usage.audio_s
             row[CHARACTERS] += usage.characters
-    if key is not None and key.budget_owners:
-        budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
-    if tokens or usage.gpu_seconds:
+    if key is not None:
+        seen[key.id] = key  # its team and prefix label its metrics at the flush
+        if key.budget_owners:
+            budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
+
+
+# The keys whose usage is in the ledger, by id (bounded by the keys there are).
+seen: dict[int, Key] = {}
+
+
+def count_metrics(rows: dict[Row, list[float]]) -> None:
+    """The tokens and GPU-seconds of rows the ledger flushes, added to the metrics: once per
+    row and flush, not once per request (they lag by up to MSHIP_USAGE_FLUSH_S)."""
+    for (_, key_id, _, model), values in rows.items():
+        key = seen.get(key_id)
         series = _series(model, key.team_name if key else "", _key_label(key))
-        if usage.tokens_in:
-            series[0].inc(usage.tokens_in)
-        if usage.tokens_out:
-            series[1].inc(usage.tokens_out)
-        if usage.gpu_seconds:
-            series[2].inc(usage.gpu_seconds)
+        if values[TOKENS_IN]:
+            series[0].inc(values[TOKENS_IN])
+        if values[TOKENS_OUT]:
+            series[1].inc(values[TOKENS_OUT])
+        if values[GPU]:
+            series[2].inc(values[GPU])
+
+
+ledger.on_swap.append(count_metrics)
 
 
 def _key_label(key: Key | None) -> str:
