@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
 ENABLED = False
+# Whether a request's trace continues the caller's `traceparent` (its trace id, its sampling
+# decision): MSHIP_TRACES_FOLLOW_CALLER. Off, each request starts a trace of its own, linked
+# to the caller's, so no caller can have every one of its requests traced past the sampler.
+FOLLOW_CALLER = os.environ.get("MSHIP_TRACES_FOLLOW_CALLER", "true").strip().lower() != "false"
 _tracer: Any = None
 _provider: Any = None
 _NOTHING = contextlib.nullcontext()
@@ -109,11 +113,20 @@ def client_span(name: str, **attributes: Any) -> contextlib.AbstractContextManag
 
 @contextlib.contextmanager
 def server_span(name: str, headers: Mapping[str, str]) -> Iterator[Any]:
-    """The span of a request that arrived, continuing the caller's `traceparent`."""
+    """The span of a request that arrived: under the caller's `traceparent`, or (not
+    FOLLOW_CALLER) the root of a trace of its own, with a link to the caller's."""
+    from opentelemetry import trace  # noqa: PLC0415
+    from opentelemetry.context import Context  # noqa: PLC0415
     from opentelemetry.propagate import extract  # noqa: PLC0415
-    from opentelemetry.trace import SpanKind  # noqa: PLC0415
 
-    with _tracer.start_as_current_span(name, context=extract(headers), kind=SpanKind.SERVER) as s:
+    callers = extract(headers)
+    if FOLLOW_CALLER:
+        context, links = callers, None
+    else:
+        caller = trace.get_current_span(callers).get_span_context()
+        context, links = Context(), ([trace.Link(caller)] if caller.is_valid else None)
+    kind = trace.SpanKind.SERVER
+    with _tracer.start_as_current_span(name, context=context, kind=kind, links=links) as s:
         yield s
 
 

@@ -31,6 +31,7 @@ from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
 from openai_api.relay import Traffic, relay
+from openai_api.usage.recording import media_units
 
 UNREACHABLE = "ondemand_upstream_error"
 
@@ -101,6 +102,8 @@ async def handle(exchange: Exchange) -> None:
     streaming, data = await parsed(_peek, exchange.headers.get("content-type", ""), body)
     if health_probe.asked(exchange.headers):
         return await probe(exchange, route, endpoint, streaming)
+    exchange.record.body_bytes, exchange.record.streaming = len(body), streaming
+    exchange.record.images, exchange.record.characters = media_units(endpoint, data)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
     if route.on_demand:
         # No keepalives while it waits: a refusal is its HTTP status (the seed).

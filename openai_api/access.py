@@ -33,6 +33,8 @@ from openai_api.endpoints import PUBLIC
 from openai_api.usage import recording
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from openai_api.catalog import Key
     from openai_api.usage.recording import Usage
 
@@ -89,6 +91,9 @@ class RequestRecord:
     images: int = 0
     characters: int = 0
     trace_id: str = ""  # where tracing is on (common/tracing.py)
+    # False for work that carries on a request already counted (a background run): its
+    # usage counts, not as a request of its own.
+    counts_request: bool = True
 
     def sent(self, body: bytes) -> None:
         """A body chunk went out (called per chunk: a few attribute writes, no lock)."""
@@ -145,6 +150,56 @@ def last_number(pattern: re.Pattern[bytes], text: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
+def responses_usage(usage: Any) -> tuple[int, int, int] | None:
+    """A Responses usage object as a record counts it: tokens in, out and cached."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    figures = (usage.get("input_tokens"), usage.get("output_tokens"), cached or 0)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in figures):
+        return None
+    return figures  # type: ignore[return-value]
+
+
+def note_usage(usage: Any) -> None:
+    """The usage a response ended with, for the record of the request that ran it: read
+    from the response itself, not from the tail of its answer (fields after it can be
+    long)."""
+    record = current.get()
+    if record is not None and (figures := responses_usage(usage)) is not None:
+        record.reported = figures
+
+
+@contextlib.contextmanager
+def counted_apart(
+    request_id: str,
+    *,
+    gateway: str,
+    like: RequestRecord | None = None,
+    counts_request: bool = True,
+) -> Iterator[RequestRecord]:
+    """Work counted as a request of its own, apart from the HTTP request that carried it (a
+    response on a socket's lane, a background run): its record is the current one while the
+    block runs (its GPU-seconds, its usage), and it is finished, once, when the block ends.
+    `like`: the request whose caller and model it has."""
+    record = RequestRecord("POST", "/v1/responses", request_id)
+    record.gateway, record.endpoint, record.streaming = gateway, "responses", True
+    record.counts_request = counts_request
+    if like is not None:
+        record.key, record.key_ref, record.identity = like.key, like.key_ref, like.identity
+        record.model, record.body_bytes = like.model, like.body_bytes
+    token = current.set(record)
+    try:
+        yield record
+    finally:
+        current.reset(token)
+        try:
+            finish(record)
+        except Exception:  # accounting never fails the work
+            log.exception("could not record request %s", request_id)
+
+
 # The record of the request the running task serves: the on-demand controller marks on it
 # that the request waited for a start or for memory.
 current: ContextVar[RequestRecord | None] = ContextVar("modelship_request", default=None)
@@ -176,7 +231,16 @@ def finish(record: RequestRecord) -> None:
     status = record.status or CLIENT_GONE
     used = record.measured(status) if record.model and settings.MSHIP_USAGE_RECORD else None
     if used is not None:
-        recording.count(record.key_ref, record.model, status, duration, ttfb, used, time.time())
+        recording.count(
+            record.key_ref,
+            record.model,
+            status,
+            duration,
+            ttfb,
+            used,
+            time.time(),
+            request=record.counts_request,
+        )
     series = _series(record.model, endpoint_label(record.endpoint), status, key_label(record.key))
     series.requests.inc()
     series.duration.observe(duration)

@@ -51,6 +51,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     )
     actions = ("revoke",)
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """A key's team and budgets are for whoever may change teams: one who may only
+        change keys cannot lift a budget or take a key out of its team's."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if request.user.has_perm("openai_api.change_team"):
+            return fields
+        return (*fields, "team", *BUDGET_FIELDS)
+
     @admin.display(description="budgets used")
     def budgets_used(self, obj: ApiKey) -> SafeString | str:
         return budget_use(obj)

@@ -281,9 +281,10 @@ def asgi(
 def traced(span: Any, record: access.RequestRecord) -> None:
     """What the request's span says of it once it ended: its answer and what it used (and
     its name without a stored response's id, which would make every name its own)."""
-    label = access.endpoint_label(record.endpoint)
-    if record.gateway == "v1" and record.endpoint and label != record.endpoint:
-        span.update_name(f"{record.method} /v1/{label}")
+    if record.endpoint:  # /v1/... or /ondemand/... (its deployment's id left out)
+        span.update_name(
+            f"{record.method} /{record.gateway}/{access.endpoint_label(record.endpoint)}"
+        )
     span.set_attribute("http.response.status_code", record.status or access.CLIENT_GONE)
     span.set_attribute("modelship.request_id", record.request_id)
     for name, value in (

@@ -223,22 +223,14 @@ class Socket:
     async def create(self, event: dict[str, Any], lane: str) -> None:
         """A response on a lane, counted as a request of its own: its access line, metrics,
         usage and GPU-seconds (openai_api/access.py)."""
-        record = access.RequestRecord("POST", "/v1/responses", make_request_id(None))
-        record.gateway, record.endpoint, record.streaming = "ws", "responses", True
-        token = access.current.set(record)
-        try:
+        with access.counted_apart(make_request_id(None), gateway="ws") as record:
             await self.respond(event, lane, record)
-        finally:
-            access.current.reset(token)
-            try:
-                access.finish(record)
-            except Exception:  # accounting never fails a response
-                log.exception("could not record request %s", record.request_id)
 
     async def respond(self, event: dict[str, Any], lane: str, record: access.RequestRecord) -> None:
         data = {k: v for k, v in event.items() if k not in ("type", "stream_id")}
         request_id = record.request_id
-        out = SocketOut(self, lane)
+        record.body_bytes = len(json.dumps(data))  # its estimate, where it ends with no usage
+        out = SocketOut(self, lane, record)
         turn: Turn | None = None
         previous = data.get("previous_response_id")
         record.status = 200  # unless refused below
@@ -251,7 +243,6 @@ class Socket:
             data["stream"] = True  # implicit over a socket
             turn = await self.prepare(data)
             await run(turn, out, request_id, generate)
-            record.reported = reported_usage(turn.translator.response.get("usage"))
             if turn.translator.response["status"] in ("completed", "incomplete"):
                 self.remember(turn)
             else:
@@ -341,9 +332,10 @@ class SocketOut:
 
     opener: SseOpener | None = None  # no SSE keepalives: the server's pings
 
-    def __init__(self, socket: Socket, lane: str) -> None:
+    def __init__(self, socket: Socket, lane: str, record: access.RequestRecord) -> None:
         self.socket = socket
         self.lane = lane
+        self.record = record
         self.opened = False
         self.opening = Opening()
 
@@ -352,16 +344,6 @@ class SocketOut:
             return
         self.opened = True
         for event in events:
+            if str(event.get("type", "")).endswith(".delta"):
+                self.record.events += 1  # a token each: the estimate of a response cut short
             await self.socket.send(event, self.lane)
-
-
-def reported_usage(usage: Any) -> tuple[int, int, int] | None:
-    """A Responses usage object as the record counts it: tokens in, out and cached."""
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    figures = (usage.get("input_tokens"), usage.get("output_tokens"), cached or 0)
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in figures):
-        return None
-    return figures  # type: ignore[return-value]

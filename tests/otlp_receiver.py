@@ -27,6 +27,7 @@ class Span:
     attributes: dict[str, Any] = field(default_factory=dict)
     events: tuple[str, ...] = ()
     service: str = ""
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each
 
 
 def value_of(any_value: Any) -> Any:
@@ -81,6 +82,7 @@ class Receiver:
                             kind=s.kind,
                             attributes={a.key: value_of(a.value) for a in s.attributes},
                             events=tuple(e.name for e in s.events),
+                            links=tuple((k.trace_id.hex(), k.span_id.hex()) for k in s.links),
                             service=str(resource.get("service.name", "")),
                         )
                     )

@@ -218,3 +218,31 @@ def test_it_manages_teams_and_puts_keys_in_them_by_name(staff: APIClient) -> Non
     changed = AuditEntry.objects.filter(action="api_key_change").order_by("id").first()
     assert changed is not None and changed.before is not None and changed.after is not None
     assert (changed.before["team"], changed.after["team"]) == ("research", "ops")
+
+
+def test_it_leaves_a_keys_team_and_budgets_to_who_may_change_teams(db: None) -> None:
+    keeper = User.objects.create_user("keys-only", password="pw-123456", is_staff=True)
+    keeper.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_apikey", "change_apikey", "view_apikey"])
+    )
+    team = Team.objects.create(name="capped", tokens_per_day=1000)
+    key, _ = ApiKey.issue("boxed", team=team, tokens_per_day=100)
+    api = APIClient()
+    api.force_authenticate(keeper)
+    lifted = api.patch(
+        f"/api/keys/{key.pk}/", {"tokens_per_day": None, "team": None}, format="json"
+    )
+    assert lifted.status_code == 400
+    assert set(lifted.json()) >= {"tokens_per_day", "team"}
+    key.refresh_from_db()
+    assert (key.team_id, key.tokens_per_day) == (team.pk, 100)
+    renamed = api.patch(
+        f"/api/keys/{key.pk}/", {"name": "boxed-2", "tokens_per_day": 100}, format="json"
+    )
+    assert renamed.status_code == 200, renamed.json()  # the same budget sent back: no change
+    keeper.user_permissions.add(Permission.objects.get(codename="change_team"))
+    keeper = User.objects.get(pk=keeper.pk)  # permissions are cached per user object
+    api.force_authenticate(keeper)
+    assert (
+        api.patch(f"/api/keys/{key.pk}/", {"tokens_per_day": 500}, format="json").status_code == 200
+    )

@@ -23,6 +23,20 @@ CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 
 
+def ask_as_caller(gateway_url: str, key: str, model: str) -> None:
+    """A chat request made inside the caller's trace (its W3C traceparent)."""
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        headers={
+            "authorization": f"Bearer {key}",
+            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+        },
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     found = Receiver()
@@ -44,16 +58,7 @@ def test_it_traces_a_cold_on_demand_request_from_the_caller_to_the_engine(
         "lazy", mode="on_demand", idle_timeout_s=60, config={"startup_delay_s": 0.3}
     )
     seen_by_gateway(lambda s: "lazy" in s.routes)
-    answer = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        json={"model": "lazy", "messages": [{"role": "user", "content": "hi"}]},
-        headers={
-            "authorization": f"Bearer {api_key()}",
-            "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
-        },
-        timeout=60,
-    )
-    assert answer.status_code == 200, answer.text
+    ask_as_caller(gateway_url, api_key(), "lazy")
     tracing.flush()
     root = receiver.named("POST /v1/chat/completions", CALLER_TRACE)
     assert (root.trace_id, root.parent_id, root.kind) == (CALLER_TRACE, CALLER_SPAN, SERVER)
@@ -111,3 +116,22 @@ def test_it_points_vllm_at_the_sites_collector(monkeypatch: pytest.MonkeyPatch) 
     assert vllm.env(spec)["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # the OpenTelemetry way to turn it off
     assert "--otlp-traces-endpoint" not in vllm.argv(spec, "h", "1")
+
+
+def test_it_starts_a_trace_of_its_own_where_callers_are_not_followed(
+    receiver: Receiver,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MSHIP_TRACES_FOLLOW_CALLER=false: a caller's traceparent (and its sampled flag) does
+    not decide the request's trace; the caller's is linked."""
+    monkeypatch.setattr(tracing, "FOLLOW_CALLER", False)
+    serving("sim")
+    ask_as_caller(gateway_url, api_key(), "sim")
+    tracing.flush()
+    wait_until(lambda: any(s.name == "POST /v1/chat/completions" for s in receiver.spans), 10)
+    root = next(s for s in receiver.spans if s.name == "POST /v1/chat/completions")
+    assert root.trace_id != CALLER_TRACE and root.parent_id == ""
+    assert root.links == ((CALLER_TRACE, CALLER_SPAN),)

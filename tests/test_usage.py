@@ -16,6 +16,7 @@ from django.db.models import Sum
 
 from deployments import deployer
 from deployments.models import AuditEntry, Deployment
+from openai_api.catalog import Key
 from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
 from openai_api.tasks import sweep_usage
@@ -24,6 +25,7 @@ from openai_api.usage.counters import CounterSync, sync
 from openai_api.usage.gpu_time import GpuMeter
 from openai_api.usage.ledger import Ledger, ledger
 from openai_api.usage.models import Team, UsageMinute
+from openai_api.usage.recording import admit
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
 
@@ -333,3 +335,45 @@ def test_it_serves_on_or_refuses_as_told_while_budget_totals_cannot_be_read(
     assert (refused.value.status, refused.value.code) == (503, "budget_unavailable")
     counted.settle({}, {})  # totals read again
     counted.check((owner,))
+
+
+def test_it_counts_a_background_run_by_its_response_and_the_post_once(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    serving("sim", config={"reply": "done in the background"})
+    secret = api_key("batch")
+    key = ApiKey.objects.get(name="batch")
+    sdk = client(gateway_url, secret)
+    queued = sdk.responses.create(model="sim", input="later please", background=True)
+    found: list[Any] = []
+
+    def done() -> bool:
+        found[:] = [sdk.responses.retrieve(queued.id)]
+        return found[0].status == "completed"
+
+    wait_until(done, 30)
+    usage = found[0].usage
+    assert usage is not None and usage.output_tokens > 0
+
+    def counted() -> bool:  # the run's record ends just after its response is stored
+        return usage_of(key_id=key.pk, deployment="sim")["tokens_out"] > 0
+
+    wait_until(counted, 10)
+    used = usage_of(key_id=key.pk, deployment="sim")
+    assert used["requests"] == 1  # the POST; the run's usage is counted as its part
+    assert (used["tokens_in"], used["tokens_out"]) == (usage.input_tokens, usage.output_tokens)
+    assert used["estimated"] == 0
+
+
+def test_it_counts_a_request_against_a_daily_request_budget_when_it_is_let_in(
+    site: Any, db: None
+) -> None:
+    """A burst of concurrent requests cannot pass requests_per_day: each counts on entry."""
+    limits = (("requests_per_day", "requests", "day", 3),)
+    owner = Owner("key", 7, "burst-ref", "bursty", limits)
+    key = Key(7, "bursty", "burst", "", False, frozenset(), None, budget_owners=(owner,))
+    for _ in range(3):
+        admit(key)  # none of them has ended yet
+    with pytest.raises(GatewayError) as refused:
+        admit(key)
+    assert refused.value.code == "budget_exceeded"

@@ -117,6 +117,22 @@ class ApiKeySerializer(BudgetedSerializer):
     def get_prefix(self, key: ApiKey) -> str:
         return shown_prefix(key.prefix)
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """A key's team and budgets are the teams' keeper's to set (change_team): one who may
+        only change keys cannot lift a key's budget or take it out of its team's."""
+        request = self.context.get("request")
+        guarded = [name for name in ("team", *BUDGET_FIELDS) if name in attrs]
+        if self.instance is not None:
+            guarded = [n for n in guarded if attrs[n] != getattr(self.instance, n)]
+        else:
+            guarded = [n for n in guarded if attrs[n] is not None]
+        user = getattr(request, "user", None)
+        if guarded and user is not None and not user.has_perm("openai_api.change_team"):
+            raise serializers.ValidationError(
+                {n: "Setting this needs the permission to change teams." for n in guarded}
+            )
+        return attrs
+
 
 class IssuedKeySerializer(ApiKeySerializer):
     key = serializers.CharField(read_only=True, help_text="The secret: shown this once.")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils import timezone
 
+from openai_api import access
 from openai_api.errors import GatewayError
 from openai_api.forwarder import cancel_on_hangup, sse_start
 from openai_api.responses import store
@@ -57,7 +58,10 @@ async def start(exchange: Exchange, turn: Turn) -> None:
                 store.end_if_running, identity, rid, "failed", _error("store_unavailable")
             )
             raise
-    task = asyncio.ensure_future(_run(turn, replay, exchange.request_id))
+    # The POST counts as the request; the run's tokens and GPU-seconds are the run's own
+    # record's (it ends after the POST's), not read from what the POST sends.
+    exchange.record.reported = (0, 0, 0)
+    task = asyncio.ensure_future(_run(turn, replay, exchange.request_id, exchange.record))
     _runs[rid] = task
     notices.listen(_cancel_here)
     task.add_done_callback(lambda _: _runs.pop(rid, None))
@@ -70,7 +74,21 @@ def _error(code: str, message: str = "") -> dict[str, str]:
     return {"code": code, "message": message or code.replace("_", " ")}
 
 
-async def _run(turn: Turn, replay: ReplayLog | None, request_id: str) -> None:
+async def _run(
+    turn: Turn, replay: ReplayLog | None, request_id: str, began: access.RequestRecord
+) -> None:
+    """The run, counted apart from the POST that queued it: its usage, its GPU-seconds."""
+    with access.counted_apart(
+        request_id, gateway="background", like=began, counts_request=False
+    ) as record:
+        record.status = 200
+        await _respond(turn, replay, request_id)
+        access.note_usage(turn.translator.response.get("usage"))
+        if turn.translator.response.get("status") not in ("completed", "incomplete"):
+            record.status = 502
+
+
+async def _respond(turn: Turn, replay: ReplayLog | None, request_id: str) -> None:
     translator, identity, request = turn.translator, turn.identity, turn.request
     rid = translator.response["id"]
 

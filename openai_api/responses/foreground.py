@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
+from openai_api import access
 from openai_api.errors import GatewayError
 from openai_api.keepalive import waiting_answer
 from openai_api.responses import store
@@ -80,3 +81,4 @@ async def run(turn: Turn, out: Out, request_id: str, generate: bool = True) -> N
     elif request.store:  # a failed response can still be retrieved
         with contextlib.suppress(GatewayError):
             await save(translator.response)
+    access.note_usage(translator.response.get("usage"))

@@ -84,10 +84,15 @@ class Budgets:
 
     def add(self, owners: tuple[Owner, ...], tokens: int, gpu_seconds: float) -> None:
         """A finished request counts towards its key's and team's budgets (`owners`)."""
-        if not owners:
-            return
+        if owners:
+            self.count(owners, {"tokens": tokens, "gpu_seconds": gpu_seconds})
+
+    def add_request(self, owners: tuple[Owner, ...]) -> None:
+        """A request of the key was let in: its requests_per_day counts it at once."""
+        self.count(owners, {"requests": 1})
+
+    def count(self, owners: tuple[Owner, ...], counted: dict[str, float]) -> None:
         periods = self.periods()
-        counted = {"tokens": tokens, "gpu_seconds": gpu_seconds, "requests": 1}
         with self.lock:
             for owner in owners:
                 for what, amount in counted.items():
@@ -99,6 +104,9 @@ class Budgets:
     def settle(self, totals: dict[Tally, float], counted: dict[Tally, float]) -> None:
         """New totals that include `counted` of this process's own: taken out of `local`."""
         with self.lock:
+            # The totals first: a check between the two steps (it takes no lock) sees this
+            # process's count twice for a moment, never missing.
+            self.totals = totals
             for tally, amount in counted.items():
                 # Below 0 only where the table held use from before this process watched
                 # the owner: the totals have it.
@@ -107,7 +115,6 @@ class Budgets:
                     self.local.pop(tally, None)
                 else:
                     self.local[tally] = left
-            self.totals = totals
             self.synced_at = time.monotonic()
 
     def forget(self) -> None:

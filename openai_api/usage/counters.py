@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,18 +51,22 @@ class CounterSync:
     def start(self) -> None:
         with self.lock:
             if self.thread is None:
+                # Fresh until the first read fails for MSHIP_BUDGET_STALE_S: a site that
+                # ran a while before its first budget is not stale for it.
+                self.budgets.synced_at = time.monotonic()
                 self.thread = threading.Thread(
                     target=self.run, name="modelship-budgets", daemon=True
                 )
                 self.thread.start()
 
     def run(self) -> None:
-        while not self.stop.wait(settings.MSHIP_BUDGET_REFRESH_S):
-            if self.budgets.watched:
+        while not self.stop.is_set():
+            if self.budgets.watched:  # at once, then every refresh interval
                 try:
                     self.sync()
                 finally:
                     connection.close()
+            self.stop.wait(settings.MSHIP_BUDGET_REFRESH_S)
 
     def sync(self) -> None:
         """Totals read again (and, with Redis, this process's counts added to them)."""

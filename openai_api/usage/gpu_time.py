@@ -74,9 +74,11 @@ class GpuMeter:
         now = self.clock()
         for url, replica in list(self.replicas.items()):
             replica.advance(now)
-            replica.share = self.shares.get(url, 0.0)
-            if not replica.inflight and url not in self.shares:
+            if url in self.shares:
+                replica.share = self.shares[url]
+            elif not replica.inflight:
                 del self.replicas[url]  # an engine no route points at any more
+            # else: gone from the routes, still serving: its share holds until it drains
 
 
 meter = GpuMeter()

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from openai_api.usage.models import COUNTED, UsageMinute
 
@@ -48,7 +48,8 @@ def write(rows: dict[Row, list[float]]) -> None:
         (adapt(datetime.fromtimestamp(minute, UTC)), key_id, team_id, deployment, *values)
         for (minute, key_id, team_id, deployment), values in rows.items()
     ]
-    with connection.cursor() as cursor:
+    # One transaction: a write that breaks half-way adds nothing, so its retry adds all once.
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.executemany(upsert_sql(), params)
 
 

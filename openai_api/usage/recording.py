@@ -48,6 +48,8 @@ def admit(key: Key | None) -> None:
         if sync.thread is None:
             sync.start()
         budgets.check(key.budget_owners)
+        # Counted as it is let in, not at its end: a burst cannot pass requests_per_day.
+        budgets.add_request(key.budget_owners)
 
 
 IMAGE_ENDPOINTS = frozenset({"images/generations", "images/edits", "images/variations"})
@@ -99,21 +101,25 @@ def count(
     ttft: float | None,
     usage: Usage,
     when: float,
+    *,
+    request: bool = True,
 ) -> None:
-    """Add a finished request to its minute's row (only the figures it has: most are 0)."""
+    """Add a finished request to its minute's row (only the figures it has: most are 0);
+    `request` False: work carrying on a request counted already (its usage only)."""
     row_key = (int(when) // 60 * 60, key.id if key else 0, key.team_id if key else 0, model)
     tokens = usage.tokens_in + usage.tokens_out
     if ledger.thread is None:
         ledger.start()
     with ledger.lock:
         row = ledger.row(row_key)
-        row[REQUESTS] += 1
-        row[DURATION] += duration
-        if status >= 400:
-            row[ERRORS] += 1
-        if ttft is not None:
-            row[TTFT] += ttft
-            row[TTFT_COUNT] += 1
+        if request:
+            row[REQUESTS] += 1
+            row[DURATION] += duration
+            if status >= 400:
+                row[ERRORS] += 1
+            if ttft is not None:
+                row[TTFT] += ttft
+                row[TTFT_COUNT] += 1
         if tokens:
             row[TOKENS_IN] += usage.tokens_in
             row[TOKENS_OUT] += usage.tokens_out
@@ -125,10 +131,12 @@ def count(
             row[IMAGES] += usage.images
             row[AUDIO] += usage.audio_s
             row[CHARACTERS] += usage.characters
-    if key is not None:
-        seen[key.id] = key  # its team and prefix label its metrics at the flush
-        if key.budget_owners:
-            budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
+        if key is not None:
+            seen[key.id] = key  # its team and prefix label its metrics at the flush
+            if key.budget_owners:
+                # Under the ledger's lock: a flush between the row and the budget's count
+                # would take it out of the count before it was in.
+                budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
 
 
 # The keys whose usage is in the ledger, by id (bounded by the keys there are).
