@@ -288,9 +288,10 @@ def _series(model: str, endpoint: str, status: int, key: str) -> Series:
 
 
 def prepare_series(model: str, endpoint: str) -> None:
-    """A model's request series at 0 before its first request (status 200, no key label),
-    so a dashboard draws its line from the start."""
+    """A model's request and token series at 0 before its first request (status 200, no
+    key or team label), so a dashboard draws its line from the start."""
     _series(model, endpoint_label(endpoint), 200, key_label(""))
+    recording.prepare_series(model)
 
 
 def line(

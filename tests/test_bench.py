@@ -37,9 +37,10 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         "responses_socket",
         "litellm",
         "body_scans",
+        "usage_cost",
     )
     for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 10
+    assert report.count("(exit 0,") == 11
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures

@@ -240,6 +240,11 @@ class DockerRuntime:
         state = container.attrs.get("State", {})
         if state.get("OOMKilled"):
             return "out of memory (killed)"
+        limit = (container.attrs.get("HostConfig") or {}).get("Memory") or 0
+        if state.get("ExitCode") == 137 and limit:
+            # Docker misses the OOM flag now and then on cgroup v2 (moby/moby#38352): a
+            # SIGKILL under a memory limit that Modelship did not send is the OOM killer's.
+            return f"out of memory (killed at its {limit / 2**20:,.0f} MiB limit)"
         if state.get("Error"):
             return f"the container failed: {state['Error']}"
         return f"the engine exited with code {state.get('ExitCode')}"

@@ -160,6 +160,11 @@ def count_metrics(rows: dict[Row, list[float]]) -> None:
 ledger.on_swap.append(count_metrics)
 
 
+def prepare_series(model: str) -> None:
+    """The model's token series (no team, no key) at 0, before any request."""
+    _series(model, "", "")
+
+
 def _key_label(key: Key | None) -> str:
     if key is None or not settings.MSHIP_METRICS_KEY_PREFIXES:
         return ""
