@@ -25,13 +25,11 @@ from common.redis_errors import with_redis_errors
 from openai_api.usage import alerts
 from openai_api.usage.budgets import Budgets, Owner, Tally, budgets
 from openai_api.usage.ledger import Ledger, Row, ledger
-from openai_api.usage.models import COUNTED, UsageMinute
+from openai_api.usage.models import GPU, REQUESTS, TOKENS_IN, TOKENS_OUT, UsageMinute
 from openai_api.usage.periods import PERIODS, period_id, start_of
 
 log = logging.getLogger(__name__)
 TTL_S = {"day": 3 * 86400, "month": 40 * 86400}
-TOKENS_IN, TOKENS_OUT = COUNTED.index("tokens_in"), COUNTED.index("tokens_out")
-GPU, REQUESTS = COUNTED.index("gpu_seconds"), COUNTED.index("requests")
 
 
 def redis_name(ref: str, period: str) -> str:

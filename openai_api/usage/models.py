@@ -123,3 +123,19 @@ COUNTED = (
     "audio_s",
     "characters",
 )
+# Each counted field's place in a ledger row, by the same order.
+(
+    REQUESTS,
+    ERRORS,
+    TOKENS_IN,
+    TOKENS_OUT,
+    TOKENS_CACHED,
+    TOKENS_ESTIMATED,
+    GPU,
+    DURATION,
+    TTFT,
+    TTFT_COUNT,
+    IMAGES,
+    AUDIO,
+    CHARACTERS,
+) = range(len(COUNTED))

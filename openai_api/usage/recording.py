@@ -16,23 +16,21 @@ from openai_api.models import shown_prefix
 from openai_api.usage.budgets import budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import Row, ledger
-from openai_api.usage.models import COUNTED
-
-(
-    REQUESTS,
-    ERRORS,
-    TOKENS_IN,
-    TOKENS_OUT,
-    TOKENS_CACHED,
-    TOKENS_ESTIMATED,
-    GPU,
-    DURATION,
-    TTFT,
-    TTFT_COUNT,
-    IMAGES,
+from openai_api.usage.models import (
     AUDIO,
     CHARACTERS,
-) = range(len(COUNTED))
+    DURATION,
+    ERRORS,
+    GPU,
+    IMAGES,
+    REQUESTS,
+    TOKENS_CACHED,
+    TOKENS_ESTIMATED,
+    TOKENS_IN,
+    TOKENS_OUT,
+    TTFT,
+    TTFT_COUNT,
+)
 
 if TYPE_CHECKING:
     from openai_api.catalog import Key

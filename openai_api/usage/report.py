@@ -14,26 +14,15 @@ from django.utils import timezone
 from deployments.models import Deployment
 from openai_api.models import ApiKey, shown_prefix
 from openai_api.usage.held import BUCKETS, held_gpu_seconds
-from openai_api.usage.models import BUDGETS, Team, UsageMinute
+from openai_api.usage.models import BUDGETS, COUNTED, Team, UsageMinute
 from openai_api.usage.periods import resets_at, start_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-# What a row sums, in the order a report shows it.
-SUMMED = (
-    "requests",
-    "errors",
-    "tokens_in",
-    "tokens_out",
-    "tokens_cached",
-    "tokens_estimated",
-    "gpu_seconds",
-    "duration_s",
-    "images",
-    "audio_s",
-    "characters",
-)
+# What a row sums, in the order a report shows it: every counted field but the time to first
+# token's parts (a report shows their mean).
+SUMMED = tuple(name for name in COUNTED if name not in ("ttft_s", "ttft_count"))
 # The columns of a report row after its group's: `tokens` is in plus out, `ttft_mean_s` the
 # mean time to the first token of the requests that measured one.
 COLUMNS = (*SUMMED[:4], "tokens", *SUMMED[4:8], "ttft_mean_s", *SUMMED[8:])
