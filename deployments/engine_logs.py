@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from deployments.models import Deployment
 
 MAX_TAIL = 10_000
+
+log = logging.getLogger(__name__)
 
 
 def log_handles(deployment: Deployment) -> list[Handle]:
@@ -67,8 +70,10 @@ async def follow(deployment: Deployment, replica: int, user_id: int = 0) -> Asyn
                 if follower.leaving.is_set():
                     return
                 put(line)
-        except EngineUnreachable as exc:
+        except Exception as exc:  # the daemon refused, or went: the stream says so, then ends
             if not follower.leaving.is_set():
+                if not isinstance(exc, EngineUnreachable):
+                    log.warning("following %s's log failed", deployment.name, exc_info=True)
                 put(f"[{exc}]")
         finally:
             if not follower.leaving.is_set():
