@@ -47,7 +47,8 @@ time_to_first_byte = Histogram(
 )
 tokens = Counter(
     "modelship_tokens",
-    "Tokens in and out: the engine's usage, else the gateway's estimate (openai_api/usage/),"
+    "Tokens in and out, and of those in, cached (the engine's prefix cache served them): the"
+    " engine's usage, else the gateway's estimate (openai_api/usage/),"
     " by model, team and key (a key's visible prefix only with MSHIP_METRICS_KEY_PREFIXES).",
     ["model", "direction", "team", "key"],
 )
@@ -56,6 +57,13 @@ gpu_seconds = Counter(
     "GPU-seconds attributed to requests: a replica's GPU share times the time it served,"
     " divided among the requests in flight on it.",
     ["model", "team", "key"],
+)
+routing_choices = Counter(
+    "modelship_routing_choices",
+    "Replicas chosen for requests to deployments with several, by why: affinity (the"
+    " conversation's replica), prefix (its prefix key's place on the ring), load (the fewest"
+    " outstanding) or round-robin (MSHIP_ROUTING_POLICY).",
+    ["model", "reason"],
 )
 budget_used = Gauge(
     "modelship_budget_used_ratio",

@@ -475,4 +475,5 @@ MSHIP_PLUGINS = env_list("MSHIP_PLUGINS", [])
 # The start-up gate's lock lives here: every Modelship process of a host must share it.
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))
 
+from modelship_site.settings_routing import *  # noqa: E402, F403 - the replica choice
 from modelship_site.settings_usage import *  # noqa: E402, F403 - usage and budgets

@@ -31,6 +31,7 @@ from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
 from openai_api.relay import Traffic, relay
+from openai_api.routing import hints
 from openai_api.usage.recording import media_units
 
 UNREACHABLE = "ondemand_upstream_error"
@@ -105,6 +106,7 @@ async def handle(exchange: Exchange) -> None:
     exchange.record.body_bytes, exchange.record.streaming = len(body), streaming
     exchange.record.images, exchange.record.characters = media_units(endpoint, data)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
+    hints.note(route, data, exchange.headers, "ondemand")
     if route.on_demand:
         # No keepalives while it waits: a refusal is its HTTP status (the seed).
         await relay(
@@ -116,7 +118,8 @@ async def handle(exchange: Exchange) -> None:
         )
     elif route.state == State.READY and route.urls:
         # Switched to always on while LiteLLM still points here: forwarded, never started.
-        await relay(exchange, traffic, lambda _: dispatcher.replica(route.urls), UNREACHABLE)
+        replica = dispatcher.replica(route.urls, route.name)
+        await relay(exchange, traffic, lambda _: replica, UNREACHABLE)
     else:
         raise not_on_demand(route)
 
@@ -146,7 +149,7 @@ async def models(exchange: Exchange, route: Route) -> None:
 async def model(exchange: Exchange, route: Route, method: str, upstream_path: str) -> None:
     if route.state != State.READY or not route.urls:
         raise GatewayError(503, f"{route.name} is not ready ({route.state}).", "ondemand_not_ready")
-    async with cancel_on_hangup(exchange), dispatcher.replica(route.urls) as base_url:
+    async with cancel_on_hangup(exchange), dispatcher.replica(route.urls, route.name) as base_url:
         query = exchange.scope.get("query_string", b"").decode("latin-1")
         call = Call(
             method=method,

@@ -45,7 +45,8 @@ CLIENT_GONE = 499
 USAGE_TAIL = 4096  # usage sits at the end of an answer: this much of it is searched
 TOKENS_IN = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 TOKENS_OUT = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
-TOKENS_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens)"\s*:\s*(\d+)')
+# llama.cpp's timings name its prefix cache's share `cache_n`.
+TOKENS_CACHED = re.compile(rb'"(?:cached_tokens|cache_read_input_tokens|cache_n)"\s*:\s*(\d+)')
 # A transcription's length: verbose_json's duration, or usage {"type": "duration", "seconds"}.
 AUDIO_SECONDS = re.compile(rb'"(?:duration|seconds)"\s*:\s*([0-9]+(?:\.[0-9]+)?)')
 AUDIO_IN = frozenset({"audio/transcriptions", "audio/translations"})
@@ -91,6 +92,10 @@ class RequestRecord:
     images: int = 0
     characters: int = 0
     trace_id: str = ""  # where tracing is on (common/tracing.py)
+    # Of a deployment with several replicas: which took the request, and why
+    # (openai_api/routing/).
+    replica: int | None = None
+    routed_by: str = ""
     # False for work that carries on a request already counted (a background run): its
     # usage counts, not as a request of its own.
     counts_request: bool = True
@@ -320,6 +325,7 @@ def line(
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
         **({"trace_id": record.trace_id} if record.trace_id else {}),
+        **({"replica": record.replica, "routed_by": record.routed_by} if record.routed_by else {}),
     }
 
 

@@ -1,7 +1,7 @@
 """From a route to an engine: the seam where the on-demand controller plugs in.
 
-Here a ready deployment gets the replica with the fewest requests outstanding from this
-process; anything else is 503 with its state. The on-demand issue replaces `slot` for
+Here a ready deployment gets a replica (openai_api/routing/: the conversation's, its prefix's,
+or the least loaded); anything else is 503 with its state. The on-demand issue replaces `slot` for
 on-demand deployments with the controller's acquire and release.
 """
 
@@ -18,6 +18,7 @@ from deployments.models import State
 from openai_api.auth import current_key
 from openai_api.concurrency import Limits, limits
 from openai_api.errors import GatewayError
+from openai_api.routing.router import Router
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -59,35 +60,38 @@ class OnDemandSlots(Protocol):
 
 
 class Replica:
-    """Holds one of `urls` (the one with the fewest requests outstanding) while the block
-    runs. A class rather than a generator: it is on every request's path, and never waits
-    (`immediate`: no keepalives are needed while it is taken)."""
+    """Holds one of `urls` while the block runs: the only one, or the one the router picks
+    (openai_api/routing/). A class rather than a generator: it is on every request's path,
+    and never waits long (`immediate`: no keepalives are needed while it is taken)."""
 
     immediate = True
-    __slots__ = ("outstanding", "url", "urls")
+    __slots__ = ("deployment", "router", "url", "urls")
 
-    def __init__(self, outstanding: dict[str, int], urls: tuple[str, ...]) -> None:
-        self.outstanding = outstanding
+    def __init__(self, router: Router, urls: tuple[str, ...], deployment: str) -> None:
+        self.router = router
         self.urls = urls
+        self.deployment = deployment
         self.url = ""
 
     async def __aenter__(self) -> str:
-        outstanding = self.outstanding
-        url = self.urls[0] if len(self.urls) == 1 else min(self.urls, key=self._load)
+        urls = self.urls
+        if len(urls) == 1:
+            url = urls[0]
+        else:
+            url, _ = await self.router.pick(urls, self.deployment)
+        outstanding = self.router.outstanding
         outstanding[url] = outstanding.get(url, 0) + 1
         self.url = url
         return url
 
-    def _load(self, url: str) -> int:
-        return self.outstanding.get(url, 0)
-
     async def __aexit__(self, *exc: object) -> None:
-        self.outstanding[self.url] -= 1
+        self.router.outstanding[self.url] -= 1
 
 
 class Dispatcher:
     def __init__(self) -> None:
         self.outstanding: dict[str, int] = {}
+        self.router = Router(self.outstanding)
         self.on_demand: OnDemandSlots | None = None
 
     def slot(
@@ -107,7 +111,7 @@ class Dispatcher:
         if route.on_demand:
             return self.on_demand_slot(route, notice)
         self.check_servable(route)
-        return self.replica(route.urls)
+        return self.replica(route.urls, route.name)
 
     @asynccontextmanager
     async def limited_slot(
@@ -130,9 +134,8 @@ class Dispatcher:
                 "model_not_ready",
             )
 
-    def replica(self, urls: tuple[str, ...]) -> Replica:
-        """The replica with the fewest requests outstanding from this process."""
-        return Replica(self.outstanding, urls)
+    def replica(self, urls: tuple[str, ...], deployment: str) -> Replica:
+        return Replica(self.router, urls, deployment)
 
     @asynccontextmanager
     async def on_demand_slot(
@@ -163,7 +166,7 @@ class Dispatcher:
                 raise GatewayError(
                     503, f"{route.name} has no engine address yet.", "model_not_ready"
                 )
-            async with self.replica(urls) as url:
+            async with self.replica(urls, route.name) as url:
                 yield url
         finally:
             slots.release(slot)

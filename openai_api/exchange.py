@@ -86,11 +86,11 @@ class Exchange:
             )
             if self.sse and self.on_stream is not None:
                 self.on_stream()
-            if self.cors_origin:
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), *self.cors_headers()],
-                }
+            extra = self.cors_headers() if self.cors_origin else []
+            if self.record.routed_by:
+                extra += routing_headers(self.record.replica, self.record.routed_by)
+            if extra:
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
         else:
             self.record.sent(message.get("body", b""))
             if not message.get("more_body"):
@@ -101,7 +101,7 @@ class Exchange:
         assert self.cors_origin is not None
         return [
             (b"access-control-allow-origin", self.cors_origin.encode()),
-            (b"access-control-expose-headers", b"x-request-id, retry-after"),
+            (b"access-control-expose-headers", EXPOSED),
             (b"vary", b"origin"),
         ]
 
@@ -303,3 +303,16 @@ def traced(span: Any, record: access.RequestRecord) -> None:
         from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
 
         span.set_status(Status(StatusCode.ERROR))
+
+
+# Told to a browser's script too (CORS): the request id, a refusal's wait, the replica.
+EXPOSED = b"x-request-id, retry-after, x-modelship-replica, x-modelship-routed-by"
+
+
+def routing_headers(replica: int | None, reason: str) -> list[tuple[bytes, bytes]]:
+    """Which replica of the deployment answered (its number, from 0) and why it was chosen
+    (openai_api/routing/): a client sees its conversation stay where its cache is."""
+    return [
+        (b"x-modelship-replica", str(replica).encode()),
+        (b"x-modelship-routed-by", reason.encode()),
+    ]

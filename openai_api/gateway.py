@@ -29,6 +29,7 @@ from openai_api.rate_limits import rate_limiter
 from openai_api.relay import Traffic, relay
 from openai_api.responses import background, compact, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
+from openai_api.routing import hints
 from openai_api.usage.recording import admit, media_units
 from openai_api.usage.stream_usage import with_usage_asked
 
@@ -101,6 +102,7 @@ async def handle(exchange: Exchange) -> None:
     record.body_bytes, record.streaming = len(body), streaming
     record.images, record.characters = media_units(endpoint, data)
     check_output_tokens(route, data)
+    hints.note(route, data, exchange.headers, str(caller.key.id) if caller.key else "")
     previous = (data or {}).get("previous_response_id")
     if (endpoint == "responses" or tool) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)

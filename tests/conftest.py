@@ -29,6 +29,7 @@ from deployments import deployer, engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from openai_api.access import writer
+from openai_api.dispatch import dispatcher
 from openai_api.usage.budgets import budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import ledger
@@ -198,6 +199,7 @@ def fresh_usage() -> None:
     with ledger.lock:
         ledger.rows.clear()
     budgets.forget()
+    dispatcher.router.affinity.clear()  # and its conversations land by their own keys
 
 
 # What the flush between transactional tests keeps: what migrate made once (Django's post_migrate

@@ -393,8 +393,9 @@ def test_it_sends_no_keepalive_once_the_engine_is_called(
 
 
 def test_it_spreads_requests_over_replicas_by_outstanding_requests(
-    gateway_url: str, api_key: Callable[..., str], serving: Serving
+    gateway_url: str, api_key: Callable[..., str], serving: Serving, site: Any
 ) -> None:
+    site.MSHIP_ROUTING_POLICY = "least-outstanding"  # four of one conversation: no affinity
     deployment = serving("pair", num_replicas=2, config={"tokens_per_second": 20})
     sdk = client(gateway_url, api_key())
     streams = [

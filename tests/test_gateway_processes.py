@@ -22,54 +22,14 @@ from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from openai_api.rate_limits import rate_limiter
 from tests.conftest import REPO, answers, env_for_subprocess, wait_until
-from tests.gateway_support import seen_by_gateway
+from tests.gateway_support import REDIS, seen_by_gateway, start_gateway
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
-REDIS = "redis://127.0.0.1:6379/0"
 HI: list[Any] = [{"role": "user", "content": "hi"}]
-
-
-def start_gateway(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
-        cwd=REPO,
-        env=env_for_subprocess(
-            MSHIP_VAR_DIR=str(tmp_path / "var"),
-            MSHIP_ROUTE_REFRESH_S="0.05",
-            MSHIP_MEMORY_CAPACITY_GIB="8",
-            **env,
-        ),
-    )
-    wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 60)
-    return process
-
-
-@pytest.fixture(scope="module")
-def other_gateway(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Path]]:
-    """Another gateway process on the tests' database, with Redis for what is shared through
-    it: started once for the module's tests (the database is the same for each of them,
-    emptied between them), with the run folder they share with it (one start-up gate)."""
-    folder = tmp_path_factory.mktemp("other-gateway")
-    port = free_port("127.0.0.1")
-    process = start_gateway(folder, port, REDIS_URL=REDIS, MSHIP_RUN_DIR=str(folder / "run"))
-    try:
-        yield f"http://127.0.0.1:{port}", folder / "run"
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-@pytest.fixture
-def other(other_gateway: tuple[str, Path], site: Any, transactional_db: None) -> str:
-    """The other gateway's URL; this test's run folder is the one it has."""
-    url, site.MSHIP_RUN_DIR = other_gateway
-    return url
 
 
 def sdk(url: str, key: str) -> openai.OpenAI:

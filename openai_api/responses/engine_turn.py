@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from django.conf import settings
 
 from common import tracing
 from openai_api.dispatch import dispatcher
@@ -18,6 +20,7 @@ from openai_api.forwarder import engine_error_of, forwarder, unreachable
 from openai_api.keepalive import enter_kept_alive, waiting_answer
 from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.translator import Event, StreamTranslator
+from openai_api.routing import hints
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -31,6 +34,12 @@ async def generate(
     """One engine turn through the translator, in a slot; False when the engine failed
     mid-answer (its failure already emitted). Before its answer began, an engine error is
     raised as the request's error."""
+    if (hint := hints.current.get()) is not None:
+        # Keyed by the turn as the engine sees it (the stored conversation's history before
+        # the new input), and remembered for the response it makes: the next turn names it.
+        prefix = hints.normalised(hints.leading_text(body), settings.MSHIP_ROUTING_PREFIX_CHARS)
+        also = hints.response_key(str(translator.response.get("id", "")))
+        hints.current.set(replace(hint, prefix=prefix or hint.prefix, also=also))
     async with AsyncExitStack() as held:
         base_url = await enter_kept_alive(held, dispatcher.slot(route), waiting_answer.get())
         try:

@@ -153,6 +153,8 @@ def count_metrics(rows: dict[Row, list[float]]) -> None:
             series[1].inc(values[TOKENS_OUT])
         if values[GPU]:
             series[2].inc(values[GPU])
+        if values[TOKENS_CACHED]:
+            series[3].inc(values[TOKENS_CACHED])
 
 
 ledger.on_swap.append(count_metrics)
@@ -170,9 +172,10 @@ def _key_label(key: Key | None) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _series(model: str, team: str, key: str) -> tuple[Any, Any, Any]:
+def _series(model: str, team: str, key: str) -> tuple[Any, Any, Any, Any]:
     return (
         metrics.tokens.labels(model, "in", team, key),
         metrics.tokens.labels(model, "out", team, key),
         metrics.gpu_seconds.labels(model, team, key),
+        metrics.tokens.labels(model, "cached", team, key),
     )

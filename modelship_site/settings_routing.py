@@ -1,0 +1,29 @@
+"""Settings of the replica choice (openai_api/routing/), read by settings.py."""
+
+from __future__ import annotations
+
+from common.env import env_choice, env_float, env_int
+
+# How a deployment with several replicas picks one for a request:
+# "cache-aware": a conversation returns to the replica that served its earlier turns; a new
+#   one goes where its leading text hashes (consistent hashing with bounded loads), so
+#   requests that share a long system prompt meet the engine's prefix cache; else the
+#   replica with the fewest requests outstanding.
+# "least-outstanding": the fewest requests outstanding, always.
+# "round-robin": each replica in turn.
+MSHIP_ROUTING_POLICY = env_choice(
+    "MSHIP_ROUTING_POLICY", "cache-aware", ("cache-aware", "least-outstanding", "round-robin")
+)
+# The bound on load: a replica already at (1 + ε) times the mean outstanding requests (rounded
+# up) takes no affinity or prefix request; the request goes on round the ring.
+MSHIP_ROUTING_LOAD_BOUND = env_float("MSHIP_ROUTING_LOAD_BOUND", 0.25)
+# How much of the leading text (system prompt, then the first user message), in characters
+# after whitespace is collapsed, is the prefix key: long shared system prompts key by the
+# prompt alone, short ones by the conversation's opening.
+MSHIP_ROUTING_PREFIX_CHARS = env_int("MSHIP_ROUTING_PREFIX_CHARS", 1000)
+# A conversation's replica is remembered this long after its last turn (an engine's cache
+# does not keep it much longer under load).
+MSHIP_ROUTING_AFFINITY_S = env_float("MSHIP_ROUTING_AFFINITY_S", 900)
+# Where REDIS_URL is set: each gateway process publishes its outstanding requests per
+# replica, and reads the others', this often.
+MSHIP_ROUTING_SYNC_S = env_float("MSHIP_ROUTING_SYNC_S", 0.25)

@@ -1,0 +1,138 @@
+"""What a request tells the replica choice: its conversation (affinity) and its prefix key.
+
+The gateway reads them from the request it is about to send, and leaves them in `current`
+for the dispatcher (the slot is taken further down, by routes that know nothing of them).
+
+- **Conversation**: the caller's session header (`X-Modelship-Session`), else the Responses
+  `conversation`, else the stored response it continues (`previous_response_id`), else the
+  caller, its `user` and the conversation's opening (its leading system text and first user
+  message): every turn of one chat resends that opening. Scoped to the API key, so two
+  callers' sessions never meet.
+- **Prefix key**: the leading text, whitespace collapsed, up to MSHIP_ROUTING_PREFIX_CHARS:
+  a long shared system prompt keys by itself (every conversation under it meets its cached
+  KV), a short one keys with the conversation's opening.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from django.conf import settings
+
+if TYPE_CHECKING:
+    from openai_api.catalog import Route
+
+SESSION_HEADER: Final = "x-modelship-session"
+# Read no further into a request than this for its keys: a 10 MB prompt costs no more.
+SCAN_CHARS: Final = 64 * 1024
+LEADING_ROLES: Final = ("system", "developer")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    conversation: str | None = None  # the affinity key, hashed
+    prefix: str | None = None  # the consistent hash's key
+    # Also remembered with the replica chosen: the response this turn makes, which the next
+    # turn names as its previous_response_id.
+    also: str | None = None
+
+
+current: ContextVar[Hint | None] = ContextVar("modelship_routing_hint", default=None)
+
+
+def digest(*parts: str) -> str:
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def response_key(response_id: str) -> str:
+    return digest("response", response_id)
+
+
+def hint_of(
+    data: dict[str, Any] | None, headers: dict[str, str], owner: str, prefix_chars: int
+) -> Hint:
+    """The keys of a chat, completions or Responses request (`owner`: the caller's key id,
+    or "" for none). Anything the body does not have (an embeddings input) gives no key."""
+    data = data or {}
+    opening = leading_text(data)
+    prefix = normalised(opening, prefix_chars) or None
+    conversation = None
+    if session := headers.get(SESSION_HEADER, "").strip():
+        conversation = digest("session", owner, session[:256])
+    elif isinstance(named := conversation_id(data), str) and named:
+        conversation = digest("conversation", named)
+    elif isinstance(previous := data.get("previous_response_id"), str) and previous:
+        conversation = response_key(previous)
+    elif opening and has_turns(data):
+        user = data.get("user") or data.get("safety_identifier") or ""
+        conversation = digest("opening", owner, str(user)[:256], opening)
+    return Hint(conversation, prefix)
+
+
+def normalised(text: str, length: int) -> str:
+    """Whitespace collapsed, cut at `length` (a run of spaces counts as one: cut late)."""
+    return _SPACE.sub(" ", text[: max(0, length) * 4]).strip()[: max(0, length)]
+
+
+def note(route: Route, data: dict[str, Any] | None, headers: dict[str, str], owner: str) -> None:
+    """Leave the request's keys for the dispatcher, where there is a choice to make (a route
+    with several replicas, or an on-demand one whose replicas are not known yet)."""
+    if len(route.urls) != 1:
+        current.set(hint_of(data, headers, owner, settings.MSHIP_ROUTING_PREFIX_CHARS))
+
+
+def conversation_id(data: dict[str, Any]) -> str | None:
+    named = data.get("conversation")
+    if isinstance(named, dict):
+        named = named.get("id")
+    return named if isinstance(named, str) else None
+
+
+def has_turns(data: dict[str, Any]) -> bool:
+    """Whether the request is a turn of something longer (chat messages, Responses input);
+    a completions prompt is a conversation of one."""
+    return isinstance(data.get("messages"), list) or "input" in data
+
+
+def leading_text(data: dict[str, Any]) -> str:
+    """The leading system (or developer, or Responses instructions) text, then the first user
+    message's, up to SCAN_CHARS."""
+    parts: list[str] = []
+    if isinstance(instructions := data.get("instructions"), str):
+        parts.append(instructions)
+    messages = data.get("messages")
+    if messages is None:
+        messages = data.get("input")
+    if isinstance(messages, str):
+        parts.append(messages)
+    elif isinstance(messages, list):
+        for message in messages:
+            if not isinstance(message, dict):
+                break
+            parts.append(text_of(message.get("content")))
+            if message.get("role") not in LEADING_ROLES:
+                break  # the first user message closes the opening
+            if sum(map(len, parts)) >= SCAN_CHARS:
+                break
+    elif isinstance(prompt := data.get("prompt"), str):
+        parts.append(prompt)
+    return "\n".join(parts)[:SCAN_CHARS]
+
+
+def text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list (images and audio count not)."""
+    if isinstance(content, str):
+        return content[:SCAN_CHARS]
+    if isinstance(content, list):
+        texts = [
+            part.get("text", "")
+            for part in content[:64]
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+        return "\n".join(texts)[:SCAN_CHARS]
+    return ""
