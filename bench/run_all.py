@@ -55,6 +55,15 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         None,  # the smoke run above serves both
     ),
     (
+        "Cache-aware routing: three llama.cpp replicas of SmolLM2, conversations under long"
+        " system prompts, by policy",
+        ["prefix_routing.py"],
+        [
+            *("prefix_routing.py", "--tenants", "2", "--conversations", "2", "--turns", "2"),
+            *("--system-words", "120", "--policies", "least-outstanding,cache-aware"),
+        ],
+    ),
+    (
         "On-demand cold start, the simulated engine",
         ["cold_start.py", "--runs", "5"],
         ["cold_start.py", "--runs", "1"],

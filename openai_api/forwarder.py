@@ -185,6 +185,18 @@ class Call:
     deployment: str = "the deployment"  # named in errors instead of the engine's address
 
 
+async def requested(
+    session: aiohttp.ClientSession, method: str, url: str, **options: Any
+) -> aiohttp.ClientResponse:
+    """An engine's answer (its status and headers). A kept-alive connection the engine closed
+    as it was reused, before a byte of an answer (llama.cpp's server drops idle ones), is
+    tried once more, on another connection."""
+    try:
+        return await session.request(method, url, allow_redirects=False, **options)
+    except aiohttp.ServerDisconnectedError:
+        return await session.request(method, url, allow_redirects=False, **options)
+
+
 class Forwarder:
     def __init__(self) -> None:
         self.sessions: dict[str, aiohttp.ClientSession] = {}
@@ -251,15 +263,11 @@ class Forwarder:
 
     async def _relay(self, call: Call, session: aiohttp.ClientSession, send: Send) -> None:
         request_id, committed = call.request_id, call.committed
-        request = session.request(
-            call.method,
-            call.url,
-            data=call.body,
-            headers=upstream_headers(call.headers, request_id),
-            allow_redirects=False,
-        )
+        headers = upstream_headers(call.headers, request_id)
         try:
-            response = await request
+            response = await requested(
+                session, call.method, call.url, data=call.body, headers=headers
+            )
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 502, unreachable(exc, call.deployment), call.unreachable_code

@@ -16,7 +16,7 @@ from django.conf import settings
 from common import tracing
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
-from openai_api.forwarder import engine_error_of, forwarder, unreachable
+from openai_api.forwarder import engine_error_of, forwarder, requested, unreachable
 from openai_api.keepalive import enter_kept_alive, waiting_answer
 from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.translator import Event, StreamTranslator
@@ -84,7 +84,7 @@ async def call_engine(
     async with forwarder.using(base_url) as session:
         tracing.inject(headers)
         try:
-            answer = await session.post(url, json=body, headers=headers)
+            answer = await requested(session, "POST", url, json=body, headers=headers)
         except aiohttp.ClientError as exc:
             raise GatewayError(502, unreachable(exc, name), "upstream_error") from exc
         async with answer:

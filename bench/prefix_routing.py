@@ -1,0 +1,232 @@
+"""Benchmark: what cache-aware routing saves a real engine's prefix cache.
+
+Three replicas of `make run`'s chat model (SmolLM2-135M-Instruct, Q4_1 GGUF) on llama.cpp's
+server, which keeps each slot's KV cache and reuses the longest matching prefix of a new
+prompt. A workload of conversations of several turns, each tenant's under a long system
+prompt of its own, sent concurrently (the turns of one conversation in order) through the
+gateway under each routing policy (MSHIP_ROUTING_POLICY): fewest outstanding (the baseline),
+round robin, and cache-aware. Before each policy the replicas start again (no cache carried
+over) and a gateway process starts with that policy (no affinity carried over).
+
+Figures per policy: the prompt tokens the engines computed (llama.cpp's
+`llamacpp:prompt_tokens_total`, summed over the replicas: cached tokens are not in it), time
+to first token p50/p99, requests per second, and the requests each replica took against the
+mean. Ratios are against fewest outstanding, run in the same process tree.
+
+    .venv/bin/python bench/prefix_routing.py [--tenants 3] [--conversations 12] [--turns 4]
+        [--system-words 600] [--policies least-outstanding,round-robin,cache-aware]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from gateway import wait_up  # noqa: E402
+from start_to_ready import setup_django  # noqa: E402
+
+TOPICS = ("the bakery's ledger", "a cycling club's calendar", "a clinic's rota")
+QUESTIONS = (
+    "What is the first thing I should check?",
+    "And after that?",
+    "How long does that usually take?",
+    "Summarise what we said in one line.",
+    "Anything else?",
+    "Thanks, one last check?",
+)
+PROMPT_TOKENS = re.compile(r"^llamacpp:prompt_tokens_total\s+(\S+)", re.MULTILINE)
+
+
+def system_prompt(tenant: int, words: int) -> str:
+    """A tenant's long system prompt: its own opening, then rules numbered to `words`."""
+    topic = TOPICS[tenant % len(TOPICS)]
+    text = [f"You are the assistant of tenant {tenant}, who keeps {topic}."]
+    rule = 0
+    while sum(len(t.split()) for t in text) < words:
+        rule += 1
+        text.append(f"Rule {rule}: answer plainly about {topic}, and keep figures exact.")
+    return " ".join(text)
+
+
+def computed(urls: list[str]) -> float:
+    """Prompt tokens the engines have computed so far (their prefix cache's hits excluded)."""
+    total = 0.0
+    for url in urls:
+        found = PROMPT_TOKENS.search(httpx.get(url + "/metrics", timeout=10).text)
+        total += float(found.group(1)) if found else 0.0
+    return total
+
+
+def converse(
+    base: str, key: str, system: str, who: int, turns: int, out: list[dict[str, Any]]
+) -> None:
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"I am user {who}. {QUESTIONS[0]}"},
+    ]
+    with httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"}) as client:
+        for turn in range(turns):
+            began = time.perf_counter()
+            first = None
+            reply: list[str] = []
+            body = {
+                "model": "smol",
+                "messages": messages,
+                "max_tokens": 8,
+                "temperature": 0,
+                "stream": True,
+            }
+            with client.stream("POST", base + "/v1/chat/completions", json=body) as answer:
+                assert answer.status_code == 200, answer.read()
+                replica = answer.headers.get("x-modelship-replica", "?")
+                for line in answer.iter_lines():
+                    if line.startswith("data: {") and '"content"' in line:
+                        first = first or time.perf_counter() - began
+                        reply.append(line)
+            out.append({"ttft": first or time.perf_counter() - began, "replica": replica})
+            said = f"(answer {turn})"
+            messages += [
+                {"role": "assistant", "content": said},
+                {"role": "user", "content": QUESTIONS[(turn + 1) % len(QUESTIONS)]},
+            ]
+
+
+def run_policy(
+    policy: str, args: argparse.Namespace, pk: int, key: str, env: dict[str, str]
+) -> dict[str, Any]:
+    from deployments import deployer  # noqa: PLC0415 - after setup_django()
+    from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
+    from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
+
+    deployer.restart(pk)  # empty caches
+    urls = list(Deployment.objects.get(pk=pk).engine_urls)
+    port = free_port("127.0.0.1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
+        cwd=REPO,
+        env={**env, "MSHIP_ROUTING_POLICY": policy},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_up(base + "/health")
+        before = computed(urls)
+        results: list[dict[str, Any]] = []
+        systems = [system_prompt(t, args.system_words) for t in range(args.tenants)]
+        threads = [
+            threading.Thread(
+                target=converse,
+                args=(base, key, systems[c % args.tenants], c, args.turns, results),
+            )
+            for c in range(args.conversations)
+        ]
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - began
+        after = computed(urls)
+    finally:
+        server.terminate()
+        server.wait()
+    if len(results) != args.conversations * args.turns:
+        raise SystemExit(f"{policy}: {len(results)} answers of {args.conversations * args.turns}")
+    ttfts = sorted(r["ttft"] for r in results)
+    spread = Counter(r["replica"] for r in results)
+    mean = len(results) / len(urls)
+    return {
+        "computed": after - before,
+        "p50": statistics.median(ttfts),
+        "p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+        "rps": len(results) / elapsed,
+        "spread": [spread.get(str(i), 0) for i in range(len(urls))],
+        "max_over_mean": max(spread.values()) / mean,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tenants", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=12)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system-words", type=int, default=600)
+    parser.add_argument("--policies", default="least-outstanding,round-robin,cache-aware")
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        setup_django(workdir)
+        from django.core.management import call_command  # noqa: PLC0415 - after setup_django()
+
+        from deployments import deployer  # noqa: PLC0415 - after setup_django()
+        from deployments.example_models import CATALOG  # noqa: PLC0415 - after setup_django()
+        from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
+        from openai_api.models import ApiKey  # noqa: PLC0415 - after setup_django()
+
+        models = REPO / "var" / "models"
+        fetched = io.StringIO()  # what it says is not a figure
+        call_command("fetch_example_model", "smollm2", "--into", str(models), stdout=fetched)
+        # Each replica: one thread (three replicas share two cores), four slots of 2,048
+        # tokens each (a system prompt and four turns fit a slot).
+        config = {"n_ctx": 8192, "parallel": 4, "threads": 1}
+        deployment = Deployment.objects.create(
+            name="smol",
+            model=str(models / CATALOG["smollm2"].filename),
+            loader="llama_server",
+            num_replicas=3,
+            memory_gib=0.5,
+            config=config,
+        )
+        _, key = ApiKey.issue("bench", requests_per_minute=10**9)
+        env = {**os.environ, "MSHIP_IN_CONTAINER": "0", "MSHIP_ROUTE_REFRESH_S": "0.2"}
+        env["MSHIP_ACCESS_LOG"] = "off"
+        rows: dict[str, dict[str, Any]] = {}
+        try:
+            for policy in policies:
+                rows[policy] = run_policy(policy, args, deployment.pk, key, env)
+                print(policy, rows[policy], file=sys.stderr)
+        finally:
+            deployer.stop(deployment.pk)
+    report(rows, args)
+
+
+def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    base = rows.get("least-outstanding") or next(iter(rows.values()))
+    print(
+        f"{args.tenants} tenants, {args.conversations} conversations x {args.turns} turns,"
+        f" system prompts of {args.system_words} words; 3 llama.cpp replicas of SmolLM2-135M"
+    )
+    print()
+    print(
+        "| policy | prompt tokens computed | ratio | TTFT p50 (s) | ratio | TTFT p99 (s)"
+        " | requests/s | ratio | requests per replica | max / mean |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for policy, row in rows.items():
+        print(
+            f"| {policy} | {row['computed']:,.0f} | {row['computed'] / base['computed']:.2f}"
+            f" | {row['p50']:.2f} | {row['p50'] / base['p50']:.2f} | {row['p99']:.2f}"
+            f" | {row['rps']:.2f} | {row['rps'] / base['rps']:.2f}"
+            f" | {'/'.join(map(str, row['spread']))} | {row['max_over_mean']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
