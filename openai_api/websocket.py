@@ -52,6 +52,7 @@ from openai_api.rate_limits import rate_limiter
 from openai_api.responses.fields import bad
 from openai_api.responses.foreground import Opening, run
 from openai_api.responses.turn import Turn, prepare
+from openai_api.routing import hints
 from openai_api.usage.recording import admit
 
 if TYPE_CHECKING:
@@ -284,6 +285,7 @@ class Socket:
             record.key = shown_prefix(caller.key.prefix) if caller.key is not None else ""
         admit(caller.key)  # its budgets, as a POST's
         check_output_tokens(route, data)
+        hints.note(route, data, self.headers, str(caller.key.id) if caller.key else "")
         previous = data.get("previous_response_id")
         try:
             if isinstance(previous, str) and previous not in self.known:

@@ -358,3 +358,23 @@ def test_it_counts_each_response_on_a_socket_as_a_request_with_its_usage(
         "tokens_in": 2 * usage["input_tokens"],
         "tokens_out": 2 * usage["output_tokens"],
     }
+
+
+def test_it_keeps_a_sockets_chain_on_one_replica(
+    client: openai.OpenAI,
+    serving: Callable[..., Deployment],
+    access_lines: list[dict[str, Any]],
+) -> None:
+    trio = serving("trio", num_replicas=3, config={"reply": "ok"})
+    with client.responses.connect() as connection:
+        previous = None
+        for said in ("first", "second", "third", "fourth"):
+            connection.response.create(model="trio", input=said, previous_response_id=previous)
+            previous = final(until_done(connection))["id"]
+    served = [httpx.get(url + "/sim/stats").json()["served"] for url in trio.engine_urls]
+    assert sorted(served) == [0, 0, 4]
+    wait_until(lambda: len([line for line in access_lines if line.get("routed_by")]) == 4)
+    assert [line["routed_by"] for line in access_lines if line.get("routed_by")] == [
+        "prefix",
+        *["affinity"] * 3,
+    ]

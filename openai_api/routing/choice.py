@@ -64,6 +64,14 @@ def on_ring(key: str, urls: tuple[str, ...], loads: Mapping[str, int], cap: int)
     return None
 
 
+def home(key: str | None, urls: tuple[str, ...]) -> str | None:
+    """The key's own replica: where it goes while no replica is at the bound."""
+    if not key:
+        return None
+    points, owners = ring(frozenset(urls))
+    return owners[bisect.bisect_left(points, point(key)) % len(points)]
+
+
 def fewest(urls: tuple[str, ...], loads: Mapping[str, int]) -> str:
     """The replica with the fewest outstanding (the first listed among equals)."""
     return min(urls, key=lambda url: loads.get(url, 0))

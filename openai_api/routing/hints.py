@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 SESSION_HEADER: Final = "x-modelship-session"
 # Read no further into a request than this for its keys: a 10 MB prompt costs no more.
 SCAN_CHARS: Final = 64 * 1024
+SCAN_MESSAGES: Final = 64
 LEADING_ROLES: Final = ("system", "developer")
 _SPACE = re.compile(r"\s+")
 
@@ -111,14 +112,14 @@ def leading_text(data: dict[str, Any]) -> str:
     if isinstance(messages, str):
         parts.append(messages)
     elif isinstance(messages, list):
-        for message in messages:
+        length = 0
+        for message in messages[:SCAN_MESSAGES]:
             if not isinstance(message, dict):
                 break
             parts.append(text_of(message.get("content")))
-            if message.get("role") not in LEADING_ROLES:
+            length += len(parts[-1])
+            if message.get("role") not in LEADING_ROLES or length >= SCAN_CHARS:
                 break  # the first user message closes the opening
-            if sum(map(len, parts)) >= SCAN_CHARS:
-                break
     elif isinstance(prompt := data.get("prompt"), str):
         parts.append(prompt)
     return "\n".join(parts)[:SCAN_CHARS]

@@ -11,7 +11,7 @@ from django.conf import settings
 from common import metrics
 from openai_api import access
 from openai_api.routing.affinity import Affinity
-from openai_api.routing.choice import Reason, choose
+from openai_api.routing.choice import Reason, choose, home
 from openai_api.routing.hints import current
 from openai_api.routing.shared import Shared
 
@@ -50,10 +50,14 @@ class Router:
             turn=next(self.turns),
         )
         if hint is not None:
+            # Another process finds a conversation at its prefix's own replica by itself:
+            # one placed elsewhere (a spill, the least loaded) is shared, and one moved.
+            moved = affine is not None and affine != url
+            share = shared and (moved or url != home(hint.prefix, urls))
             ttl = settings.MSHIP_ROUTING_AFFINITY_S
             for key in (hint.conversation, hint.also):
                 if key is not None:
-                    self.affinity.put(key, url, ttl, share=shared)
+                    self.affinity.put(key, url, ttl, share=share)
         metrics.routing_choices.labels(deployment, reason).inc()
         record = access.current.get()
         if record is not None:
