@@ -67,6 +67,7 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "--enable-sleep-mode",
         "--gpu-memory-utilization",
         "0.5",
+        "--enable-prompt-tokens-details",
     ]
     assert vllm.can_sleep(s)
     assert vllm.idle_action(s).startswith("sleep, woken by the next request: level 1")

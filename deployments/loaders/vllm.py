@@ -108,6 +108,10 @@ class VllmLoader(Loader):
         options.update({k: v for k, v in self.gpu_options(spec).items() if k not in spec.config})
         if spec.usecase == "embed" and "runner" not in options:
             options["runner"] = "pooling"
+        elif spec.usecase != "embed":
+            # Its usage then says how much of a prompt its prefix cache served (the cached
+            # tokens of usage and /metrics, what cache-aware routing is for).
+            options.setdefault("enable_prompt_tokens_details", True)
         if tracing.wanted(os.environ) and "otlp_traces_endpoint" not in options:
             # The site traces: vLLM exports its spans to the same collector, under the
             # gateway's (it reads the traceparent the gateway passes).
