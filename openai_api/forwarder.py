@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -185,15 +186,22 @@ class Call:
     deployment: str = "the deployment"  # named in errors instead of the engine's address
 
 
+# A reused connection the engine had closed fails at once; later, the engine had the request.
+STALE_WITHIN_S = 0.25
+
+
 async def requested(
     session: aiohttp.ClientSession, method: str, url: str, **options: Any
 ) -> aiohttp.ClientResponse:
     """An engine's answer (its status and headers). A kept-alive connection the engine closed
     as it was reused, before a byte of an answer (llama.cpp's server drops idle ones), is
     tried once more, on another connection."""
+    began = time.monotonic()
     try:
         return await session.request(method, url, allow_redirects=False, **options)
     except aiohttp.ServerDisconnectedError:
+        if time.monotonic() - began > STALE_WITHIN_S:
+            raise  # it had the request a while: it may have worked on it, so not again
         return await session.request(method, url, allow_redirects=False, **options)
 
 
@@ -208,7 +216,11 @@ class Forwarder:
         if session is None or session.closed:
             limit = settings.MSHIP_ENGINE_CONNECTIONS
             connector = aiohttp.TCPConnector(
-                limit=limit, limit_per_host=limit, keepalive_timeout=30
+                # Below the engines' own idle timeout (uvicorn's and llama.cpp's, 5 s), so the
+                # gateway, not the engine, closes an idle connection.
+                limit=limit,
+                limit_per_host=limit,
+                keepalive_timeout=4,
             )
             # connect: waiting for a pooled connection plus making one; no read timeout,
             # since generation can be long.

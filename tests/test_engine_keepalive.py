@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -32,8 +33,9 @@ class DroppingEngine:
     """Answers each connection's first request and drops the connection at its second,
     unanswered (`always`: drops every request)."""
 
-    def __init__(self, always: bool = False) -> None:
+    def __init__(self, always: bool = False, after_s: float = 0.0) -> None:
         self.always = always
+        self.after_s = after_s  # how long it holds a request it drops
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -59,6 +61,7 @@ class DroppingEngine:
                     return
                 reader.read(length)
                 if served == 1 or self.always:
+                    time.sleep(self.after_s)
                     return  # dropped, unanswered
                 body = json.dumps(ANSWER).encode()
                 head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -87,5 +90,16 @@ def test_it_sends_a_request_again_when_the_engine_drops_a_reused_connection(
     )
     assert (failed.status_code, failed.json()["error"]["code"]) == (502, "upstream_error")
     assert dead.connections == 2  # tried once more, not forever
-    engine.listener.close()
-    dead.listener.close()
+    # An engine that had the request a while before it dropped it may have worked on it: it
+    # is not sent again.
+    slow = DroppingEngine(always=True, after_s=0.5)
+    make_deployment("slow", state="ready", engine_urls=[slow.url])
+    seen_by_gateway(lambda s: "slow" in s.routes)
+    failed = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {api_key()}"},
+        json={"model": "slow", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert (failed.status_code, slow.connections) == (502, 1)
+    for each in (engine, dead, slow):
+        each.listener.close()

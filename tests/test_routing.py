@@ -13,6 +13,8 @@ import openai
 import pytest
 from redis import Redis
 
+from deployments.runtimes.process import free_port
+from openai_api.dispatch import dispatcher
 from openai_api.models import ApiKey
 from openai_api.routing.choice import choose
 from openai_api.routing.hints import hint_of
@@ -185,3 +187,24 @@ def place(urls: tuple[str, ...], messages: list[dict[str, str]]) -> str:
 
 def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+def test_it_routes_on_its_own_counts_while_redis_is_down(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    trio: Deployment,
+    site: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    site.REDIS_URL = f"redis://127.0.0.1:{free_port('127.0.0.1')}/0"  # nothing listens
+    site.MSHIP_ROUTING_SYNC_S = 0.05
+    key = api_key()
+    first = chat(gateway_url, key, opening("Ada", "Be brief."))
+    shared = dispatcher.router.shared
+    wait_until(lambda: not shared.healthy)  # the sync thread found Redis gone
+    # The next conversation is not looked up in Redis (no request waits on it); the one
+    # this process placed still returns to its replica.
+    assert routed(chat(gateway_url, key, opening("Grace", "Be brief.")))[1] == "prefix"
+    second = chat(gateway_url, key, turn(opening("Ada", "Be brief."), first, "More."))
+    assert routed(second) == (routed(first)[0], "affinity")
+    assert caplog.text.count("routing counts not shared through Redis") == 1

@@ -47,12 +47,13 @@ def test_it_prefers_the_callers_session_then_the_conversation_then_the_chain() -
         == hint_of(chat(("user", "x")), {"x-modelship-session": "t-81"}, "1", 1000).conversation
     )
     by_conversation = hint_of(body, {}, "1", 1000)
-    assert (
-        by_conversation.conversation
-        == hint_of({"conversation": {"id": "conv_1"}}, {}, "9", 9).conversation
-    )
+    same = hint_of({"conversation": {"id": "conv_1"}}, {}, "1", 9)
+    assert by_conversation.conversation == same.conversation
+    # Another key naming the same conversation or response is another conversation.
+    assert hint_of(body, {}, "2", 1000).conversation != by_conversation.conversation
     del body["conversation"]
-    assert hint_of(body, {}, "1", 1000).conversation == response_key("resp_1")
+    assert hint_of(body, {}, "1", 1000).conversation == response_key("1", "resp_1")
+    assert hint_of(body, {}, "2", 1000).conversation == response_key("2", "resp_1")
 
 
 def test_it_gives_no_keys_where_there_is_no_text() -> None:
@@ -63,6 +64,17 @@ def test_it_gives_no_keys_where_there_is_no_text() -> None:
     )
     assert hint_of({"prompt": "Once upon"}, {}, "1", 1000).conversation is None  # one turn
     assert hint_of(chat(("system", LONG)), {}, "1", 0).prefix is None  # keys off
+
+
+def test_it_reads_no_field_whole_whatever_its_size_or_type() -> None:
+    huge = [1e-300] * 200_000
+    for field in ("user", "safety_identifier"):  # not a string: no end user
+        hint = hint_of({**chat(("user", "hi")), field: huge}, {}, "1", 1000)
+        assert hint == hint_of(chat(("user", "hi")), {}, "1", 1000)
+    big = "y" * 10_000_000
+    keyed = hint_of({"instructions": big, "input": "x", "conversation": big}, {}, "1", 1000)
+    assert keyed.prefix == "y" * 1000
+    assert keyed.conversation == hint_of({"conversation": big[:256]}, {}, "1", 9).conversation
 
 
 def test_it_reads_text_parts_and_stops_at_a_bounded_length() -> None:

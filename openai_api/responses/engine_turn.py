@@ -38,7 +38,7 @@ async def generate(
         # Keyed by the turn as the engine sees it (the stored conversation's history before
         # the new input), and remembered for the response it makes: the next turn names it.
         prefix = hints.normalised(hints.leading_text(body), settings.MSHIP_ROUTING_PREFIX_CHARS)
-        also = hints.response_key(str(translator.response.get("id", "")))
+        also = hints.response_key(hint.owner, str(translator.response.get("id", "")))
         hints.current.set(replace(hint, prefix=prefix or hint.prefix, also=also))
     async with AsyncExitStack() as held:
         base_url = await enter_kept_alive(held, dispatcher.slot(route), waiting_answer.get())

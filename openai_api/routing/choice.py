@@ -90,6 +90,8 @@ def choose(
     """The replica for one request and why. `affine`: the replica that served the request's
     conversation before (ignored when no longer among `urls`: gone or draining); `prefix`:
     the request's prefix key; `turn`: a counter for round robin."""
+    if not urls:
+        raise ValueError("no replica to choose from")
     if policy == "round-robin":
         return urls[turn % len(urls)], "round-robin"
     if policy == "cache-aware":

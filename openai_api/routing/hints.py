@@ -30,6 +30,7 @@ SESSION_HEADER: Final = "x-modelship-session"
 # Read no further into a request than this for its keys: a 10 MB prompt costs no more.
 SCAN_CHARS: Final = 64 * 1024
 SCAN_MESSAGES: Final = 64
+ID_CHARS: Final = 256  # of a session, conversation, response id or end user
 LEADING_ROLES: Final = ("system", "developer")
 _SPACE = re.compile(r"\s+")
 
@@ -41,6 +42,7 @@ class Hint:
     # Also remembered with the replica chosen: the response this turn makes, which the next
     # turn names as its previous_response_id.
     also: str | None = None
+    owner: str = ""  # the caller's key: every key is scoped to it
 
 
 current: ContextVar[Hint | None] = ContextVar("modelship_routing_hint", default=None)
@@ -50,29 +52,31 @@ def digest(*parts: str) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
 
 
-def response_key(response_id: str) -> str:
-    return digest("response", response_id)
+def response_key(owner: str, response_id: str) -> str:
+    return digest("response", owner, response_id[:ID_CHARS])
 
 
 def hint_of(
     data: dict[str, Any] | None, headers: dict[str, str], owner: str, prefix_chars: int
 ) -> Hint:
     """The keys of a chat, completions or Responses request (`owner`: the caller's key id,
-    or "" for none). Anything the body does not have (an embeddings input) gives no key."""
+    or "" for none). Anything the body does not have (an embeddings input) gives no key.
+    Every field is cut before it is read whole: this runs on the event loop."""
     data = data or {}
     opening = leading_text(data)
     prefix = normalised(opening, prefix_chars) or None
     conversation = None
-    if session := headers.get(SESSION_HEADER, "").strip():
-        conversation = digest("session", owner, session[:256])
-    elif isinstance(named := conversation_id(data), str) and named:
-        conversation = digest("conversation", named)
+    if session := headers.get(SESSION_HEADER, "")[:ID_CHARS].strip():
+        conversation = digest("session", owner, session)
+    elif named := conversation_id(data):
+        conversation = digest("conversation", owner, named[:ID_CHARS])
     elif isinstance(previous := data.get("previous_response_id"), str) and previous:
-        conversation = response_key(previous)
+        conversation = response_key(owner, previous)
     elif opening and has_turns(data):
-        user = data.get("user") or data.get("safety_identifier") or ""
-        conversation = digest("opening", owner, str(user)[:256], opening)
-    return Hint(conversation, prefix)
+        user = data.get("user") or data.get("safety_identifier")
+        user = user[:ID_CHARS] if isinstance(user, str) else ""
+        conversation = digest("opening", owner, user, opening)
+    return Hint(conversation, prefix, owner=owner)
 
 
 def normalised(text: str, length: int) -> str:
@@ -87,11 +91,11 @@ def note(route: Route, data: dict[str, Any] | None, headers: dict[str, str], own
         current.set(hint_of(data, headers, owner, settings.MSHIP_ROUTING_PREFIX_CHARS))
 
 
-def conversation_id(data: dict[str, Any]) -> str | None:
+def conversation_id(data: dict[str, Any]) -> str:
     named = data.get("conversation")
     if isinstance(named, dict):
         named = named.get("id")
-    return named if isinstance(named, str) else None
+    return named if isinstance(named, str) else ""
 
 
 def has_turns(data: dict[str, Any]) -> bool:
@@ -105,12 +109,12 @@ def leading_text(data: dict[str, Any]) -> str:
     message's, up to SCAN_CHARS."""
     parts: list[str] = []
     if isinstance(instructions := data.get("instructions"), str):
-        parts.append(instructions)
+        parts.append(instructions[:SCAN_CHARS])
     messages = data.get("messages")
     if messages is None:
         messages = data.get("input")
     if isinstance(messages, str):
-        parts.append(messages)
+        parts.append(messages[:SCAN_CHARS])
     elif isinstance(messages, list):
         length = 0
         for message in messages[:SCAN_MESSAGES]:
@@ -121,7 +125,7 @@ def leading_text(data: dict[str, Any]) -> str:
             if message.get("role") not in LEADING_ROLES or length >= SCAN_CHARS:
                 break  # the first user message closes the opening
     elif isinstance(prompt := data.get("prompt"), str):
-        parts.append(prompt)
+        parts.append(prompt[:SCAN_CHARS])
     return "\n".join(parts)[:SCAN_CHARS]
 
 
@@ -131,8 +135,8 @@ def text_of(content: Any) -> str:
         return content[:SCAN_CHARS]
     if isinstance(content, list):
         texts = [
-            part.get("text", "")
-            for part in content[:64]
+            part["text"][:SCAN_CHARS]
+            for part in content[:SCAN_MESSAGES]
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         ]
         return "\n".join(texts)[:SCAN_CHARS]

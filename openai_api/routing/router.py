@@ -38,7 +38,7 @@ class Router:
         affine = None
         if hint is not None and hint.conversation is not None:
             affine = self.affinity.get(hint.conversation)
-            if affine is None and shared:
+            if affine is None and shared and self.shared.healthy:
                 affine = await self.shared.lookup(hint.conversation)
         url, reason = choose(
             urls,
@@ -46,14 +46,15 @@ class Router:
             policy=policy,
             affine=affine,
             prefix=hint.prefix if hint is not None else None,
-            epsilon=settings.MSHIP_ROUTING_LOAD_BOUND,
+            epsilon=min(max(settings.MSHIP_ROUTING_LOAD_BOUND, 0.0), 100.0),
             turn=next(self.turns),
         )
         if hint is not None:
             # Another process finds a conversation at its prefix's own replica by itself:
             # one placed elsewhere (a spill, the least loaded) is shared, and one moved.
             moved = affine is not None and affine != url
-            share = shared and (moved or url != home(hint.prefix, urls))
+            natural = hint.prefix is not None and url == home(hint.prefix, urls)
+            share = shared and (moved or (hint.prefix is not None and not natural))
             ttl = settings.MSHIP_ROUTING_AFFINITY_S
             for key in (hint.conversation, hint.also):
                 if key is not None:

@@ -12,6 +12,7 @@ counts and table, which is what it does without Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -50,6 +51,10 @@ class Shared:
         self.lock = threading.Lock()
         self.client: Any = None
         self.client_url = ""
+        # Whether Redis answered the last sync: while it does not, a conversation this
+        # process has not seen is not looked up (no request waits on a Redis that is gone).
+        self.healthy = True
+        self.failing = False  # the sync thread's own view, for its log
         self.clients: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
 
     @staticmethod
@@ -75,15 +80,19 @@ class Shared:
 
     def run(self) -> None:
         while not self.stop.wait(max(0.05, settings.MSHIP_ROUTING_SYNC_S)):
-            if self.configured():
-                self.sync_once()
-            else:
+            if not self.configured():
                 self.remote = {}
+                continue
+            try:
+                self.sync_once()
+            except Exception:  # never the thread's end: routing goes on on local counts
+                log.exception("routing counts not shared")
+                self.remote, self.healthy = {}, False
         if self.configured():
             self.withdraw()
 
     def sync_once(self) -> None:
-        mine = {url: n for url, n in list(self.local.items()) if n > 0}
+        mine = {url: n for url, n in self.local.copy().items() if n > 0}
         placed = self.affinity.take_unshared()
         ttl = max(1, round(settings.MSHIP_ROUTING_AFFINITY_S))
         expiry = max(2, round(10 * settings.MSHIP_ROUTING_SYNC_S))
@@ -104,9 +113,14 @@ class Shared:
                 pipe.hgetall(load_key(process))
             answers = pipe.execute()
         except with_redis_errors(OSError) as exc:
-            log.warning("routing counts not shared through Redis: %s", exc)
-            self.client, self.remote = None, {}
+            if not self.failing:  # once a failure, not four times a second
+                log.warning("routing counts not shared through Redis: %s", exc)
+            self.drop_client()
+            self.remote, self.healthy, self.failing = {}, False, True
             return
+        if self.failing:
+            log.info("routing counts shared through Redis again")
+        self.healthy, self.failing = True, False
         remote: dict[str, int] = {}
         gone = []
         for process, counts in zip(others, answers, strict=True):
@@ -134,9 +148,16 @@ class Shared:
         if self.client is None or self.client_url != settings.REDIS_URL:
             from redis import Redis  # noqa: PLC0415 - only where Redis is set
 
+            self.drop_client()
             self.client_url = settings.REDIS_URL
             self.client = Redis.from_url(self.client_url, socket_timeout=2)
         return self.client
+
+    def drop_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
     async def lookup(self, key: str) -> str | None:
         """The replica another process placed this conversation on, if Redis answers soon."""
@@ -150,5 +171,6 @@ class Shared:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
                 found = await client.get(affinity_key(key))
         except with_redis_errors(OSError, TimeoutError):
+            self.healthy = False  # no more lookups until the sync thread reaches Redis
             return None
         return found.decode() if isinstance(found, bytes) else None
