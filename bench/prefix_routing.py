@@ -3,10 +3,14 @@
 Three replicas of `make run`'s chat model (SmolLM2-135M-Instruct, Q4_1 GGUF) on llama.cpp's
 server, which keeps each slot's KV cache and reuses the longest matching prefix of a new
 prompt. A workload of conversations of several turns, each tenant's under a long system
-prompt of its own, sent concurrently (the turns of one conversation in order) through the
-gateway under each routing policy (MSHIP_ROUTING_POLICY): fewest outstanding (the baseline),
-round robin, and cache-aware. Before each policy the replicas start again (no cache carried
-over) and a gateway process starts with that policy (no affinity carried over).
+prompt of its own, sent concurrently through the gateway under each routing policy
+(MSHIP_ROUTING_POLICY): fewest outstanding (the baseline), round robin, and cache-aware. The
+conversations begin `--stagger` seconds apart and a user thinks `--think` seconds between
+turns (all at once, every first turn computes its system prompt in a slot of its own before
+any is cached, whatever the policy). Before each policy the replicas start again (no cache
+carried over) and a gateway process starts with that policy (no affinity carried over).
+Each request's replica, turn, prompt tokens computed (usage's prompt tokens less its cached
+ones) and TTFT go to stderr, for a closer look.
 
 Figures per policy: the prompt tokens the engines computed (llama.cpp's
 `llamacpp:prompt_tokens_total`, summed over the replicas: cached tokens are not in it), time
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import re
 import statistics
@@ -75,14 +80,22 @@ def computed(urls: list[str]) -> float:
 
 
 def converse(
-    base: str, key: str, system: str, who: int, turns: int, out: list[dict[str, Any]]
+    base: str,
+    key: str,
+    system: str,
+    who: int,
+    args: argparse.Namespace,
+    out: list[dict[str, Any]],
 ) -> None:
+    time.sleep(who * args.stagger)  # conversations begin one after another, as users do
     messages: list[dict[str, str]] = [
         {"role": "system", "content": system},
         {"role": "user", "content": f"I am user {who}. {QUESTIONS[0]}"},
     ]
     with httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"}) as client:
-        for turn in range(turns):
+        for turn in range(args.turns):
+            if turn:
+                time.sleep(args.think)  # the user reads the answer and types the next
             began = time.perf_counter()
             first = None
             reply: list[str] = []
@@ -92,15 +105,24 @@ def converse(
                 "max_tokens": 8,
                 "temperature": 0,
                 "stream": True,
+                "stream_options": {"include_usage": True},
             }
             with client.stream("POST", base + "/v1/chat/completions", json=body) as answer:
                 assert answer.status_code == 200, answer.read()
                 replica = answer.headers.get("x-modelship-replica", "?")
+                cached = prompt = 0
                 for line in answer.iter_lines():
                     if line.startswith("data: {") and '"content"' in line:
                         first = first or time.perf_counter() - began
                         reply.append(line)
-            out.append({"ttft": first or time.perf_counter() - began, "replica": replica})
+                    elif line.startswith("data: {") and '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage") or {}
+                        prompt = usage.get("prompt_tokens", 0)
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            ttft = first or time.perf_counter() - began
+            out.append(
+                {"ttft": ttft, "replica": replica, "turn": turn, "who": who, "new": prompt - cached}
+            )
             said = f"(answer {turn})"
             messages += [
                 {"role": "assistant", "content": said},
@@ -115,7 +137,8 @@ def run_policy(
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
     from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
-    deployer.restart(pk)  # empty caches
+    deployer.stop(pk)  # new engine processes: no cache carried over from the last policy
+    deployer.restart(pk)
     urls = list(Deployment.objects.get(pk=pk).engine_urls)
     port = free_port("127.0.0.1")
     server = subprocess.Popen(
@@ -132,7 +155,7 @@ def run_policy(
         threads = [
             threading.Thread(
                 target=converse,
-                args=(base, key, systems[c % args.tenants], c, args.turns, results),
+                args=(base, key, systems[c % args.tenants], c, args, results),
             )
             for c in range(args.conversations)
         ]
@@ -148,6 +171,11 @@ def run_policy(
         server.wait()
     if len(results) != args.conversations * args.turns:
         raise SystemExit(f"{policy}: {len(results)} answers of {args.conversations * args.turns}")
+    print(
+        policy,
+        sorted((r["who"], r["turn"], r["replica"], r["new"], round(r["ttft"], 2)) for r in results),
+        file=sys.stderr,
+    )
     ttfts = sorted(r["ttft"] for r in results)
     spread = Counter(r["replica"] for r in results)
     mean = len(results) / len(urls)
@@ -167,6 +195,8 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-words", type=int, default=600)
+    parser.add_argument("--stagger", type=float, default=3.0, help="s between conversations")
+    parser.add_argument("--think", type=float, default=1.0, help="s between a conversation's turns")
     parser.add_argument("--policies", default="least-outstanding,round-robin,cache-aware")
     args = parser.parse_args()
     policies = args.policies.split(",")

@@ -61,6 +61,7 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         [
             *("prefix_routing.py", "--tenants", "2", "--conversations", "2", "--turns", "2"),
             *("--system-words", "120", "--policies", "least-outstanding,cache-aware"),
+            *("--stagger", "0.5", "--think", "0.2"),
         ],
     ),
     (

@@ -199,7 +199,8 @@ async def requested(
     began = time.monotonic()
     try:
         return await session.request(method, url, allow_redirects=False, **options)
-    except aiohttp.ServerDisconnectedError:
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+        # Dropped as it was sent, or while its body was (a reset, a broken pipe).
         if time.monotonic() - began > STALE_WITHIN_S:
             raise  # it had the request a while: it may have worked on it, so not again
         return await session.request(method, url, allow_redirects=False, **options)
