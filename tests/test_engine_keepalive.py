@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,10 @@ class DroppingEngine:
     """Answers each connection's first request and drops the connection at its second,
     unanswered (`always`: drops every request)."""
 
-    def __init__(self, always: bool = False, after_s: float = 0.0) -> None:
+    def __init__(self, always: bool = False, after_s: float = 0.0, reset: bool = False) -> None:
         self.always = always
         self.after_s = after_s  # how long it holds a request it drops
+        self.reset = reset  # drops it with a reset as its head arrives, its body unread
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -58,6 +60,10 @@ class DroppingEngine:
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 if not line:
+                    return
+                if self.reset and (served == 1 or self.always):
+                    # An RST, not a FIN: the gateway's write of the rest of the body fails.
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 reader.read(length)
                 if served == 1 or self.always:
@@ -103,3 +109,21 @@ def test_it_sends_a_request_again_when_the_engine_drops_a_reused_connection(
     assert (failed.status_code, slow.connections) == (502, 1)
     for each in (engine, dead, slow):
         each.listener.close()
+
+
+def test_it_sends_a_body_again_when_the_engine_resets_a_reused_connection_under_it(
+    gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
+) -> None:
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    engine = DroppingEngine(reset=True)
+    make_deployment("resetting", state="ready", engine_urls=[engine.url])
+    seen_by_gateway(lambda s: "resetting" in s.routes)
+    sdk = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+    long = "x " * 2_000_000  # 4 MB: still being written when the reset comes
+    for _ in range(3):
+        answer = sdk.chat.completions.create(
+            model="resetting", messages=[{"role": "user", "content": long}]
+        )
+        assert answer.choices[0].message.content == "ok"
+    assert engine.connections == 3
+    engine.listener.close()
