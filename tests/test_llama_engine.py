@@ -4,6 +4,7 @@ official openai SDK."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -127,14 +128,22 @@ def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
         tokens_in=Sum("tokens_in"),
         tokens_out=Sum("tokens_out"),
         estimated=Sum("tokens_estimated"),
+        cached=Sum("tokens_cached"),
     )
     chat_in = first.usage.prompt_tokens
+    # The same prompt again: llama.cpp's prefix cache served it (its cached_tokens, cache_n).
+    assert 0 < used.pop("cached") < 4 * chat_in
     assert used == {
         "requests": 5,
         "tokens_in": 4 * chat_in + completion.usage.prompt_tokens,
         "tokens_out": 4 * 12 + 7,
         "estimated": 0,
     }
+    scraped = httpx.get(gateway_url + "/metrics").text
+    cached = re.search(
+        r'modelship_tokens_total\{direction="cached",key="",model="tiny"[^}]*\} (\S+)', scraped
+    )
+    assert cached is not None and float(cached.group(1)) > 0
 
 
 def test_it_takes_a_default_answer_length_and_sampling_from_its_operator(
