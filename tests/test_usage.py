@@ -292,6 +292,7 @@ def test_it_sweeps_usage_past_its_retention(site: Any, db: None) -> None:
     assert sweep_usage() == 0
 
 
+@pytest.mark.usefixtures("engines")  # the engine it starts is stopped after it
 def test_it_holds_a_budget_over_two_gateway_processes(
     two_gateways: list[str], make_deployment: Any
 ) -> None:
