@@ -122,14 +122,20 @@ def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
         )
     )
     assert unasked and all(chunk.usage is None for chunk in unasked)
-    ledger.flush()
-    used = UsageMinute.objects.filter(deployment="tiny").aggregate(
-        requests=Sum("requests"),
-        tokens_in=Sum("tokens_in"),
-        tokens_out=Sum("tokens_out"),
-        estimated=Sum("tokens_estimated"),
-        cached=Sum("tokens_cached"),
-    )
+
+    def recorded() -> dict[str, Any]:
+        ledger.flush()
+        return UsageMinute.objects.filter(deployment="tiny").aggregate(
+            requests=Sum("requests"),
+            tokens_in=Sum("tokens_in"),
+            tokens_out=Sum("tokens_out"),
+            estimated=Sum("tokens_estimated"),
+            cached=Sum("tokens_cached"),
+        )
+
+    # A stream's record closes just after its last chunk reaches the client.
+    wait_until(lambda: recorded()["requests"] == 5, 10)
+    used = recorded()
     chat_in = first.usage.prompt_tokens
     # The same prompt again: llama.cpp's prefix cache served it (its cached_tokens, cache_n).
     assert 0 < used.pop("cached") < 4 * chat_in

@@ -349,10 +349,16 @@ def test_it_counts_each_response_on_a_socket_as_a_request_with_its_usage(
         for _ in range(2):
             connection.response.create(model="sim", input="count me")
             usage = final(until_done(connection))["usage"]
-    ledger.flush()
-    used = UsageMinute.objects.filter(deployment="sim").aggregate(
-        requests=Sum("requests"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out")
-    )
+
+    def usage_now() -> dict[str, Any]:
+        ledger.flush()
+        return UsageMinute.objects.filter(deployment="sim").aggregate(
+            requests=Sum("requests"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out")
+        )
+
+    # A response's record closes just after its last event reaches the client.
+    wait_until(lambda: usage_now()["requests"] == 2, 10)
+    used = usage_now()
     assert used == {
         "requests": 2,
         "tokens_in": 2 * usage["input_tokens"],
