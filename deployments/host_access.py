@@ -29,6 +29,7 @@ from django.conf import settings
 from deployments.engine_envs import PLUGIN_NAME, PLUGINS_DIR, allowed_plugins
 from deployments.loaders import LOADERS, Loader
 from deployments.refusals import OperationRefused
+from deployments.store.models import STORE_PREFIX
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -177,7 +178,9 @@ def python_in(model: str) -> str | None:
 def outside_model_dirs(value: str, *, always_path: bool = False) -> str | None:
     """The resolved path a value names where it lies outside MSHIP_MODEL_DIRS; None for a
     hub id or a path inside them. A relative path is read from the site's folder."""
-    if not value or not (always_path or is_path(value)):
+    if not value or value.startswith(STORE_PREFIX):
+        return None  # a stored model: under the store, the first of the model folders
+    if not (always_path or is_path(value)):
         return None
     resolved = os.path.realpath(os.path.join(settings.BASE_DIR, value))
     for folder in settings.MSHIP_MODEL_DIRS:

@@ -22,6 +22,7 @@ from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import gpu_inventory
 from deployments.models import STARTABLE_STATES, Deployment, State
 from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
+from deployments.store.refs import NotInStore, resolve
 from deployments.transitions import transition
 
 if TYPE_CHECKING:
@@ -143,6 +144,10 @@ def launch_all(
     (``placed``, one list per replica launched, else the row's); on a failure, stop the ones
     already launched."""
     loader = get_loader(deployment.loader)
+    try:
+        resolve(deployment.model)
+    except NotInStore as exc:
+        raise RuntimeError_(str(exc)) from exc
     spec = EngineSpec.of(deployment)
     gpus = {g.index: g.total_gib for g in gpu_inventory()}
     placed = deployment.gpus if placed is None else placed

@@ -15,6 +15,7 @@ from deployments import loaders
 from deployments.auth_models import ApiToken, LoginFailure  # noqa: F401  (registered here)
 from deployments.autoscaling import AutoscalingConfig
 from deployments.fingerprint import CONFIG_FIELDS
+from deployments.store.models import StoredModel  # noqa: F401  (registered here)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
 NAME_RULE = "Use letters, digits and . _ : / @ + - (start with a letter or digit, at most 200)."

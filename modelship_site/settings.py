@@ -476,4 +476,5 @@ MSHIP_PLUGINS = env_list("MSHIP_PLUGINS", [])
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))
 
 from modelship_site.settings_routing import *  # noqa: E402, F403 - the replica choice
+from modelship_site.settings_store import *  # noqa: E402, F403 - the model store
 from modelship_site.settings_usage import *  # noqa: E402, F403 - usage and budgets

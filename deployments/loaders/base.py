@@ -47,9 +47,11 @@ class EngineSpec:
 
     @classmethod
     def of(cls, deployment: Any) -> EngineSpec:
+        from deployments.store.refs import resolved_or_same  # noqa: PLC0415 - a cycle: refs reads Deployment
+
         return cls(
             name=deployment.name,
-            model=deployment.model,
+            model=resolved_or_same(deployment.model),
             usecase=deployment.usecase,
             aliases=tuple(deployment.aliases or ()),
             config=dict(deployment.config or {}),

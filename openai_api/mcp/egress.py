@@ -17,10 +17,6 @@ IPv4-mapped and IPv4-compatible IPv6 spellings all meet the same rules.
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import socket
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -28,72 +24,19 @@ import httpcore2
 import httpx2
 from django.conf import settings
 
-from common.networks import Network, networks
+from common.egress import Policy as Policy  # this module's users know it here
+from common.egress import host_networks as host_networks
+from common.egress import normalise as normalise
+from common.egress import resolve
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
-METADATA_NETWORKS: tuple[Network, ...] = (
-    ipaddress.ip_network("169.254.0.0/16"),  # AWS, GCP, Azure, OpenStack
-    ipaddress.ip_network("100.100.100.200/32"),  # Alibaba Cloud
-    ipaddress.ip_network("fd00:ec2::254/128"),  # AWS over IPv6
-)
+    from collections.abc import Callable
 
 
 def refused(url: str, why: str) -> GatewayError:
     return GatewayError(400, f"The MCP server {url} is not allowed: {why}.", "mcp_egress_refused")
-
-
-def normalise(address: str) -> Address:
-    """One spelling per address: the zone dropped, IPv4 inside IPv6 taken out."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip.packed[:12] == bytes(12) and int(ip) > 1:  # IPv4-compatible (::a.b.c.d)
-            return ipaddress.IPv4Address(ip.packed[12:])
-    return ip
-
-
-@dataclass(frozen=True)
-class Policy:
-    allowed_names: frozenset[str]
-    allowed_networks: tuple[Network, ...]
-    engine_networks: tuple[Network, ...]
-    require_https: bool
-
-    @property
-    def has_allow_list(self) -> bool:
-        return bool(self.allowed_names or self.allowed_networks)
-
-    def listed(self, host: str, ip: Address | None) -> bool:
-        if host in self.allowed_names:
-            return True
-        return ip is not None and any(ip in network for network in self.allowed_networks)
-
-    def verdict(self, host: str, ip: Address) -> str | None:
-        """Why a connection to `host` at `ip` is refused; None when it is allowed."""
-        if host in METADATA_HOSTS or any(ip in n for n in METADATA_NETWORKS):
-            return "cloud metadata endpoints are never reachable"
-        if self.listed(host, ip):
-            return None
-        if self.has_allow_list:
-            return "its host is not in MSHIP_MCP_ALLOWED_HOSTS"
-        if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
-            return "loopback and link-local addresses need MSHIP_MCP_ALLOWED_HOSTS"
-        if any(ip in network for network in self.engine_networks):
-            return "it is one of Modelship's engines (MSHIP_MCP_ALLOWED_HOSTS can name it)"
-        return None
-
-
-def host_networks(hosts: Iterable[str]) -> tuple[Network, ...]:
-    """The addresses and networks among host names."""
-    return networks(hosts, skip_names=True)
 
 
 def current_policy() -> Policy:
@@ -112,31 +55,15 @@ def current_policy() -> Policy:
     )
 
 
-async def resolve(host: str, port: int) -> list[Address]:
-    found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [normalise(str(info[4][0])) for info in found]
-
-
 async def check(
     url: str, policy: Policy | None = None, refuse: Callable[[str, str], Exception] = refused
 ) -> None:
     """400 `mcp_egress_refused` unless the policy allows connecting to `url` (another
     refusal where `refuse` makes one: an input image's URL is no MCP server)."""
     policy = policy or current_policy()
-    parts = urlsplit(url)
-    try:
-        host = (parts.hostname or "").lower().rstrip(".")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        raise refuse(url, "its port is not a number") from exc
-    if parts.scheme not in ("http", "https") or not host:
-        raise refuse(url, "it must be an http(s) URL with a host")
-    if policy.require_https and parts.scheme != "https":
-        raise refuse(url, "this site requires https (MSHIP_MCP_REQUIRE_HTTPS)")
-    if host in METADATA_HOSTS:
-        raise refuse(url, "cloud metadata endpoints are never reachable")
-    if policy.has_allow_list and not policy.listed(host, literal(host)):
-        raise refuse(url, "its host is not in MSHIP_MCP_ALLOWED_HOSTS")
+    host, port, why = policy.url_problem(url)
+    if why is not None:
+        raise refuse(url, why)
     try:
         addresses = await resolve(host, port)
     except OSError as exc:
@@ -145,13 +72,6 @@ async def check(
         why = policy.verdict(host, ip)
         if why is not None:
             raise refuse(url, why)
-
-
-def literal(host: str) -> Address | None:
-    try:
-        return normalise(host.strip("[]"))
-    except ValueError:
-        return None
 
 
 class EgressRefused(OSError):

@@ -1,0 +1,169 @@
+"""/api/stored-models/: the model store. POST pulls (202, the pull queued for the cluster),
+GET shows each model and a running pull's progress, DELETE removes one no deployment uses;
+/api/stored-models/disk/ is the store's disk. Pulling takes `add`, deleting `delete`; a
+local path outside MSHIP_MODEL_DIRS also takes `run_arbitrary_engine`."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from deployments.api.filters import StrictFilterSet
+from deployments.host_access import RUN_ARBITRARY_ENGINE
+from deployments.store import pulls
+from deployments.store.job import folder_size
+from deployments.store.metadata import SUGGESTED
+from deployments.store.models import (
+    STORE_NAME_PATTERN,
+    STORE_NAME_RULE,
+    PullState,
+    StoredModel,
+    store_dir,
+)
+from deployments.store.refs import users_of
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+
+NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class StoredModelSerializer(serializers.ModelSerializer):
+    name = serializers.RegexField(
+        STORE_NAME_PATTERN,
+        max_length=128,
+        required=False,
+        help_text="Its name in the store (store:NAME); from the source where not given.",
+        error_messages={"invalid": STORE_NAME_RULE},
+    )
+    include = serializers.ListField(
+        child=serializers.CharField(max_length=200), required=False, max_length=32
+    )
+    reference = serializers.CharField(read_only=True)
+    eta_s = serializers.FloatField(read_only=True, allow_null=True)
+    suggested = serializers.SerializerMethodField()
+    used_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = StoredModel
+        fields = (
+            "id",
+            "name",
+            "reference",
+            "source",
+            "include",
+            "state",
+            "error",
+            "bytes_done",
+            "bytes_total",
+            "rate_bps",
+            "eta_s",
+            "checksums",
+            "path",
+            "format",
+            "size_bytes",
+            "details",
+            "suggested",
+            "used_by",
+            "created_by",
+            "created",
+            "started_at",
+            "finished_at",
+        )
+        read_only_fields = tuple(f for f in fields if f not in ("name", "source", "include"))
+
+    def get_suggested(self, obj: StoredModel) -> dict[str, str | None]:
+        loader, usecase = SUGGESTED.get(obj.format, (None, None))
+        if obj.details.get("embedding_model"):
+            usecase = "embed"
+        return {"loader": loader, "usecase": usecase}
+
+    def get_used_by(self, obj: StoredModel) -> list[str]:
+        return users_of(obj)
+
+
+def default_name(source: str) -> str:
+    """A store name from a source: the repository's, the file's without its suffix."""
+    text = source.strip().removeprefix("hf:").removeprefix("pypi:").removeprefix("file:")
+    text = text.split("#")[0].split("@")[0].split("==")[0].split("?")[0].rstrip("/")
+    last = PurePosixPath(text).name
+    stem = last.rsplit(".", 1)[0] if "." in last else last
+    return NOT_NAME.sub("-", stem).strip("-._")[:128] or "model"
+
+
+class StoredModelFilter(StrictFilterSet):
+    class Meta:
+        model = StoredModel
+        fields = ("state", "format")
+
+
+class StoredModelViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    queryset = StoredModel.objects.all()
+    serializer_class = StoredModelSerializer
+    filterset_class = StoredModelFilter
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        asked = pulls.ask(
+            data.get("name") or default_name(data["source"]),
+            data["source"],
+            data.get("include") or [],
+            actor=request.user.get_username(),
+            user=request.user,
+            may_reach_host=request.user.has_perm(RUN_ARBITRARY_ENGINE),
+        )
+        ready = asked.model.state == PullState.READY
+        code = status.HTTP_200_OK if ready else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(asked.model).data, status=code)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        pulls.remove(self.get_object(), actor=request.user.get_username(), user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        responses=inline_serializer(
+            "StoreDisk",
+            {
+                "path": serializers.CharField(),
+                "models": serializers.IntegerField(),
+                "used_bytes": serializers.IntegerField(),
+                "free_bytes": serializers.IntegerField(),
+                "total_bytes": serializers.IntegerField(),
+            },
+        )
+    )
+    @action(detail=False, methods=["get"])
+    def disk(self, request: Request) -> Response:
+        return Response(disk_summary())
+
+
+def disk_summary() -> dict[str, Any]:
+    """The store's folder, what its models take and what its disk has left."""
+    folder = store_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    usage = shutil.disk_usage(folder)
+    models = StoredModel.objects.filter(state=PullState.READY)
+    used = sum(m.size_bytes or 0 for m in models)
+    pulling = folder_size(folder / ".pulls") if (folder / ".pulls").exists() else 0
+    return {
+        "path": str(folder),
+        "models": models.count(),
+        "used_bytes": used + pulling,
+        "free_bytes": usage.free,
+        "total_bytes": usage.total,
+    }

@@ -1,0 +1,291 @@
+"""Pulls: asked for by the API, the admin and `modelship pull`; run by the django-q cluster,
+never in a request.
+
+A pull writes into `<store>/.pulls/<name>/` and, once every file is there and checked, moves
+the folder to `<store>/<name>/` in one rename: a model in the store is whole. At most
+MSHIP_MODEL_PULLS run at once (the others wait, queued, and a pull that ends starts the
+next); a second pull of a model being pulled joins it. What an interrupted pull fetched stays
+for the next try (a URL resumes by Range, a Hub file from its `.incomplete`); a pull whose
+worker died is found by its heartbeat and started again by the sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from deployments import audit
+from deployments.refusals import OperationRefused
+from deployments.store import hub, local, web, wheels
+from deployments.store.job import Job, PullFailed, disk_full, folder_size
+from deployments.store.metadata import describe
+from deployments.store.models import (
+    STORE_NAME_PATTERN,
+    STORE_NAME_RULE,
+    PullState,
+    StoredModel,
+    store_dir,
+)
+from deployments.store.refs import users_of
+from deployments.store.sources import BadSource, Source, needs_host_access, parse
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
+FETCHERS: dict[str, Callable[[Source, Job], Path]] = {
+    "hf": hub.fetch,
+    "url": web.fetch,
+    "wheel": wheels.fetch,
+    "path": local.fetch,
+}
+STALE = timedelta(seconds=60)  # a pull whose heartbeat is this old lost its worker
+
+
+class PullRefused(OperationRefused):
+    status = 400
+    code = "invalid"
+
+
+class PullForbidden(OperationRefused):
+    status = 403
+    code = "permission_denied"
+
+
+class PullConflict(OperationRefused):
+    status = 409
+    code = "conflict"
+
+
+@dataclass(frozen=True)
+class Asked:
+    model: StoredModel
+    created: bool  # a new pull (else one that was there: joined, or already pulled)
+
+
+def staging_dir(name: str) -> Path:
+    return store_dir() / ".pulls" / name
+
+
+def final_dir(name: str) -> Path:
+    return store_dir() / name
+
+
+def ask(
+    name: str,
+    source_text: str,
+    include: list[str] | None = None,
+    *,
+    actor: str = "system",
+    user: object | None = None,
+    may_reach_host: bool = False,
+) -> Asked:
+    """Queue a pull of `source_text` as `name`: refused with field errors where the source
+    is bad or not this user's to pull; the pull there already where one is (joined while it
+    runs, started again where it failed)."""
+    if not re.fullmatch(STORE_NAME_PATTERN, name):  # it becomes a folder's name
+        raise PullRefused(STORE_NAME_RULE, {"name": [STORE_NAME_RULE]})
+    try:
+        source = parse(source_text, include)
+    except BadSource as exc:
+        raise PullRefused(str(exc), {exc.field: [str(exc)]}) from exc
+    if (why := needs_host_access(source)) and not may_reach_host:
+        message = f"{why} needs the deployments.run_arbitrary_engine permission"
+        raise PullForbidden(message, {"source": [message]})
+    if source.kind == "url" and (
+        why := web.refusal(source.ref.partition("#")[0], web.pull_policy())
+    ):
+        raise PullRefused(f"{source.ref} may not be fetched: {why}", {"source": [why]})
+    with transaction.atomic():
+        found = StoredModel.objects.select_for_update().filter(name=name).first()
+        if found is not None:
+            if found.source != source_text or found.include != list(source.include):
+                message = f"{name!r} is already in the store, pulled from {found.source}"
+                raise PullConflict(message, {"name": [message]})
+            if found.state == PullState.FAILED:
+                found.state, found.error = PullState.QUEUED, ""
+                found.host_access = found.host_access or may_reach_host
+                found.save(update_fields=["state", "error", "host_access"])
+                transaction.on_commit(lambda: queue(found.pk))
+            return Asked(found, created=False)
+        busy = StoredModel.objects.filter(
+            source=source_text, state__in=(PullState.QUEUED, PullState.PULLING)
+        ).first()
+        if busy is not None:
+            message = f"that source is being pulled already, as {busy.name!r}"
+            raise PullConflict(message, {"source": [message]})
+        model = StoredModel.objects.create(
+            name=name,
+            source=source_text,
+            include=list(source.include),
+            created_by=actor,
+            host_access=may_reach_host,
+        )
+        audit.record(
+            "store.pull",
+            None,
+            user=user,
+            actor=actor,
+            object_repr=f"model {name}",
+            after={"source": source_text, "include": list(source.include)},
+        )
+        transaction.on_commit(lambda: queue(model.pk))
+    return Asked(model, created=True)
+
+
+def queue(pk: int) -> None:
+    async_task(run, pk, group="store-pulls")
+
+
+@contextlib.contextmanager
+def claims_lock() -> Iterator[None]:
+    """One process at a time counts the running pulls and claims a slot (a file lock: the
+    store is one host's disk, shared by every Modelship process on it)."""
+    folder = Path(settings.MSHIP_RUN_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "store-pulls.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def claim(pk: int) -> StoredModel | None:
+    """The queued pull, now pulling, where a slot is free; None where it is not queued or
+    every slot is taken (a pull that ends starts it)."""
+    with claims_lock(), transaction.atomic():
+        model = StoredModel.objects.select_for_update().filter(pk=pk).first()
+        if model is None or model.state != PullState.QUEUED:
+            return None
+        running = StoredModel.objects.filter(
+            state=PullState.PULLING, heartbeat_at__gte=timezone.now() - STALE
+        ).count()
+        if running >= settings.MSHIP_MODEL_PULLS:
+            return None
+        model.state, model.error = PullState.PULLING, ""
+        model.started_at = model.heartbeat_at = timezone.now()
+        model.save(update_fields=["state", "error", "started_at", "heartbeat_at"])
+        return model
+
+
+def run(pk: int) -> str:
+    """The django-q task: the pull, start to end, then the next queued one."""
+    model = claim(pk)
+    if model is None:
+        return "not started"
+    try:
+        outcome = pull(model)
+    finally:
+        start_next()
+    return outcome
+
+
+def pull(model: StoredModel) -> str:
+    staging = staging_dir(model.name)
+    source = parse(model.source, model.include)
+    try:
+        with Job(model.pk, staging, model.host_access) as job:
+            root = FETCHERS[source.kind](source, job)
+            job.check()
+            described = describe(root)
+            primary = described.primary.relative_to(root) if root.is_dir() else Path(root.name)
+        landed = land(model.name, staging)
+    except PullFailed as exc:
+        return fail(model, str(exc), keep=exc.keep)
+    except Exception as exc:
+        if disk_full(exc):
+            return fail(model, f"the store's disk is full ({exc}); nothing was kept", keep=False)
+        log.exception("pull %s failed", model.name)
+        return fail(model, f"{type(exc).__name__}: {exc}", keep=True)
+    size = folder_size(landed)
+    updated = StoredModel.objects.filter(pk=model.pk).update(
+        state=PullState.READY,
+        path=str(landed / primary).removesuffix("/."),
+        format=described.format,
+        details=described.details,
+        size_bytes=size,
+        bytes_done=size,
+        bytes_total=size,
+        checksums=job.checksums,
+        rate_bps=None,
+        finished_at=timezone.now(),
+    )
+    if not updated:  # deleted as it landed
+        shutil.rmtree(landed, ignore_errors=True)
+        return "deleted"
+    log.info("pulled %s from %s: %s", model.name, model.source, described.format)
+    return "ready"
+
+
+def land(name: str, staging: Path) -> Path:
+    """The pulled files moved from their staging folder into the store, in one rename."""
+    final = final_dir(name)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
+def fail(model: StoredModel, message: str, *, keep: bool) -> str:
+    if not keep:
+        shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+    updated = StoredModel.objects.filter(pk=model.pk).update(
+        state=PullState.FAILED, error=message[:4000], rate_bps=None, finished_at=timezone.now()
+    )
+    if not updated:
+        shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+        return "deleted"
+    log.warning("pull of %s failed: %s", model.name, message)
+    return f"failed: {message}"
+
+
+def start_next() -> None:
+    for pk in (
+        StoredModel.objects.filter(state=PullState.QUEUED)
+        .order_by("created")
+        .values_list("pk", flat=True)[: settings.MSHIP_MODEL_PULLS]
+    ):
+        queue(pk)
+
+
+def sweep() -> int:
+    """The schedule's pass: a pull whose worker died (its heartbeat stale) is queued again,
+    to resume; queued pulls are offered a slot. Returns how many were requeued."""
+    stale = StoredModel.objects.filter(
+        state=PullState.PULLING, heartbeat_at__lt=timezone.now() - STALE
+    ).update(state=PullState.QUEUED)
+    start_next()
+    return stale
+
+
+def remove(model: StoredModel, *, actor: str = "system", user: object | None = None) -> None:
+    """Delete a stored model and its files; refused while a deployment names it. A pull in
+    flight stops at its next chunk (its reporter finds the row gone)."""
+    if users := users_of(model):
+        message = f"{model.name!r} is used by {', '.join(users)}: change or delete them first"
+        raise PullConflict(message, {"name": [message]})
+    StoredModel.objects.filter(pk=model.pk).delete()
+    shutil.rmtree(final_dir(model.name), ignore_errors=True)
+    shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+    audit.record(
+        "store.delete",
+        None,
+        user=user,
+        actor=actor,
+        object_repr=f"model {model.name}",
+        before={"source": model.source, "path": model.path},
+    )

@@ -1,0 +1,12 @@
+"""Settings of the model store (deployments/store/), read by settings.py. Models are pulled
+into the first of MSHIP_MODEL_DIRS."""
+
+from __future__ import annotations
+
+from common.env import env_float, env_int
+
+# Pulls running at once (each in a task of the cluster); more wait, queued, in order.
+MSHIP_MODEL_PULLS = env_int("MSHIP_MODEL_PULLS", 2)
+# A pull is refused before it starts where it would leave less than this free on the
+# store's disk (engines, logs and the database share it).
+MSHIP_MODEL_STORE_MIN_FREE_GIB = env_float("MSHIP_MODEL_STORE_MIN_FREE_GIB", 1.0)
