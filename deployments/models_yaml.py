@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 
 from deployments.loaders import CONFIG_KEYS, LOADERS, Loader
 from deployments.models import Deployment
+from deployments.store.refs import suggestion
 from deployments.validation import cross_field_problems, name_clashes
 
 PLAIN_KEYS = {
@@ -110,6 +111,11 @@ def entry_values(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             config_blocks.append(key)
         else:
             problems.append(f"unknown key {key!r}")
+    loader_name, usecase = suggestion(raw.get("model"))  # a stored model's format
+    if "loader" not in raw and loader_name:
+        raw = {**raw, "loader": loader_name}
+        values["loader"] = loader_name
+        values.setdefault("usecase", usecase)
     for key in ("name", "model", "loader"):
         if key not in raw:
             problems.append(f"{key!r} is required")

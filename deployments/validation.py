@@ -16,6 +16,7 @@ from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import NAME_PATTERN, NAME_RULE, Mode, ResponsesBy, Runtime
 from deployments.placement import Device, never_fits
 from deployments.runtimes.docker_options import problems as docker_problems
+from deployments.store.refs import reference_problem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,6 +51,8 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
     model = values.get("model")
     if isinstance(model, str) and (model.startswith("-") or not model.isprintable()):
         add("model", "a path or id: it starts with no '-' and holds no control characters")
+    if stored := reference_problem(model):
+        add("model", stored)
     config = values.get("config") or {}
     if not isinstance(config, dict):
         add("config", f"{loader.config_key} must be a mapping")

@@ -12,6 +12,7 @@ from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.memory import need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
+from deployments.store.refs import suggestion
 
 STATE_FIELDS = (
     "state",
@@ -84,6 +85,14 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
         extra_kwargs = {
             # What operations.validate refuses, said where a client reads it.
             "name": {"help_text": "Served model name; unique among the names and aliases."},
+            "loader": {
+                "required": False,
+                "help_text": "Required, but for a stored model (store:NAME): its format's.",
+            },
+            "model": {
+                "help_text": "A path, a hub id, or a stored model: store:NAME (store:NAME/FILE"
+                " for one file of it)."
+            },
         }
 
     def shows_secrets(self) -> bool:
@@ -95,6 +104,14 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
         return shown if self.shows_secrets() else masked(shown)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is None and "loader" not in attrs:
+            # A stored model's format suggests its loader and use (deployments/store/).
+            loader, usecase = suggestion(attrs.get("model"))
+            if loader is None:
+                raise serializers.ValidationError({"loader": ["This field is required."]})
+            attrs["loader"] = loader
+            if "usecase" not in self.initial_data and usecase:
+                attrs["usecase"] = usecase
         # A masked value sent back (deployments/api/masking.py) keeps what is stored.
         if self.instance is not None and not self.shows_secrets():
             for field in MASKED_FIELDS:

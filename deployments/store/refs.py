@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from deployments.models import Deployment
+from deployments.store.metadata import SUGGESTED
 from deployments.store.models import STORE_PREFIX, PullState, StoredModel, store_dir
 
 
@@ -63,3 +64,33 @@ def users_of(stored: StoredModel) -> list[str]:
         for name, model in Deployment.objects.values_list("name", "model")
         if any(model == n or model.startswith(n + "/") for n in names)
     )
+
+
+def suggestion(model: object) -> tuple[str | None, str | None]:
+    """The loader and use a stored model's format suggests, for a deployment naming it that
+    gives none; (None, None) for anything else."""
+    if not isinstance(model, str) or not is_reference(model):
+        return None, None
+    stored = StoredModel.objects.filter(name=split(model)[0]).first()
+    if stored is None:
+        return None, None
+    loader, usecase = SUGGESTED.get(stored.format, (None, None))
+    return loader, "embed" if stored.details.get("embedding_model") else usecase
+
+
+def reference_problem(model: object) -> str | None:
+    """Why a deployment's store reference names nothing: no such stored model, or a file
+    outside it. A model still being pulled is fine (a start waits for none: it fails until
+    the pull is done)."""
+    if not isinstance(model, str) or not is_reference(model):
+        return None
+    name, inner = split(model)
+    stored = StoredModel.objects.filter(name=name).first()
+    if stored is None:
+        return f"no model {name!r} in the store"
+    if inner and stored.state == PullState.READY:
+        try:
+            resolve(model)
+        except NotInStore as exc:
+            return str(exc)
+    return None
