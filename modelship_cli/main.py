@@ -1,5 +1,5 @@
 """modelship ps | logs | describe | events | start | stop | sleep | wake | deploy | keys | run |
-usage | teams | login.
+usage | teams | pull | models | login.
 
 Talks to a running Modelship through its REST API (and /v1 for `run`). The site, its /api
 token and a /v1 key come from MODELSHIP_URL, MODELSHIP_TOKEN and MODELSHIP_API_KEY (or their
@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from modelship_cli import render, usage
+from modelship_cli import render, store, usage
 from modelship_cli.client import (
     DEFAULT_URL,
     NOT_FOUND,
@@ -397,6 +397,7 @@ def parser() -> argparse.ArgumentParser:
     happened.add_argument("-f", "--follow", action="store_true", help="then each new one")
     happened.set_defaults(handler=events)
     usage.add_parsers(sub)
+    store.add_parsers(sub)
     sign_in = sub.add_parser("login", help="save a site and its /api token for later commands")
     sign_in.add_argument("url", nargs="?", help=f"the site (default: {DEFAULT_URL})")
     sign_in.add_argument("--token", help="the /api token (default: asked, or read from stdin)")
