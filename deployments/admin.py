@@ -27,6 +27,7 @@ from deployments.models import (
 )
 from deployments.operations import Outcome
 from deployments.refusals import OperationRefused
+from deployments.store import admin as store_admin  # noqa: F401  (the Models page)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

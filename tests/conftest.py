@@ -49,6 +49,7 @@ pytest_plugins = [
     "tests.docker_support",
     "tests.registry_support",
     "tests.live_support",
+    "tests.store_support",
     "tests.ray_support",
 ]
 

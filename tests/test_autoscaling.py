@@ -143,7 +143,9 @@ def test_it_adds_replicas_under_load_and_removes_them_one_idle_replica_at_a_time
     make_deployment: Callable[..., Deployment], site: Any
 ) -> None:
     site.MSHIP_DRAIN_GRACE_S = 0.1
-    scaled = make_deployment("scaled", autoscaling_config=SCALING, config=SLOW)
+    # Requests of 6 s: they outlast the two replicas' starts on a loaded host.
+    longer = {**SLOW, "reply": "word " * 36}
+    scaled = make_deployment("scaled", autoscaling_config=SCALING, config=longer)
     deployer.restart(scaled.pk)
     assert (fresh(scaled).state, len(scaled.engine_urls), scaled.replica_count) == ("ready", 1, 1)
     autoscaler = Autoscaler()
@@ -154,6 +156,7 @@ def test_it_adds_replicas_under_load_and_removes_them_one_idle_replica_at_a_time
     assert [h["replica"] for h in scaled.runtime_handle["replicas"]] == [0, 1, 2]
     for url in scaled.engine_urls:
         assert httpx.get(url + "/health").status_code == 200
+    assert running(scaled) == 3  # the load is still there
     assert autoscaler.tick() == []  # as many as the load asks for
     for thread in load:
         thread.join(30)

@@ -201,7 +201,7 @@ def test_it_routes_on_its_own_counts_while_redis_is_down(
     key = api_key()
     first = chat(gateway_url, key, opening("Ada", "Be brief."))
     shared = dispatcher.router.shared
-    wait_until(lambda: not shared.healthy)  # the sync thread found Redis gone
+    wait_until(lambda: shared.failing)  # the sync thread found Redis gone, and said so
     # The next conversation is not looked up in Redis (no request waits on it); the one
     # this process placed still returns to its replica.
     assert routed(chat(gateway_url, key, opening("Grace", "Be brief.")))[1] == "prefix"

@@ -23,43 +23,12 @@ from rest_framework.test import APIClient
 from deployments.models import AuditEntry, Deployment
 from deployments.store import pulls
 from deployments.store.models import PullState, StoredModel
-from deployments.tiny_model import write as write_tiny
 from tests.conftest import run_queue, wait_until
-from tests.model_host import ModelHost, model_host
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-
-class Store:
-    def __init__(self, root: Path, host: ModelHost) -> None:
-        self.root = root
-        self.host = host
-        self.hub = host.root
-
-    def repo(self, name: str, files: dict[str, bytes]) -> None:
-        for path, data in files.items():
-            target = self.hub / name / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-
-    def gets(self, suffix: str) -> list[dict[str, str]]:
-        requests = self.host.requests
-        return [r for r in requests if r["method"] == "GET" and r["path"].endswith(suffix)]
-
-
-@pytest.fixture
-def store(site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    root = (tmp_path / "models").resolve()
-    root.mkdir()
-    site.MSHIP_MODEL_DIRS = [str(root), str((tmp_path / "more").resolve())]
-    site.MSHIP_MCP_ALLOWED_HOSTS = ["127.0.0.1"]
-    site.MSHIP_MODEL_STORE_MIN_FREE_GIB = 0.0
-    (tmp_path / "hub").mkdir()
-    with model_host(tmp_path / "hub") as host:
-        monkeypatch.setenv("HF_ENDPOINT", host.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        yield Store(root, host)
+    from tests.store_support import Store
 
 
 @pytest.fixture
@@ -67,11 +36,6 @@ def api(transactional_db: None) -> APIClient:
     client = APIClient()
     client.force_authenticate(User.objects.create_superuser("ops", "o@example.com", "pw-123456"))
     return client
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return write_tiny(tmp_path_factory.mktemp("tiny") / "tiny.gguf").read_bytes()
 
 
 def pulled(api: APIClient, status: int = 202, **body: Any) -> dict[str, Any]:

@@ -5,9 +5,6 @@ local path outside MSHIP_MODEL_DIRS also takes `run_arbitrary_engine`."""
 
 from __future__ import annotations
 
-import re
-import shutil
-from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -18,21 +15,14 @@ from rest_framework.response import Response
 from deployments.api.filters import StrictFilterSet
 from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.store import pulls
-from deployments.store.job import folder_size
+from deployments.store.disk import disk_summary
 from deployments.store.metadata import SUGGESTED
-from deployments.store.models import (
-    STORE_NAME_PATTERN,
-    STORE_NAME_RULE,
-    PullState,
-    StoredModel,
-    store_dir,
-)
+from deployments.store.models import STORE_NAME_PATTERN, STORE_NAME_RULE, PullState, StoredModel
 from deployments.store.refs import users_of
+from deployments.store.sources import default_name
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
-
-NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class StoredModelSerializer(serializers.ModelSerializer):
@@ -89,15 +79,6 @@ class StoredModelSerializer(serializers.ModelSerializer):
         return users_of(obj)
 
 
-def default_name(source: str) -> str:
-    """A store name from a source: the repository's, the file's without its suffix."""
-    text = source.strip().removeprefix("hf:").removeprefix("pypi:").removeprefix("file:")
-    text = text.split("#")[0].split("@")[0].split("==")[0].split("?")[0].rstrip("/")
-    last = PurePosixPath(text).name
-    stem = last.rsplit(".", 1)[0] if "." in last else last
-    return NOT_NAME.sub("-", stem).strip("-._")[:128] or "model"
-
-
 class StoredModelFilter(StrictFilterSet):
     class Meta:
         model = StoredModel
@@ -150,20 +131,3 @@ class StoredModelViewSet(
     @action(detail=False, methods=["get"])
     def disk(self, request: Request) -> Response:
         return Response(disk_summary())
-
-
-def disk_summary() -> dict[str, Any]:
-    """The store's folder, what its models take and what its disk has left."""
-    folder = store_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    usage = shutil.disk_usage(folder)
-    models = StoredModel.objects.filter(state=PullState.READY)
-    used = sum(m.size_bytes or 0 for m in models)
-    pulling = folder_size(folder / ".pulls") if (folder / ".pulls").exists() else 0
-    return {
-        "path": str(folder),
-        "models": models.count(),
-        "used_bytes": used + pulling,
-        "free_bytes": usage.free,
-        "total_bytes": usage.total,
-    }

@@ -27,6 +27,7 @@ WHEEL = re.compile(
 MEMBER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/+-]{0,299}")
 PATTERN = re.compile(r"[A-Za-z0-9._*?\[\]/+-]{1,200}")
 MAX_PATTERNS = 32
+NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class BadSource(ValueError):
@@ -112,3 +113,12 @@ def needs_host_access(source: Source) -> str | None:
     if outside is None:
         return None
     return f"pulling {source.ref!r} (outside MSHIP_MODEL_DIRS)"
+
+
+def default_name(source: str) -> str:
+    """A store name from a source: the repository's, the file's without its suffix."""
+    text = source.strip().removeprefix("hf:").removeprefix("pypi:").removeprefix("file:")
+    text = text.split("#")[0].split("@")[0].split("==")[0].split("?")[0].rstrip("/")
+    last = PurePosixPath(text).name
+    stem = last.rsplit(".", 1)[0] if "." in last else last
+    return NOT_NAME.sub("-", stem).strip("-._")[:128] or "model"
