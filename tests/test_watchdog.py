@@ -78,4 +78,6 @@ def test_it_registers_its_schedule_once(transactional_db: None) -> None:
     assert (sync.func, sync.minutes) == ("ondemand.tasks.sync_litellm", 1)
     usage = Schedule.objects.get(name="modelship-usage-sweep")
     assert (usage.func, usage.minutes) == ("openai_api.tasks.sweep_usage", 60)
-    assert Schedule.objects.count() == 5
+    store = Schedule.objects.get(name="modelship-store-sweep")
+    assert (store.func, store.minutes) == ("deployments.store.pulls.sweep", 1)
+    assert Schedule.objects.count() == 6

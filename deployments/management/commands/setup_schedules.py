@@ -15,6 +15,7 @@ SCHEDULES: dict[str, tuple[str, int]] = {
     "modelship-responses-sweep": ("openai_api.tasks.sweep_responses", 60),
     "modelship-litellm-sync": ("ondemand.tasks.sync_litellm", 1),
     "modelship-usage-sweep": ("openai_api.tasks.sweep_usage", 60),
+    "modelship-store-sweep": ("deployments.store.pulls.sweep", 1),
 }
 
 
