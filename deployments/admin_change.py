@@ -11,6 +11,7 @@ from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 
 from deployments import admin_options, display, hooks
+from deployments.memory import estimate_report
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -46,6 +47,7 @@ HANDLE_ROWS = (
 SHORT_REASON = 200  # a reason longer than this is folded under its start
 
 STATE_FIELDS = (
+    "memory_estimate",
     "state_now",
     "reason",
     "engines",
@@ -76,7 +78,13 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
                 )
             },
         ),
-        ("Memory", {"fields": ("memory_gib", "num_gpus", "ray_resources")}),
+        (
+            "Memory",
+            {
+                "fields": ("memory_gib", "num_gpus", "ray_resources")
+                + (() if add else ("memory_estimate",))
+            },
+        ),
         (
             "Lifecycle",
             {
@@ -118,6 +126,23 @@ class DeploymentPage:
             display.colour(obj.state),
             display.label_of(obj, hooks.reports.ondemand_status(obj)),
         )
+
+    @admin.display(description="Memory estimate")
+    def memory_estimate(self, obj: Deployment) -> str:
+        """Beside memory_gib: what the model's metadata says its engine will hold."""
+        report = estimate_report(obj)
+        if report is None:
+            return "— (its model is not on this host, or its size says nothing)"
+        text = (
+            f"{report['gib']:g} GiB: weights {report['weights_gib']:g} + cache"
+            f" {report['cache_gib']:g} + overhead {report['overhead_gib']:g}, from"
+            f" {report['basis']}"
+        )
+        if report["warning"]:
+            return format_html(
+                '{}<br><strong class="errornote">{}</strong>', text, report["warning"]
+            )
+        return text
 
     @admin.display(description="Reason")
     def reason(self, obj: Deployment) -> str:

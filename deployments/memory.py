@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from deployments import nvml, placement
-from deployments.loaders import EngineSpec, get_loader
+from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.models import (
     HOLDING_STATES,
     STARTABLE_STATES,
@@ -26,6 +26,9 @@ from deployments.models import (
 )
 from deployments.placement import Demand, Device, NoRoom, Shortfall
 from deployments.refusals import OperationRefused
+
+if TYPE_CHECKING:
+    from deployments.estimate import Estimate
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,28 @@ def gpu_memory_gib() -> float:
 
 def estimate_gib(deployment: Any) -> float:
     return get_loader(deployment.loader).estimate_memory_gib(EngineSpec.of(deployment)) or 0.0
+
+
+def estimate_of(deployment: Any) -> Estimate | None:
+    """What its model's metadata says its engine will hold (deployments/estimate.py)."""
+    loader = LOADERS.get(deployment.loader)
+    return None if loader is None else loader.memory_estimate(EngineSpec.of(deployment))
+
+
+def estimate_report(deployment: Any) -> dict[str, Any] | None:
+    """The estimate, its parts and basis, and a warning where the operator declared less."""
+    found = estimate_of(deployment)
+    if found is None:
+        return None
+    report = found.as_dict()
+    declared = deployment.memory_gib
+    report["warning"] = (
+        f"memory_gib {declared:g} is below the estimate of {found.gib:g} GiB: the engine may"
+        " not fit what the budget gives it"
+        if declared is not None and float(declared) < found.gib
+        else None
+    )
+    return report
 
 
 def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:

@@ -335,6 +335,14 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll what offers no event to wait on (a process exit, a row another process writes);
     the timeout is scaled (MSHIP_TEST_TIME_SCALE)."""

@@ -7,7 +7,6 @@ import contextlib
 import os
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 
 from deployments import deployer
 from modelship_site.management.commands.serve import Command
-from tests.conftest import REPO, answers, wait_until
+from tests.conftest import REPO, answers, resident_bytes, wait_until
 from tests.server_support import connect, served_in_process
 
 if TYPE_CHECKING:
@@ -75,13 +74,6 @@ def server_process(django_db_setup: None, django_db_blocker: Any) -> Iterator[tu
         yield served
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def stream_upload(url: str, total: int, headers: dict[str, str]) -> tuple[int, str]:
     """Send `total` bytes chunked as fast as the server takes them; (bytes sent, answer)."""
     chunk = b"x" * (1 << 20)
@@ -117,13 +109,13 @@ def test_it_holds_the_body_limit_against_a_gigabyte_upload(
     headers = {"authorization": f"Bearer {api_key()}"} if authorised else {}
     expected = 401 if not authorised else 200
     wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code == expected)
-    idle = rss_kib(pid)
+    idle = resident_bytes(pid) // 1024
     peak = [idle]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak.append(rss_kib(pid))
+            peak.append(resident_bytes(pid) // 1024)
             time.sleep(0.01)
 
     sampler = threading.Thread(target=sample)
@@ -177,7 +169,7 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
             == 200
         )
     )
-    idle = rss_kib(pid)
+    idle = resident_bytes(pid) // 1024
     with httpx.stream(
         "POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers
     ) as answer:
@@ -186,7 +178,7 @@ def test_it_slows_the_engine_for_a_slow_reader_instead_of_buffering(
         peak = idle
         for _ in range(30):  # three seconds of not reading
             time.sleep(0.1)
-            peak = max(peak, rss_kib(pid))
+            peak = max(peak, resident_bytes(pid) // 1024)
         for chunk in chunks:
             received += len(chunk)
     grown_mib = (peak - idle) / 1024

@@ -17,6 +17,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from deployments.example_models import CATALOG, FetchFailed, WheelModel, extract, is_intact
+from deployments.memory import estimate_of
+from tests.conftest import resident_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,7 +112,7 @@ def test_it_serves_the_real_model_which_answers_and_ends_its_turn(
 ) -> None:
     # One thread: a second suite worker on two cores stalls llama.cpp's spinning threads.
     config = {"n_ctx": 2048, "threads": 1}
-    serving("chat", model=str(smollm2), loader="llama_server", memory_gib=0.5, config=config)
+    chat = serving("chat", model=str(smollm2), loader="llama_server", memory_gib=0.5, config=config)
     client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
     question = "What is the capital of France? Answer in one word."
     answer = client.chat.completions.create(
@@ -126,3 +128,10 @@ def test_it_serves_the_real_model_which_answers_and_ends_its_turn(
         model="chat", input="What is 2 plus 2? Answer with a number.", temperature=0
     )
     assert reply.status == "completed" and "4" in reply.output_text
+    # The estimate from its GGUF header (weights, a 2,048-token f16 cache of 30 layers x 3
+    # KV heads x 64, overhead) against what the engine holds once it has answered.
+    estimate = estimate_of(chat)
+    assert estimate is not None and estimate.basis == "GGUF header"
+    assert estimate.cache_gib * 2**30 == 30 * 3 * (64 + 64) * 2 * 2048
+    held = resident_bytes(chat.runtime_handle["replicas"][0]["pid"]) / 2**30
+    assert 0.9 * held <= estimate.gib <= 1.3 * held, (estimate, held)

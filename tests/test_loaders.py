@@ -101,7 +101,8 @@ def test_it_builds_vllms_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert vllm.validate(spec(num_gpus=None, memory_gib=None)) == [
         "num_gpus: vllm needs num_gpus (a share of one GPU, e.g. 0.5, or a whole number of GPUs"
-        " for tensor parallel) or memory_gib (GiB on one GPU)"
+        " for tensor parallel) or memory_gib (GiB on one GPU), unless its model is a folder on"
+        " this host whose size can be estimated"
     ]
     assert vllm.validate(spec(num_gpus=1.5)) == [
         "num_gpus: above 1 it is a whole number of GPUs (tensor parallel)"

@@ -10,7 +10,7 @@ from deployments.api.masking import MASKED_FIELDS, masked, may_see_secrets, unma
 from deployments.engine_logs import MAX_TAIL
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import LOADERS, EngineSpec
-from deployments.memory import need_gib
+from deployments.memory import estimate_report, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 from deployments.store.refs import suggestion
 
@@ -38,6 +38,11 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
 
     effective_mode = serializers.CharField(read_only=True)
     need_gib = serializers.SerializerMethodField()
+    memory_estimate = serializers.SerializerMethodField(
+        help_text="What its engine will hold, read from its model's metadata before it starts"
+        " (GiB: weights, cache, overhead), with a warning where memory_gib is below it; null"
+        " where the model is not on this host."
+    )
     config_current = serializers.SerializerMethodField(
         help_text="False while the running engine has an older configuration."
     )
@@ -74,6 +79,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "system",
             "responses",
             "need_gib",
+            "memory_estimate",
             "config_current",
             "ondemand",
             "when_idle",
@@ -118,6 +124,9 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
                 if field in attrs:
                     attrs[field] = unmasked(attrs[field], getattr(self.instance, field))
         return attrs
+
+    def get_memory_estimate(self, obj: Deployment) -> dict[str, Any] | None:
+        return estimate_report(obj)
 
     def get_need_gib(self, obj: Deployment) -> float:
         return round(need_gib(obj), 3)

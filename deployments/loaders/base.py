@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from deployments import programs
+from deployments import estimate, programs
 
 # OpenAI-compatible paths (under /v1) by use case.
 GENERATE_ENDPOINTS = ("chat/completions", "completions", "responses")
@@ -211,9 +211,14 @@ class Loader:
         deployment's page says it."""
         return SLEEPS if self.can_sleep(spec) else STOPS
 
-    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
-        """Memory the engine will hold, where it can be known without starting it."""
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        """Memory the engine will hold, and of what, from the model's own metadata
+        (deployments/estimate.py); None where it cannot be known without starting it."""
         return None
+
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        found = self.memory_estimate(spec)
+        return None if found is None else found.gib
 
 
 # vLLM's suffixes for a size in tokens: 16k is 16,000, 16K is 16,384.

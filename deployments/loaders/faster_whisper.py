@@ -5,11 +5,14 @@ engine environment, with the whisper.cpp engine's routes and formats."""
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from deployments import estimate
 from deployments.engines.ct2_whisper_folder import problems
-from deployments.loaders.base import EngineSpec, file_size_gib
 from deployments.loaders.shipped import ShippedEngineLoader
+
+if TYPE_CHECKING:
+    from deployments.loaders.base import EngineSpec
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -45,6 +48,6 @@ class FasterWhisperLoader(ShippedEngineLoader):
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("audio/transcriptions", "audio/translations")
 
-    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
-        size = file_size_gib(spec.model)
-        return None if size is None else round(size * 1.5, 3)  # weights as float32 on CPU
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        # Weights as float32 on CPU.
+        return estimate.scaled_file(spec.model, 1.5, 0.0, "the folder's size")

@@ -12,12 +12,12 @@ from typing import ClassVar
 
 from django.conf import settings
 
-from deployments import programs
+from deployments import estimate, programs
 from deployments.loaders.base import (
     EngineSpec,
     Loader,
     extra_args_problems,
-    file_size_gib,
+    whole_number,
     whole_number_problems,
 )
 
@@ -77,7 +77,6 @@ class LlamaServerLoader(Loader):
     )  # fmt: skip
     path_options = ("mmproj",)
     # KV cache and compute buffers on top of the weights, per 1k tokens of context (rough).
-    context_gib_per_1k: ClassVar[float] = 0.02
 
     def validate(self, spec: EngineSpec) -> list[str]:
         problems = super().validate(spec)
@@ -132,12 +131,9 @@ class LlamaServerLoader(Loader):
             return ("embeddings", "rerank") if reranks(spec.config) else ("embeddings",)
         return ("chat/completions", "completions", "messages")
 
-    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
-        weights = file_size_gib(spec.model)
-        if weights is None:
-            return None
-        n_ctx = int(spec.config.get("n_ctx", 4096))
-        return round(weights * 1.1 + self.context_gib_per_1k * n_ctx / 1024, 3)
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        n_ctx = whole_number(spec.config.get("n_ctx", 4096)) or 4096
+        return estimate.llama_cpp(spec.model, n_ctx, on_gpu=bool(spec.num_gpus))
 
 
 def reranks(cfg: dict[str, object]) -> bool:

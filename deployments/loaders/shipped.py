@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from django.conf import settings
 
-from deployments import engine_envs
+from deployments import engine_envs, estimate
 from deployments.engines.tts_backends import backend_name
 from deployments.loaders.base import EngineSpec, Loader
 
@@ -147,6 +147,9 @@ class DiffusersLoader(ShippedEngineLoader):
 
     def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         return "diffusers"
+
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        return estimate.scaled_file(spec.model, 1.25, 0.5, "the pipeline's weights")
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("images/generations", "images/edits")

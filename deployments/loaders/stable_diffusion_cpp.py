@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from deployments import estimate
 from deployments.loaders.base import (
     EngineSpec,
     extra_args_problems,
-    file_size_gib,
     whole_number_problems,
 )
 from deployments.loaders.shipped import ProgramOrShippedLoader
@@ -81,6 +81,5 @@ class StableDiffusionCppLoader(ProgramOrShippedLoader):
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         return ("images/generations", "images/edits")
 
-    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
-        size = file_size_gib(spec.model)
-        return None if size is None else round(size * 1.5, 3)
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        return estimate.scaled_file(spec.model, 1.5, 0.0, "file size")

@@ -13,8 +13,8 @@ from typing import Any
 from django.conf import settings
 
 from common import tracing
-from deployments import engine_envs, nvml
-from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags
+from deployments import engine_envs, estimate, nvml
+from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags, whole_number
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
@@ -75,11 +75,12 @@ class VllmLoader(Loader):
         for key in ("host", "port", "served_model_name", "model"):
             if key in spec.config:
                 problems.append(f"{self.config_key}: {key!r} is set by Modelship")
-        if spec.num_gpus is None and spec.memory_gib is None:
+        if spec.num_gpus is None and spec.memory_gib is None and not self.memory_estimate(spec):
             # vLLM takes 90 % of its GPU unless told: the budget must know what it holds.
             problems.append(
                 "num_gpus: vllm needs num_gpus (a share of one GPU, e.g. 0.5, or a whole"
-                " number of GPUs for tensor parallel) or memory_gib (GiB on one GPU)"
+                " number of GPUs for tensor parallel) or memory_gib (GiB on one GPU), unless"
+                " its model is a folder on this host whose size can be estimated"
             )
         elif spec.num_gpus is not None and spec.num_gpus > 1 and not spec.num_gpus.is_integer():
             problems.append("num_gpus: above 1 it is a whole number of GPUs (tensor parallel)")
@@ -118,8 +119,13 @@ class VllmLoader(Loader):
             options["otlp_traces_endpoint"] = tracing.collector(os.environ)
         return argv + cli_flags(options)
 
-    @staticmethod
-    def gpu_options(spec: EngineSpec) -> dict[str, Any]:
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        if not os.path.isdir(spec.model):
+            return None  # a hub id: its size is not known before it is downloaded
+        fp8 = str(spec.config.get("kv_cache_dtype", "")).startswith("fp8")
+        return estimate.vllm(spec.model, whole_number(spec.config.get("max_model_len")), fp8)
+
+    def gpu_options(self, spec: EngineSpec) -> dict[str, Any]:
         """What its placement tells vLLM: the share of its GPU it may take (not vLLM's
         default 90 %, which would take memory the budget counts as free for others), and
         the tensor-parallel size of a multi-GPU deployment."""
@@ -129,8 +135,9 @@ class VllmLoader(Loader):
             return {"gpu_memory_utilization": spec.num_gpus}
         gpus = nvml.readings()
         size = spec.device_gib or (gpus[0].total_gib if gpus else None)
-        if spec.memory_gib and size and gpus:
-            return {"gpu_memory_utilization": round(min(spec.memory_gib / size, 1.0), 3)}
+        memory = spec.memory_gib or self.estimate_memory_gib(spec)  # empty: the estimate
+        if memory and size and gpus:
+            return {"gpu_memory_utilization": round(min(memory / size, 1.0), 3)}
         return {}
 
     def docker_defaults(self, spec: EngineSpec) -> dict[str, Any]:

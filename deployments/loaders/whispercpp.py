@@ -9,11 +9,11 @@ import os
 import re
 from typing import ClassVar
 
+from deployments import estimate
 from deployments.engines.whisper_ggml import problems
 from deployments.loaders.base import (
     EngineSpec,
     extra_args_problems,
-    file_size_gib,
     whole_number_problems,
 )
 from deployments.loaders.shipped import ProgramOrShippedLoader
@@ -75,6 +75,5 @@ class WhisperCppLoader(ProgramOrShippedLoader):
             return ("audio/transcriptions",)  # whisper-server's one path
         return ("audio/transcriptions", "audio/translations")
 
-    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
-        size = file_size_gib(spec.model)
-        return None if size is None else round(size * 1.3, 3)
+    def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
+        return estimate.scaled_file(spec.model, 1.3, 0.0, "file size")
