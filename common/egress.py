@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -48,6 +50,9 @@ class Policy:
     allowed_networks: tuple[Network, ...]
     engine_networks: tuple[Network, ...]
     require_https: bool
+    # This host's own addresses (its interfaces: a Docker bridge's gateway is the host), where
+    # services bound to every address answer.
+    own_addresses: frozenset[Address] = frozenset()
 
     @property
     def has_allow_list(self) -> bool:
@@ -89,6 +94,8 @@ class Policy:
             return "loopback and link-local addresses need MSHIP_MCP_ALLOWED_HOSTS"
         if any(ip in network for network in self.engine_networks):
             return "it is one of Modelship's engines (MSHIP_MCP_ALLOWED_HOSTS can name it)"
+        if ip in self.own_addresses:
+            return "it is this host's own address (MSHIP_MCP_ALLOWED_HOSTS can name it)"
         return None
 
 
@@ -100,6 +107,34 @@ def host_networks(hosts: Iterable[str]) -> tuple[Network, ...]:
 async def resolve(host: str, port: int) -> list[Address]:
     found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [normalise(str(info[4][0])) for info in found]
+
+
+_own: tuple[float, frozenset[Address]] = (float("-inf"), frozenset())
+
+
+def own_addresses(
+    fib: str = "/proc/net/fib_trie", inet6: str = "/proc/net/if_inet6"
+) -> frozenset[Address]:
+    """This host's interface addresses (Linux's tables; none elsewhere), read again at most
+    once a minute."""
+    global _own
+    if time.monotonic() - _own[0] < 60:
+        return _own[1]
+    found: set[Address] = set()
+    try:
+        last = ""
+        for line in Path(fib).read_text().splitlines():
+            text = line.strip()
+            if text.startswith(("|--", "+--")):
+                last = text.split()[-1]
+            elif text.startswith("/32 host LOCAL") and last:
+                found.add(normalise(last))
+        for line in Path(inet6).read_text().splitlines():
+            found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
+    except (OSError, ValueError, IndexError):
+        pass
+    _own = (time.monotonic(), frozenset(found))
+    return _own[1]
 
 
 def resolve_now(host: str, port: int) -> list[Address]:
@@ -162,10 +197,16 @@ def guarded_client(policy: Policy, timeout: httpx.Timeout) -> httpx.Client:
         max_connections=4,
         network_backend=GuardedSyncBackend(policy),
     )
+
+    def each_hop(request: httpx.Request) -> None:  # a redirect to http meets the rule too
+        if policy.require_https and request.url.scheme != "https":
+            raise EgressRefused(f"{request.url} is not https (MSHIP_MCP_REQUIRE_HTTPS)")
+
     return httpx.Client(
         transport=transport,
         follow_redirects=True,
         max_redirects=5,
         trust_env=False,
         timeout=timeout,
+        event_hooks={"request": [each_hop]},
     )

@@ -127,9 +127,9 @@ def uv_index_args(python: str) -> list[str]:
     return args
 
 
-def run(argv: list[str], log: TextIO, timeout: float) -> None:
-    """Run an installer, its output copied to `log` and its last lines kept here: a failure
-    says them even where the log cannot be written (a full disk)."""
+def run(argv: list[str], log: TextIO, timeout: float, cwd: str | None = None) -> None:
+    """Run an installer (in `cwd`), its output copied to `log` and its last lines kept here:
+    a failure says them even where the log cannot be written (a full disk)."""
     name = Path(argv[0]).name
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with suppress(OSError):
@@ -137,7 +137,12 @@ def run(argv: list[str], log: TextIO, timeout: float) -> None:
         log.flush()
     try:
         child = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            cwd=cwd,
         )
     except OSError as exc:
         raise InstallFailed(f"{argv[0]} could not run: {exc.strerror}") from exc
@@ -189,10 +194,14 @@ def install(python: str, args: list[str], log: TextIO, timeout: float) -> None:
         run([python, "-m", "pip", "--disable-pip-version-check", "install", *args], log, timeout)
 
 
-def download(python: str, args: list[str], log: TextIO, timeout: float) -> None:
+def download(
+    python: str, args: list[str], log: TextIO, timeout: float, cwd: str | None = None
+) -> None:
     """`pip download ARGS` with the pip of `python`'s environment (uv downloads nothing
-    without installing it), from pip's configured indexes."""
-    run([python, "-m", "pip", "--disable-pip-version-check", "download", *args], log, timeout)
+    without installing it), from pip's configured indexes, run in `cwd` (an empty folder:
+    pip reads a requirement that names a file there as that file)."""
+    argv = [python, "-m", "pip", "--disable-pip-version-check", "download", *args]
+    run(argv, log, timeout, cwd)
 
 
 def uninstall(python: str, names: list[str], log: TextIO, timeout: float) -> None:

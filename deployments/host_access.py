@@ -29,7 +29,8 @@ from django.conf import settings
 from deployments.engine_envs import PLUGIN_NAME, PLUGINS_DIR, allowed_plugins
 from deployments.loaders import LOADERS, Loader
 from deployments.refusals import OperationRefused
-from deployments.store.models import STORE_PREFIX
+from deployments.store.models import STORE_PREFIX, store_dir
+from deployments.store.refs import NotInStore, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -74,6 +75,14 @@ def reach(values: Mapping[str, Any] | None) -> dict[str, tuple[str, Any]]:
         if config.get(key):
             found[f"config.{key}"] = (f"Setting config.{key}", config[key])
     model = values.get("model")
+    if isinstance(model, str) and model.startswith(STORE_PREFIX):
+        # A stored model is checked as the path it names; one not pulled yet cannot be.
+        try:
+            model = resolve(model)
+        except NotInStore as exc:
+            if exc.pending:  # what it will hold is not known yet (no such model: a 400)
+                found["model"] = (f"A stored model that is not ready ({model!r})", model)
+            model = None
     if isinstance(model, str) and (outside := outside_model_dirs(model)):
         found["model"] = (f"A model at {model!r} (outside MSHIP_MODEL_DIRS)", outside)
     loader = LOADERS.get(str(values.get("loader") or ""))
@@ -183,6 +192,9 @@ def outside_model_dirs(value: str, *, always_path: bool = False) -> str | None:
     if not (always_path or is_path(value)):
         return None
     resolved = os.path.realpath(os.path.join(settings.BASE_DIR, value))
+    pulls = str(store_dir() / ".pulls")
+    if resolved == pulls or resolved.startswith(pulls + "/"):
+        return resolved  # a pull still writing: no model yet
     for folder in settings.MSHIP_MODEL_DIRS:
         if resolved == folder or resolved.startswith(folder.rstrip("/") + "/"):
             return None

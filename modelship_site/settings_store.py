@@ -10,3 +10,5 @@ MSHIP_MODEL_PULLS = env_int("MSHIP_MODEL_PULLS", 2)
 # A pull is refused before it starts where it would leave less than this free on the
 # store's disk (engines, logs and the database share it).
 MSHIP_MODEL_STORE_MIN_FREE_GIB = env_float("MSHIP_MODEL_STORE_MIN_FREE_GIB", 1.0)
+# The longest one pull may run (its task's time limit in the cluster).
+MSHIP_MODEL_PULL_TIMEOUT_S = env_float("MSHIP_MODEL_PULL_TIMEOUT_S", 6 * 3600)

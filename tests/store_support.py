@@ -27,6 +27,11 @@ class Store:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
 
+    def staged(self) -> list[Path]:
+        """What pulls left in their own folders (nothing, once each has ended)."""
+        pulls = self.root / ".pulls"
+        return list(pulls.iterdir()) if pulls.exists() else []
+
     def gets(self, suffix: str) -> list[dict[str, str]]:
         requests = self.host.requests
         return [r for r in requests if r["method"] == "GET" and r["path"].endswith(suffix)]
@@ -43,7 +48,7 @@ def store(site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     with model_host(tmp_path / "hub") as host:
         monkeypatch.setenv("HF_ENDPOINT", host.url)
         monkeypatch.delenv("HF_TOKEN", raising=False)
-        yield Store(root, host)
+        yield Store(root / "store", host)  # the store's own folder in the first model folder
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def hub(tmp_path: Path) -> Iterator[ModelHost]:
 
 @pytest.fixture
 def live_env(hub: ModelHost, tmp_path: Path) -> dict[str, str]:
-    return {"HF_ENDPOINT": hub.url, "MSHIP_MODEL_DIRS": str(tmp_path / "store")}
+    return {"HF_ENDPOINT": hub.url, "MSHIP_MODEL_DIRS": str(tmp_path / "models")}
 
 
 def test_it_pulls_lists_and_removes_stored_models(
@@ -37,7 +37,7 @@ def test_it_pulls_lists_and_removes_stored_models(
     assert pulled.returncode == 0, pulled.stderr
     assert "tiny: gguf, 467.0 KiB, 1 checksum(s) verified" in pulled.stdout
     assert "deploy it as model: store:tiny (loader: llama_server)" in pulled.stdout
-    assert (tmp_path / "store" / "tiny" / "tiny.gguf").is_file()
+    assert (tmp_path / "models" / "store" / "tiny" / "tiny.gguf").is_file()
     again = cli(live, "pull", "hf:acme/tiny-GGUF", "--name", "tiny")
     assert "already in the store (store:tiny)" in again.stdout
     missing = cli(live, "pull", "hf:acme/none")
@@ -47,12 +47,12 @@ def test_it_pulls_lists_and_removes_stored_models(
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if line.startswith("tiny "))
     assert row.split() == ["tiny", "ready", "gguf", "467.0", "KiB", "118.0K", "F32", "32768", "-"]
-    assert f"store {tmp_path / 'store'}: 467.0 KiB in 1 model(s)" in listed.stdout
+    assert f"store {tmp_path / 'models' / 'store'}: 467.0 KiB in 1 model(s)" in listed.stdout
     assert "none: acme/none: no such repository" in listed.stdout  # the failed pull's reason
     shown = json.loads(cli(live, "models", "--json").stdout)
     assert {m["name"] for m in shown["models"]} == {"tiny", "none"}
     assert shown["disk"]["free_bytes"] > 0
     assert cli(live, "models", "rm", "tiny").stdout.strip() == "tiny: deleted"
-    assert not (tmp_path / "store" / "tiny").exists()
+    assert not (tmp_path / "models" / "store" / "tiny").exists()
     gone = cli(live, "models", "rm", "tiny")
     assert gone.returncode == 2 and "no stored model named 'tiny'" in gone.stderr

@@ -42,7 +42,7 @@ def stored(site: Any, tmp_path: Path) -> Path:
     pulls.ask("quants", str(source / "quants"))
     run_queue()
     assert set(StoredModel.objects.values_list("state", flat=True)) == {PullState.READY}
-    return root
+    return root / "store"
 
 
 @pytest.fixture

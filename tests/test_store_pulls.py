@@ -67,7 +67,7 @@ def test_it_pulls_a_hub_repository_checking_every_file_and_reads_the_models_meta
     assert details["quantization"] == "F32"
     assert model["suggested"] == {"loader": "llama_server", "usecase": "generate"}
     assert model["bytes_done"] == model["bytes_total"] == model["size_bytes"]
-    assert not (store.root / ".pulls" / "tiny-GGUF").exists()
+    assert not store.staged()
     assert not (store.root / "tiny-GGUF" / ".cache").exists()
     assert AuditEntry.objects.filter(action="store.pull", object_repr="model tiny-GGUF").exists()
 
@@ -91,7 +91,7 @@ def test_it_keeps_nothing_of_a_file_that_does_not_match_its_published_hash(
     assert model["state"] == "failed"
     assert "does not match the hash the Hub published" in model["error"]
     assert not (store.root / "bad").exists()
-    assert not (store.root / ".pulls" / "bad").exists()
+    assert not store.staged()
 
 
 def test_it_says_which_repository_or_revision_is_missing(store: Store, api: APIClient) -> None:
@@ -122,7 +122,8 @@ def test_it_keeps_what_an_interrupted_pull_fetched_and_resumes_when_asked_again(
     failed = pulled(api, source=source, name="resumed")
     assert failed["state"] == "failed"
     assert "pulling it again resumes from there" in failed["error"]
-    assert (store.root / ".pulls" / "resumed" / "tiny.gguf.part").stat().st_size == 300_000
+    part = store.root / ".pulls" / str(failed["id"]) / "tiny.gguf.part"
+    assert part.stat().st_size == 300_000
     store.host.faults.cuts = 0
     again = pulled(api, source=source, name="resumed")
     assert again["state"] == "ready", again["error"]
@@ -139,7 +140,7 @@ def test_it_refuses_a_file_whose_digest_differs_from_the_one_the_url_names(
     assert model["state"] == "failed"
     assert f"not the URL's {wrong}: nothing was kept" in model["error"]
     assert not (store.root / "t").exists()
-    assert not (store.root / ".pulls" / "t").exists()
+    assert not store.staged()
 
 
 @pytest.mark.parametrize(
@@ -290,7 +291,7 @@ def test_it_refuses_a_pull_the_disk_cannot_hold_before_writing(
     assert "GiB free; this model needs" in model["error"]
     assert "MSHIP_MODEL_STORE_MIN_FREE_GIB" in model["error"]
     assert not store.gets("tiny.gguf")
-    assert not (store.root / ".pulls" / "big").exists()
+    assert not store.staged()
 
 
 @pytest.fixture
@@ -392,7 +393,7 @@ def test_it_stops_a_pull_whose_model_is_deleted(
     assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
     worker.join(10)
     assert outcome == ["deleted"]
-    assert not (store.root / ".pulls" / "slow").exists()
+    assert not (store.root / ".pulls" / str(pk)).exists()
     assert not (store.root / "slow").exists()
 
 

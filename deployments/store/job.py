@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 REPORT_S = 0.5
+DISK_CHECK_BYTES = 16 << 20
 GIB = 2**30
 
 
@@ -55,6 +56,8 @@ class Job:
         self.watch: Path | None = None  # else the size of this folder is the progress
         self.checksums = 0
         self.rate = 0.0
+        self.stopped: PullFailed | None = None  # why the reporter stopped the pull
+        self.next_disk_check = 0
         self.reporter = threading.Thread(target=self.report, name=f"pull-{pk}", daemon=True)
 
     # what fetchers call
@@ -77,11 +80,29 @@ class Job:
 
     def advance(self, count: int) -> None:
         self.counted += count
+        if self.counted >= self.next_disk_check:  # a size no header stated: the disk decides
+            self.next_disk_check = self.counted + DISK_CHECK_BYTES
+            self.check_disk()
         self.check()
 
     def check(self) -> None:
+        if self.stopped is not None:
+            raise self.stopped
         if self.cancelled.is_set():
             raise PullCancelled
+
+    def check_disk(self) -> None:
+        """Stops the pull where the store's disk is down to MSHIP_MODEL_STORE_MIN_FREE_GIB."""
+        reserve = settings.MSHIP_MODEL_STORE_MIN_FREE_GIB * GIB
+        free = shutil.disk_usage(self.staging).free
+        if free < reserve:
+            self.stopped = PullFailed(
+                f"the store's disk is down to {free / GIB:.2f} GiB free, under the"
+                f" {reserve / GIB:.2f} GiB kept free (MSHIP_MODEL_STORE_MIN_FREE_GIB):"
+                " nothing was kept",
+                keep=False,
+            )
+            self.cancelled.set()
 
     def verified(self, files: int = 1) -> None:
         self.checksums += files
@@ -103,6 +124,8 @@ class Job:
                 self.rate = instant if not self.rate else 0.7 * self.rate + 0.3 * instant
                 last, when = done, now
                 self.save(done)
+                if self.watch is not None and self.staging.exists():
+                    self.check_disk()
         finally:
             close_old_connections()
 

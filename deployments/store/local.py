@@ -21,6 +21,9 @@ CHUNK = 1 << 20
 
 def fetch(source: Source, job: Job) -> Path:
     root = Path(source.ref)
+    if not job.may_reach_host and outside_model_dirs(source.ref, always_path=True):
+        # Asked as a path inside; a link put there since may lead out.
+        raise PullFailed(f"{root} lies outside MSHIP_MODEL_DIRS", keep=False)
     if not root.exists():
         raise PullFailed(f"{root} does not exist", keep=False)
     real_root = Path(os.path.realpath(root))

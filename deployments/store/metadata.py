@@ -15,7 +15,12 @@ from typing import Any
 
 import gguf
 
+from deployments.store import gguf_header
+
 MAX_JSON = 4 << 20  # config.json, model_index.json, a safetensors header
+MAX_ITEMS = 64  # of a list or mapping kept in details
+MAX_DIM = 1 << 40  # a tensor dimension a header may state
+MAX_TENSORS = 1 << 20
 GGML_MAGIC = b"lmgg"  # whisper.cpp's ggml files (0x67676d6c, little-endian)
 GGUF_MAGIC = b"GGUF"
 
@@ -48,6 +53,13 @@ SUGGESTED: dict[str, tuple[str, str]] = {
 
 
 def describe(path: Path) -> Described:
+    """The model at `path`, its details bounded (they are stored and shown)."""
+    found = describe_unbounded(path)
+    found.details = bounded(found.details) or {}
+    return found
+
+
+def describe_unbounded(path: Path) -> Described:
     if path.is_file():
         return describe_file(path)
     files = sorted(p for p in path.rglob("*") if p.is_file())
@@ -85,7 +97,10 @@ def describe_file(path: Path) -> Described:
     if magic == GGML_MAGIC:
         return Described("ggml", path, {})
     if path.suffix == ".safetensors":
-        return Described("safetensors", path, {"parameters": safetensors_parameters([path])})
+        parameters = safetensors_parameters([path])
+        return Described(
+            "safetensors", path, {} if parameters is None else {"parameters": parameters}
+        )
     if path.suffix == ".onnx" and (path.parent / (path.name + ".json")).exists():
         return Described("onnx-voice", path, voice_details(path))
     return Described("unknown", path, {})
@@ -93,38 +108,30 @@ def describe_file(path: Path) -> Described:
 
 def gguf_details(path: Path) -> dict[str, Any]:
     try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError, IndexError, struct.error) as exc:
+        header = gguf_header.read(path)
+    except (gguf_header.BadHeader, OSError) as exc:
         return {"unreadable": f"the GGUF header cannot be read: {exc}"[:300]}
-
-    def value(key: str) -> Any:
-        found = reader.get_field(key)
-        if found is None:
-            return None
-        try:
-            return found.contents()
-        except (ValueError, IndexError):
-            return None
-
-    arch = value("general.architecture") or ""
+    values = header.values
+    arch = str(values.get("general.architecture") or "")
     details: dict[str, Any] = {
         "architecture": arch,
-        "name": value("general.name"),
-        "parameters": sum(int(t.n_elements) for t in reader.tensors),
-        "quantization": quantization(value("general.file_type"), reader),
-        "context_length": value(f"{arch}.context_length"),
-        "layers": value(f"{arch}.block_count"),
-        "embedding_length": value(f"{arch}.embedding_length"),
-        "heads": value(f"{arch}.attention.head_count"),
-        "kv_heads": value(f"{arch}.attention.head_count_kv"),
-        "key_length": value(f"{arch}.attention.key_length"),
-        "value_length": value(f"{arch}.attention.value_length"),
-        "embedding_model": value(f"{arch}.pooling_type") is not None,
+        "name": values.get("general.name"),
+        "parameters": header.parameters,
+        "quantization": quantization(values.get("general.file_type"), header.tensor_types),
+        "context_length": values.get(f"{arch}.context_length"),
+        "layers": values.get(f"{arch}.block_count"),
+        "embedding_length": values.get(f"{arch}.embedding_length"),
+        "heads": values.get(f"{arch}.attention.head_count"),
+        "kv_heads": values.get(f"{arch}.attention.head_count_kv"),
+        "key_length": values.get(f"{arch}.attention.key_length"),
+        "value_length": values.get(f"{arch}.attention.value_length"),
     }
+    if f"{arch}.pooling_type" in values:
+        details["embedding_model"] = True
     return {k: v for k, v in details.items() if v not in (None, "")}
 
 
-def quantization(file_type: Any, reader: gguf.GGUFReader) -> str:
+def quantization(file_type: Any, tensor_types: list[int]) -> str:
     """The file's stated type (LlamaFileType: MOSTLY_Q4_K_M as Q4_K_M), else its tensors'
     most common type."""
     if isinstance(file_type, int):
@@ -132,20 +139,51 @@ def quantization(file_type: Any, reader: gguf.GGUFReader) -> str:
             return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
             pass
-    kinds: dict[str, int] = {}
-    for tensor in reader.tensors:
-        kinds[tensor.tensor_type.name] = kinds.get(tensor.tensor_type.name, 0) + 1
-    return max(kinds, key=lambda k: kinds[k]) if kinds else ""
+    kinds: dict[int, int] = {}
+    for kind in tensor_types:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return ""
+    common = max(kinds, key=lambda k: kinds[k])
+    try:
+        return gguf.GGMLQuantizationType(common).name
+    except ValueError:
+        return f"type {common}"
+
+
+def no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON stores")
 
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_JSON:
             return {}
-        found = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        found = json.loads(path.read_bytes(), parse_constant=no_constant)
+    except (OSError, ValueError, RecursionError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def bounded(value: Any, depth: int = 0) -> Any:
+    """A value as details keep it: short strings, numbers JSON stores (finite, within 64
+    bits), small lists and mappings, two levels deep; anything else dropped (None)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) < value < 2**63 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value[:200]
+    if depth >= 2:
+        return None
+    if isinstance(value, list):
+        return [bounded(v, depth + 1) for v in value[:MAX_ITEMS]]
+    if isinstance(value, dict):
+        items = list(value.items())[:MAX_ITEMS]
+        return {str(k)[:100]: bounded(v, depth + 1) for k, v in items}
+    return None
 
 
 def config_details(config: dict[str, Any]) -> dict[str, Any]:
@@ -174,8 +212,8 @@ def config_details(config: dict[str, Any]) -> dict[str, Any]:
 
 def hf_details(path: Path, weights: list[Path]) -> dict[str, Any]:
     details = config_details(read_json(path / "config.json"))
-    if weights:
-        details["parameters"] = safetensors_parameters(weights)
+    if weights and (parameters := safetensors_parameters(weights)) is not None:
+        details["parameters"] = parameters
     if "quantization" not in details and details.get("dtype"):
         details["quantization"] = str(details["dtype"])
     return details
@@ -190,12 +228,20 @@ def safetensors_parameters(files: list[Path]) -> int | None:
                 (length,) = struct.unpack("<Q", f.read(8))
                 if length > MAX_JSON:
                     return None
-                header = json.loads(f.read(length))
-        except (OSError, ValueError, struct.error):
+                header = json.loads(f.read(length), parse_constant=no_constant)
+        except (OSError, ValueError, struct.error, RecursionError):
+            return None
+        if not isinstance(header, dict) or len(header) > MAX_TENSORS:
             return None
         for name, tensor in header.items():
-            if name != "__metadata__" and isinstance(tensor, dict):
-                total += math.prod(int(n) for n in tensor.get("shape", []))
+            if name == "__metadata__" or not isinstance(tensor, dict):
+                continue
+            shape = tensor.get("shape")
+            if not isinstance(shape, list) or len(shape) > 8:
+                return None
+            if not all(isinstance(n, int) and 0 <= n < MAX_DIM for n in shape):
+                return None
+            total += math.prod(shape)
     return total
 
 

@@ -39,6 +39,7 @@ class StoredModel(models.Model):
     bytes_done = models.BigIntegerField(default=0)
     bytes_total = models.BigIntegerField(null=True, blank=True)
     rate_bps = models.FloatField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0, editable=False)
     checksums = models.PositiveIntegerField(
         default=0, help_text="Files whose checksum the source published and the pull verified."
     )
@@ -79,6 +80,8 @@ class StoredModel(models.Model):
 
 
 def store_dir() -> Path:
-    """Where pulls put models: the first of MSHIP_MODEL_DIRS, so a deployment naming a
-    stored model needs no permission beyond `change` (deployments/host_access.py)."""
-    return Path(settings.MSHIP_MODEL_DIRS[0])
+    """Where pulls put models: `store/` in the first of MSHIP_MODEL_DIRS (a model folder,
+    so a deployment naming a stored model needs no permission beyond `change`:
+    deployments/host_access.py; a folder of its own, so a pull never lands on, nor a delete
+    removes, a folder an administrator put beside it)."""
+    return Path(settings.MSHIP_MODEL_DIRS[0]) / "store"

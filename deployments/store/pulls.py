@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -53,6 +53,7 @@ FETCHERS: dict[str, Callable[[Source, Job], Path]] = {
     "path": local.fetch,
 }
 STALE = timedelta(seconds=60)  # a pull whose heartbeat is this old lost its worker
+MAX_ATTEMPTS = 3
 
 
 class PullRefused(OperationRefused):
@@ -76,8 +77,10 @@ class Asked:
     created: bool  # a new pull (else one that was there: joined, or already pulled)
 
 
-def staging_dir(name: str) -> Path:
-    return store_dir() / ".pulls" / name
+def staging_dir(pk: int) -> Path:
+    """A pull's own folder while it runs: by its row, so a deleted pull's late cleanup never
+    touches a new pull of the same name."""
+    return store_dir() / ".pulls" / str(pk)
 
 
 def final_dir(name: str) -> Path:
@@ -116,9 +119,9 @@ def ask(
                 message = f"{name!r} is already in the store, pulled from {found.source}"
                 raise PullConflict(message, {"name": [message]})
             if found.state == PullState.FAILED:
-                found.state, found.error = PullState.QUEUED, ""
+                found.state, found.error, found.attempts = PullState.QUEUED, "", 0
                 found.host_access = found.host_access or may_reach_host
-                found.save(update_fields=["state", "error", "host_access"])
+                found.save(update_fields=["state", "error", "attempts", "host_access"])
                 transaction.on_commit(lambda: queue(found.pk))
             return Asked(found, created=False)
         busy = StoredModel.objects.filter(
@@ -127,13 +130,21 @@ def ask(
         if busy is not None:
             message = f"that source is being pulled already, as {busy.name!r}"
             raise PullConflict(message, {"source": [message]})
-        model = StoredModel.objects.create(
-            name=name,
-            source=source_text,
-            include=list(source.include),
-            created_by=actor,
-            host_access=may_reach_host,
-        )
+        if final_dir(name).exists():  # left by a pull whose row went: not this one's
+            message = f"the store holds a folder {name!r} no stored model owns: remove it first"
+            raise PullConflict(message, {"name": [message]})
+        try:
+            with transaction.atomic():
+                model = StoredModel.objects.create(
+                    name=name,
+                    source=source_text,
+                    include=list(source.include),
+                    created_by=actor,
+                    host_access=may_reach_host,
+                )
+        except IntegrityError as exc:  # the same name asked at the same moment
+            message = f"{name!r} is being pulled already"
+            raise PullConflict(message, {"name": [message]}) from exc
         audit.record(
             "store.pull",
             None,
@@ -147,7 +158,8 @@ def ask(
 
 
 def queue(pk: int) -> None:
-    async_task(run, pk, group="store-pulls")
+    # Its own time limit: a model of tens of GiB takes longer than an engine's start.
+    async_task(run, pk, group="store-pulls", timeout=int(settings.MSHIP_MODEL_PULL_TIMEOUT_S))
 
 
 @contextlib.contextmanager
@@ -178,7 +190,8 @@ def claim(pk: int) -> StoredModel | None:
             return None
         model.state, model.error = PullState.PULLING, ""
         model.started_at = model.heartbeat_at = timezone.now()
-        model.save(update_fields=["state", "error", "started_at", "heartbeat_at"])
+        model.attempts += 1
+        model.save(update_fields=["state", "error", "started_at", "heartbeat_at", "attempts"])
         return model
 
 
@@ -195,8 +208,9 @@ def run(pk: int) -> str:
 
 
 def pull(model: StoredModel) -> str:
-    staging = staging_dir(model.name)
+    staging = staging_dir(model.pk)
     source = parse(model.source, model.include)
+    landed: Path | None = None
     try:
         with Job(model.pk, staging, model.host_access) as job:
             root = FETCHERS[source.kind](source, job)
@@ -204,26 +218,28 @@ def pull(model: StoredModel) -> str:
             described = describe(root)
             primary = described.primary.relative_to(root) if root.is_dir() else Path(root.name)
         landed = land(model.name, staging)
+        size = folder_size(landed)
+        updated = StoredModel.objects.filter(pk=model.pk, state=PullState.PULLING).update(
+            state=PullState.READY,
+            path=str(landed / primary).removesuffix("/."),
+            format=described.format,
+            details=described.details,
+            size_bytes=size,
+            bytes_done=size,
+            bytes_total=size,
+            checksums=job.checksums,
+            rate_bps=None,
+            finished_at=timezone.now(),
+        )
     except PullFailed as exc:
+        unland(landed, staging)
         return fail(model, str(exc), keep=exc.keep)
     except Exception as exc:
+        unland(landed, staging)
         if disk_full(exc):
             return fail(model, f"the store's disk is full ({exc}); nothing was kept", keep=False)
         log.exception("pull %s failed", model.name)
-        return fail(model, f"{type(exc).__name__}: {exc}", keep=True)
-    size = folder_size(landed)
-    updated = StoredModel.objects.filter(pk=model.pk).update(
-        state=PullState.READY,
-        path=str(landed / primary).removesuffix("/."),
-        format=described.format,
-        details=described.details,
-        size_bytes=size,
-        bytes_done=size,
-        bytes_total=size,
-        checksums=job.checksums,
-        rate_bps=None,
-        finished_at=timezone.now(),
-    )
+        return fail(model, f"{type(exc).__name__}: {str(exc)[:500]}", keep=True)
     if not updated:  # deleted as it landed
         shutil.rmtree(landed, ignore_errors=True)
         return "deleted"
@@ -232,22 +248,30 @@ def pull(model: StoredModel) -> str:
 
 
 def land(name: str, staging: Path) -> Path:
-    """The pulled files moved from their staging folder into the store, in one rename."""
+    """The pulled files moved from their staging folder into the store, in one rename onto
+    a name nothing holds (a folder there is never replaced)."""
     final = final_dir(name)
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+        raise PullFailed(f"the store holds a folder {name!r} already; nothing replaced it")
+    os.rename(staging, final)
     return final
+
+
+def unland(landed: Path | None, staging: Path) -> None:
+    """A pull that failed after it landed (its row could not be written): its files go back
+    to its own folder, for the next try."""
+    if landed is not None and landed.exists() and not staging.exists():
+        os.rename(landed, staging)
 
 
 def fail(model: StoredModel, message: str, *, keep: bool) -> str:
     if not keep:
-        shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+        shutil.rmtree(staging_dir(model.pk), ignore_errors=True)
     updated = StoredModel.objects.filter(pk=model.pk).update(
         state=PullState.FAILED, error=message[:4000], rate_bps=None, finished_at=timezone.now()
     )
     if not updated:
-        shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+        shutil.rmtree(staging_dir(model.pk), ignore_errors=True)
         return "deleted"
     log.warning("pull of %s failed: %s", model.name, message)
     return f"failed: {message}"
@@ -264,12 +288,19 @@ def start_next() -> None:
 
 def sweep() -> int:
     """The schedule's pass: a pull whose worker died (its heartbeat stale) is queued again,
-    to resume; queued pulls are offered a slot. Returns how many were requeued."""
+    to resume, up to MAX_ATTEMPTS starts (a model whose pull kills its worker every time
+    fails instead); queued pulls are offered a slot. Returns how many were requeued."""
     stale = StoredModel.objects.filter(
         state=PullState.PULLING, heartbeat_at__lt=timezone.now() - STALE
-    ).update(state=PullState.QUEUED)
+    )
+    stale.filter(attempts__gte=MAX_ATTEMPTS).update(
+        state=PullState.FAILED,
+        error=f"its worker stopped {MAX_ATTEMPTS} times without finishing it",
+        finished_at=timezone.now(),
+    )
+    again = stale.update(state=PullState.QUEUED)
     start_next()
-    return stale
+    return again
 
 
 def remove(model: StoredModel, *, actor: str = "system", user: object | None = None) -> None:
@@ -279,8 +310,9 @@ def remove(model: StoredModel, *, actor: str = "system", user: object | None = N
         message = f"{model.name!r} is used by {', '.join(users)}: change or delete them first"
         raise PullConflict(message, {"name": [message]})
     StoredModel.objects.filter(pk=model.pk).delete()
-    shutil.rmtree(final_dir(model.name), ignore_errors=True)
-    shutil.rmtree(staging_dir(model.name), ignore_errors=True)
+    if model.path:  # it landed: its folder is the store's own (else it may not be)
+        shutil.rmtree(final_dir(model.name), ignore_errors=True)
+    shutil.rmtree(staging_dir(model.pk), ignore_errors=True)
     audit.record(
         "store.delete",
         None,

@@ -13,7 +13,12 @@ from deployments.store.models import STORE_PREFIX, PullState, StoredModel, store
 
 
 class NotInStore(Exception):
-    """A deployment names a stored model that is not there (yet)."""
+    """A deployment names a stored model that is not there, or not yet (`pending`: it is
+    being pulled, or its pull failed)."""
+
+    def __init__(self, message: str, pending: bool = False) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 def is_reference(model: str) -> bool:
@@ -37,7 +42,7 @@ def resolve(model: str) -> str:
     if stored is None:
         raise NotInStore(f"no model {name!r} in the store (modelship pull … --name {name})")
     if stored.state != PullState.READY:
-        raise NotInStore(f"the stored model {name!r} is {stored.state}, not ready")
+        raise NotInStore(f"the stored model {name!r} is {stored.state}, not ready", pending=True)
     if not inner:
         return stored.path
     folder = os.path.realpath(store_dir() / name)

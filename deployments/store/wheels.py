@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 DOWNLOAD_TIMEOUT_S = 1800.0
+MAX_RECORD = 8 << 20
 WEIGHTS = (".gguf", ".safetensors", ".bin", ".onnx", ".pt", ".pth", ".ggml", ".ckpt")
 
 
@@ -33,7 +34,7 @@ def fetch(source: Source, job: Job) -> Path:
     log = io.StringIO()
     args = ["--no-deps", "--only-binary=:all:", "--dest", str(scratch), source.ref]
     try:
-        installer.download(sys.executable, args, log, DOWNLOAD_TIMEOUT_S)
+        installer.download(sys.executable, args, log, DOWNLOAD_TIMEOUT_S, cwd=str(scratch))
     except installer.InstallFailed as exc:
         last = log.getvalue().strip().splitlines()[-3:]
         raise PullFailed(f"pip could not download {source.ref}: {exc} {' '.join(last)}") from exc
@@ -90,8 +91,14 @@ def record_hashes(archive: zipfile.ZipFile) -> dict[str, bytes]:
     names = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
     if len(names) != 1:
         raise PullFailed("the wheel has no RECORD to check its files against", keep=False)
+    info = archive.getinfo(names[0])
+    if info.file_size > MAX_RECORD:  # a compressed bomb would unpack into memory
+        raise PullFailed(f"the wheel's RECORD is over {MAX_RECORD >> 20} MiB", keep=False)
     found = {}
-    text = archive.read(names[0]).decode("utf-8", "replace")
+    with archive.open(info) as record:
+        text = record.read(MAX_RECORD + 1).decode("utf-8", "replace")
+    if len(text) > MAX_RECORD:
+        raise PullFailed(f"the wheel's RECORD is over {MAX_RECORD >> 20} MiB", keep=False)
     for row in csv.reader(text.splitlines()):
         if len(row) >= 2 and row[1].startswith("sha256="):
             value = row[1][7:]

@@ -27,7 +27,7 @@ from django.conf import settings
 from common.egress import Policy as Policy  # this module's users know it here
 from common.egress import host_networks as host_networks
 from common.egress import normalise as normalise
-from common.egress import resolve
+from common.egress import own_addresses, resolve
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
@@ -52,6 +52,7 @@ def current_policy() -> Policy:
         allowed_networks=host_networks(allowed),
         engine_networks=host_networks(h for h in engines if h),
         require_https=settings.MSHIP_MCP_REQUIRE_HTTPS,
+        own_addresses=own_addresses(),
     )
 
 
