@@ -142,8 +142,8 @@ def restart(
     """
     timeout = timeout_s if timeout_s is not None else settings.MSHIP_START_TIMEOUT_S
     deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.state not in STARTABLE_STATES:
-        return deployment
+    if deployment.state not in STARTABLE_STATES or deployment.adapter_of_id is not None:
+        return deployment  # an adapter runs in its base's engine
     fit_or_refuse(deployment, actor)  # nothing is pulled or installed for a start that cannot fit
     for attempt in range(PREPARE_TRIES):
         prepared = prepare(deployment_id, actor=actor)

@@ -28,13 +28,13 @@ CONFIG_FIELDS = (
 
 # Fields added after engines were already running: left out while empty, so that an upgrade
 # does not make every running engine look changed (and replaced at adoption).
-LATER_FIELDS = frozenset({"ray_resources"})
+LATER_FIELDS = frozenset({"ray_resources", "adapters"})
 
 
 def fingerprint(values: dict[str, Any]) -> str:
     shaping = {
         field: values.get(field)
-        for field in CONFIG_FIELDS
+        for field in (*CONFIG_FIELDS, "adapters")
         if field not in LATER_FIELDS or values.get(field)
     }
     canonical = json.dumps(shaping, sort_keys=True, default=str)
@@ -42,4 +42,9 @@ def fingerprint(values: dict[str, Any]) -> str:
 
 
 def deployment_fingerprint(deployment: Any) -> str:
-    return fingerprint({field: getattr(deployment, field) for field in CONFIG_FIELDS})
+    values = {field: getattr(deployment, field) for field in CONFIG_FIELDS}
+    from deployments.adapters import adapter_list  # noqa: PLC0415 - it reads Deployment
+
+    if adapters := adapter_list(deployment):  # an engine that loads them when it starts
+        values["adapters"] = adapters
+    return fingerprint(values)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from deployments import engine_envs, hooks
+from deployments.adapters import lora_files
 from deployments.fingerprint import deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import gpu_inventory
@@ -158,9 +159,14 @@ def launch_all(
         # A process engine runs in a folder of its own: a model path relative to Modelship's
         # working directory is made absolute.
         spec = dataclasses.replace(spec, model=local_path(spec.model))
+    loras = lora_files(deployment)
+    spec = dataclasses.replace(spec, adapters=tuple(path for _, path in loras))
     family = loader.engine_family(spec, container)
-    # A container runs its family's environment from the host, mounted where it lies.
+    # A container runs its family's environment from the host, mounted where it lies, and
+    # sees its adapters' files where they lie.
     mounts = [str(engine_envs.location(family))] if container and family else []
+    if container:
+        mounts += sorted({os.path.dirname(path) for _, path in loras})
     handles: list[Handle] = []
     try:
         numbers = list(range(deployment.replica_count)) if indices is None else indices
@@ -193,6 +199,7 @@ def launch_all(
                     )
                 )
             )
+            handles[-1]["adapters"] = [name for name, _ in loras]  # in their --lora order
     except RuntimeError_:
         stop_handles(deployment, handles)
         raise

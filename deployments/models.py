@@ -115,6 +115,17 @@ class Deployment(Versioned):
         help_text="Ray's custom resources each replica asks for (the ray runtime), such as"
         ' {"a100": 1}: Ray places it on a node that declares them.',
     )
+    # A LoRA adapter: served by its own name from its base's engines (deployments/adapters.py),
+    # with no engine of its own.
+    adapter_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="adapters",
+        help_text="A LoRA adapter of this deployment (its model is the adapter's file),"
+        " served by its own name from the base's engines.",
+    )
     # Bounded so that sums over replicas and deployments stay finite numbers.
     memory_gib = models.FloatField(
         null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(2**20)]
@@ -273,6 +284,7 @@ class Deployment(Versioned):
             max_concurrency=self.max_concurrency,
             system=self.system,
             autoscaling_config=self.autoscaling_config,
+            adapter_of=self.adapter_of.name if self.adapter_of is not None else None,
             state=self.state,
         )
         return data

@@ -20,6 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from deployments import audit, hooks, host_access, tasks
+from deployments.adapters import AdapterHasNoEngine, BaseHasAdapters
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit, check_fit_where
@@ -45,6 +46,7 @@ SETTABLE_FIELDS = (
     "system",
     "responses",
     "autoscaling_config",
+    "adapter_of",
 )
 
 
@@ -99,7 +101,23 @@ def create(
     with transaction.atomic():
         deployment.save()
         audit.record("create", deployment, user=user, actor=actor, after=deployment.snapshot())
+        refit_base(deployment.adapter_of_id, user, actor, enqueue)
     return deployment
+
+
+def refit_base(base_id: int | None, user: Any, actor: str | None, work: Work) -> None:
+    """A running base whose adapters changed is replaced, as any change of what shapes its
+    engine replaces it (llama.cpp loads its adapters when it starts)."""
+    base = Deployment.objects.filter(pk=base_id).first() if base_id else None
+    running = base.running_fingerprint if base is not None else ""
+    if base is not None and running and running != deployment_fingerprint(base):
+        chosen = settings.MSHIP_REPLACE_STRATEGY
+        work(tasks.replace, base.pk, chosen, audit.actor_of(user, actor))
+
+
+def no_engine_of_its_own(deployment: Deployment) -> None:
+    if deployment.adapter_of_id is not None:
+        raise AdapterHasNoEngine(deployment)
 
 
 def update(
@@ -142,6 +160,8 @@ def update(
             if running and running != deployment_fingerprint(current):
                 chosen = strategy or settings.MSHIP_REPLACE_STRATEGY
                 work(tasks.replace, current.pk, chosen, audit.actor_of(user, actor))
+            for base_id in {had["adapter_of"] and had["adapter_of"].pk, current.adapter_of_id}:
+                refit_base(base_id, user, actor, work)
         if switch is not None:
             current = set_mode(current, switch, user, actor=actor, work=work)
     return current
@@ -192,13 +212,15 @@ def set_mode(
     actor: str | None = None,
     work: Work = enqueue,
 ) -> Deployment:
-    """Switch between on demand and always on, audited as ondemand_mode.
+    """Switch between on demand and always on, audited as ondemand_mode (not an adapter's:
+    its base's mode is its own).
 
     A switch to always on of a deployment that does not run starts it first and keeps it
     on demand with pending_mode set until the start ends, so its name never stops being
     served; a start that cannot fit is refused and changes nothing. Every switch forgives
     past start failures and tells LiteLLM; one to on demand restarts the idle timer.
     """
+    no_engine_of_its_own(deployment)
     check_mode(deployment, mode)
     if in_mode(deployment, mode):
         return deployment  # nothing to switch: no audit row
@@ -241,6 +263,7 @@ def lock_present(deployment: Deployment) -> None:
 
 def start(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
     """Queue a start; raises InsufficientMemory when it cannot fit now."""
+    no_engine_of_its_own(deployment)
     if deployment.state not in STARTABLE_STATES:
         return deployment.state
     check_fit(deployment)
@@ -252,6 +275,7 @@ def start(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
 
 
 def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
+    no_engine_of_its_own(deployment)
     if deployment.state in (State.PLANNED, State.STOPPED, State.STOPPING):
         return deployment.state
     actor = audit.actor_of(user, None)
@@ -263,6 +287,7 @@ def stop(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
 
 
 def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
+    no_engine_of_its_own(deployment)
     if not get_loader(deployment.loader).can_sleep(EngineSpec.of(deployment)):
         raise CannotSleep(f"the {deployment.loader} engine of {deployment.name} cannot sleep")
     if deployment.state != State.READY:
@@ -278,6 +303,7 @@ def sleep(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
 
 
 def wake(deployment: Deployment, user: Any, *, work: Work = enqueue) -> str:
+    no_engine_of_its_own(deployment)
     if deployment.state != State.ASLEEP:
         raise InvalidState(
             f"{deployment.name} is {deployment.state}; only an asleep one wakes", deployment.state
@@ -295,10 +321,14 @@ def remove(
 ) -> str:
     """Delete at once when nothing runs; else stop the engine first (queued)."""
     actor = audit.actor_of(user, actor)
+    if names := list(deployment.adapters.order_by("name").values_list("name", flat=True)):
+        raise BaseHasAdapters(deployment, names)
     with transaction.atomic():
         if deployment.state in (State.PLANNED, State.STOPPED, State.FAILED):
+            base_id = deployment.adapter_of_id
             audit.record("delete", deployment, user=user, before=deployment.snapshot())
             deployment.delete()
+            refit_base(base_id, user, actor, work)
             hooks.listing_has_changed()  # its entries leave LiteLLM
             return Outcome.DELETED
         work(tasks.remove, deployment.pk, actor)

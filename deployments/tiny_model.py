@@ -167,3 +167,30 @@ def write(path: Path, seed: int = 0, embedding: bool = False, shape: Shape = Sha
     writer.close()
     partial.replace(path)
     return path
+
+
+def write_lora(path: Path, seed: int = 1, rank: int = 4, shape: Shape = Shape()) -> Path:
+    """A LoRA adapter for the tiny model (llama.cpp's GGUF adapter format): low-rank A and B
+    for its output projection, strong enough that its greedy answers change, blind to the
+    constant dimension so the tokens the model never writes stay suppressed."""
+    logging.getLogger("gguf").setLevel(logging.WARNING)
+    n_vocab = len(vocabulary()[0])
+    rng = np.random.default_rng(seed)
+    # ggml's shapes are numpy's reversed: A is [in, rank], B is [rank, out] to llama.cpp.
+    lora_a = (rng.standard_normal((rank, shape.n_embd)) * 2.0).astype(np.float32)
+    lora_a[:, CONSTANT_DIM] = 0.0
+    lora_b = (rng.standard_normal((n_vocab, rank)) * 2.0).astype(np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(rank))  # a scale of alpha / rank: 1
+    writer.add_tensor("output.weight.lora_a", lora_a)
+    writer.add_tensor("output.weight.lora_b", lora_b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.replace(path)
+    return path

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from deployments import autoscaling, memory
+from deployments import adapters, autoscaling, memory
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import NAME_PATTERN, NAME_RULE, Mode, ResponsesBy, Runtime
 from deployments.placement import Device, never_fits
@@ -53,6 +53,10 @@ def cross_field_problems(values: dict[str, Any]) -> Problems:
         add("model", "a path or id: it starts with no '-' and holds no control characters")
     if stored := reference_problem(model):
         add("model", stored)
+    for field, message in adapters.problems(values):
+        add(field, message)
+    if values.get("adapter_of") is not None:
+        return problems  # an engine of no size of its own: nothing to place
     config = values.get("config") or {}
     if not isinstance(config, dict):
         add("config", f"{loader.config_key} must be a mapping")

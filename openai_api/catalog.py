@@ -63,6 +63,13 @@ class Route:
     max_concurrency: int | None = None  # requests at once, per gateway process
     # Each replica's GPU share, in the order of `urls` (openai_api/usage/gpu_share.py).
     gpu_shares: tuple[float, ...] = ()
+    adapter: Adapter | None = None  # a LoRA adapter served from its base's engines
+
+
+@dataclass(frozen=True)
+class Adapter:
+    base: str  # the base deployment's name
+    lora_id: int | None  # its place in the base's --lora list; None: the base lacks it yet
 
 
 @dataclass(frozen=True)
@@ -97,10 +104,14 @@ class Snapshot:
     read_at: float = 0.0  # when the rows were read (monotonic)
 
     def by_id(self, deployment_id: int) -> Route | None:
-        return next((r for r in self.models if r.deployment_id == deployment_id), None)
+        """The deployment's own route (its adapters' routes share its id: its engines)."""
+        found = (r for r in self.models if r.deployment_id == deployment_id and not r.adapter)
+        return next(found, None)
 
 
 def route_of(d: Deployment) -> Route:
+    if d.adapter_of is not None:
+        return adapter_route(d, d.adapter_of)
     loader = LOADERS.get(d.loader)
     spec = EngineSpec.of(d)
     endpoints = loader.endpoints(spec) if loader else ()
@@ -127,6 +138,27 @@ def route_of(d: Deployment) -> Route:
         priority=d.priority,
         max_concurrency=d.max_concurrency,
         gpu_shares=replica_shares(d.num_gpus, d.gpus, len(d.engine_urls or ())),
+    )
+
+
+def adapter_route(adapter: Deployment, base: Deployment) -> Route:
+    """An adapter's route: its names, its base's engines, state and queue. Until the base's
+    running engine has loaded it (a base started before the adapter was added is being
+    replaced), it is not ready."""
+    route = route_of(base)
+    handles = (base.runtime_handle or {}).get("replicas", [])
+    loaded = list(handles[0].get("adapters", [])) if handles else []
+    lora_id = loaded.index(adapter.name) if adapter.name in loaded else None
+    state = route.state
+    if lora_id is None and state == "ready":
+        state = "starting"  # its base's replacement loads it
+    return replace(
+        route,
+        name=adapter.name,
+        aliases=tuple(str(a) for a in (adapter.aliases or ())),
+        state=state,
+        created=int(adapter.created.timestamp()),
+        adapter=Adapter(base=base.name, lora_id=lora_id),
     )
 
 
@@ -201,7 +233,7 @@ def load() -> Snapshot:
         # Before the rows: a write between the two reads moves the stamp again, and the
         # next check reads the rows again.
         seen = stamps()
-        for d in Deployment.objects.all().order_by("name"):
+        for d in Deployment.objects.select_related("adapter_of").order_by("name"):
             try:
                 route = route_of(d)
             except Exception as exc:  # one bad row must not take the others down

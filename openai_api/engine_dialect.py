@@ -18,11 +18,26 @@ def forced_name(choice: dict[str, Any]) -> Any:
     return function.get("name") if isinstance(function, dict) else choice.get("name")
 
 
+def adapter_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with the LoRA adapter its route is (llama.cpp's per-request `lora`: the
+    adapter's place in the base's --lora list, at scale 1); a caller's own `lora` is never
+    passed on, or a key for a base would reach every adapter loaded in it."""
+    if route.loader != "llama_server":
+        return body
+    if route.adapter is not None and route.adapter.lora_id is not None:
+        return {**body, "lora": [{"id": route.adapter.lora_id, "scale": 1.0}]}
+    if "lora" in body:
+        return {k: v for k, v in body.items() if k != "lora"}
+    return body
+
+
 def chat_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
-    """`body` for the route's engine. llama.cpp takes `tool_choice` as a word only (an
-    object is logged as the wrong type and dropped): a forced function becomes "required"
-    with that function the only one offered, which is what forcing it means, and a choice of
-    allowed tools becomes its mode with only those tools offered."""
+    """`body` for the route's engine (and its adapter, `adapter_body`). llama.cpp takes
+    `tool_choice` as a word only (an object is logged as the wrong type and dropped): a
+    forced function becomes "required" with that function the only one offered, which is
+    what forcing it means, and a choice of allowed tools becomes its mode with only those
+    tools offered."""
+    body = adapter_body(route, body)
     choice = body.get("tool_choice")
     if route.names_forced_tool or not isinstance(choice, dict):
         return body

@@ -20,7 +20,7 @@ from openai_api.bodies import form_field, json_bytes, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import PUBLIC, UNVERSIONED
-from openai_api.engine_dialect import chat_body
+from openai_api.engine_dialect import adapter_body, chat_body
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.models import shown_prefix
@@ -117,8 +117,12 @@ async def handle(exchange: Exchange) -> None:
     if endpoint not in route.endpoints:
         raise unsupported(route, name, endpoint)
     sent = data
-    if endpoint == "chat/completions" and data and (said := chat_body(route, data)) is not data:
-        body, sent = await json_bytes(said, len(body)), said
+    if isinstance(data, dict) and not content_type.startswith("multipart/"):
+        # Said the engine's way: its chat's dialect, the adapter a route is.
+        chat = endpoint == "chat/completions"
+        said = chat_body(route, data) if chat else adapter_body(route, data)
+        if said is not data:
+            body, sent = await json_bytes(said, len(body)), said
     asked = with_usage_asked(endpoint, streaming, sent)
     if asked is not None:
         body = await json_bytes(asked, len(body))
@@ -234,7 +238,15 @@ async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) 
     visible = [r for r in snapshot.models if key is None or key.may_use(r)]
 
     def card(route: Route, served: str) -> dict[str, Any]:
-        return {"id": served, "object": "model", "created": route.created, "owned_by": "modelship"}
+        listed = {
+            "id": served,
+            "object": "model",
+            "created": route.created,
+            "owned_by": "modelship",
+        }
+        if route.adapter is not None:  # as vLLM lists a LoRA: its base model
+            listed["parent"] = route.adapter.base
+        return listed
 
     if wanted:
         route = snapshot.routes.get(wanted)

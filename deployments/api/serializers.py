@@ -38,6 +38,14 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
 
     effective_mode = serializers.CharField(read_only=True)
     need_gib = serializers.SerializerMethodField()
+    adapter_of = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Deployment.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The base deployment whose engine serves this LoRA adapter (its model is"
+        " the adapter's file); its loader is the base's.",
+    )
     memory_estimate = serializers.SerializerMethodField(
         help_text="What its engine will hold, read from its model's metadata before it starts"
         " (GiB: weights, cache, overhead), with a warning where memory_gib is below it; null"
@@ -78,6 +86,7 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
             "max_concurrency",
             "system",
             "responses",
+            "adapter_of",
             "need_gib",
             "memory_estimate",
             "config_current",
@@ -110,6 +119,9 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
         return shown if self.shows_secrets() else masked(shown)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is None and "loader" not in attrs and attrs.get("adapter_of"):
+            attrs["loader"] = attrs["adapter_of"].loader  # an adapter's is its base's
+            attrs.setdefault("usecase", attrs["adapter_of"].usecase)
         if self.instance is None and "loader" not in attrs:
             # A stored model's format suggests its loader and use (deployments/store/).
             loader, usecase = suggestion(attrs.get("model"))

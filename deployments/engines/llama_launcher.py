@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", type=float)
     p.add_argument("--top-p", type=float)
     p.add_argument("--repeat-penalty", type=float)
+    # LoRA adapters, loaded at start; with --lora-init-without-apply each is off (scale 0)
+    # until a request's `lora` field sets its scale.
+    p.add_argument("--lora", action="append", default=[])
+    p.add_argument("--lora-init-without-apply", action="store_true")
     return p
 
 
@@ -83,6 +87,10 @@ def params_of(args: argparse.Namespace) -> Any:
     if args.threads > 0:
         params.cpuparams.n_threads = args.threads
         params.cpuparams_batch.n_threads = args.threads
+    if args.lora:
+        scale = 0.0 if args.lora_init_without_apply else 1.0  # xllamacpp: off by its scale
+        params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(p, scale) for p in args.lora]
+        params.lora_init_without_apply = args.lora_init_without_apply
     if args.pooling:
         kind = POOLING[args.pooling]
         params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{kind}")

@@ -44,6 +44,9 @@ class EngineSpec:
     memory_gib: float | None = None
     # The size of the GPU it is placed on (GiB), known at launch on a GPU host.
     device_gib: float | None = None
+    # Its LoRA adapters' files, in the order its engine loads them (deployments/adapters.py),
+    # filled in at launch.
+    adapters: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, deployment: Any) -> EngineSpec:

@@ -105,6 +105,10 @@ class LlamaServerLoader(Loader):
             argv += ["--mmproj", str(cfg["mmproj"])]
         if spec.usecase == "embed":
             argv += ["--embedding", "--pooling", str(cfg.get("pooling", "mean"))]
+        for adapter in spec.adapters:  # each off (scale 0) until a request's `lora` names it
+            argv += ["--lora", adapter]
+        if spec.adapters:
+            argv.append("--lora-init-without-apply")
         return argv + list(cfg.get("extra_args", []))
 
     def command(self, spec: EngineSpec, container: bool) -> list[str]:

@@ -116,6 +116,7 @@ def gguf_details(path: Path) -> dict[str, Any]:
     details: dict[str, Any] = {
         "architecture": arch,
         "name": values.get("general.name"),
+        "type": values.get("general.type"),  # "adapter" for a LoRA
         "parameters": header.parameters,
         "quantization": quantization(values.get("general.file_type"), header.tensor_types),
         "context_length": values.get(f"{arch}.context_length"),

@@ -1,0 +1,114 @@
+"""LoRA adapters: deployments of their own (their own names, keys, rate limits, usage) whose
+model is an adapter's weights and whose engine is their base's (`adapter_of`).
+
+llama.cpp loads a base's adapters when it starts (`--lora`, each at scale 0, so the base
+answers as itself) and a request names one with its `lora` field
+(openai_api/adapters.py adds it): an adapter added to or removed from a running llama.cpp
+base changes the base's fingerprint, and the base is replaced, as any change of its
+configuration replaces it. An adapter never starts, stops or sleeps by itself: its base
+does, on demand for the adapter's requests too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deployments.refusals import OperationRefused
+from deployments.store.metadata import describe
+from deployments.store.refs import NotInStore, resolve
+
+if TYPE_CHECKING:
+    from deployments.models import Deployment
+
+# Loaders that serve adapters, and how.
+SERVED_BY = {"llama_server": "llama.cpp's --lora, chosen per request"}
+# Settings an adapter takes from its base (an adapter set them to nothing).
+BASE_ONLY = (
+    "command",
+    "image",
+    "docker_options",
+    "num_gpus",
+    "autoscaling_config",
+    "ray_resources",
+)
+
+
+class AdapterHasNoEngine(OperationRefused):
+    status = 409
+    code = "adapter"
+
+    def __init__(self, adapter: Deployment) -> None:
+        base = adapter.adapter_of.name if adapter.adapter_of else "its base"
+        super().__init__(
+            f"{adapter.name} is an adapter: it runs in {base}'s engine (start, stop or sleep"
+            f" {base})"
+        )
+
+
+class BaseHasAdapters(OperationRefused):
+    status = 409
+    code = "conflict"
+
+    def __init__(self, base: Deployment, names: list[str]) -> None:
+        super().__init__(f"{base.name} is the base of {', '.join(names)}: remove them first")
+
+
+def problems(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """What makes an adapter's values wrong: its base (none that is itself an adapter, one
+    whose engine serves adapters), its loader (the base's), its model (an adapter's file)."""
+    base = values.get("adapter_of")
+    if base is None:
+        return []
+    found: list[tuple[str, str]] = []
+    if base.adapter_of_id is not None:
+        found.append(("adapter_of", f"{base.name} is an adapter itself"))
+    if base.loader not in SERVED_BY:
+        served = ", ".join(SERVED_BY)
+        found.append(("adapter_of", f"a {base.loader} base serves no adapters here ({served} do)"))
+    if values.get("loader") != base.loader:
+        found.append(("loader", f"an adapter's loader is its base's ({base.loader})"))
+    if base.name == values.get("name"):
+        found.append(("adapter_of", "a deployment is not its own adapter"))
+    for field in BASE_ONLY:
+        if values.get(field):
+            found.append((field, "an adapter runs in its base's engine: set it on the base"))
+    found += [("model", message) for message in model_problems(values.get("model"))]
+    return found
+
+
+def model_problems(model: Any) -> list[str]:
+    """An adapter's model: a local GGUF adapter (a stored one, or a file in the model
+    folders). One not pulled yet is taken: its base loads it once it is there."""
+    if not isinstance(model, str):
+        return []
+    try:
+        path = resolve(model)
+    except NotInStore as exc:
+        return [] if exc.pending else [str(exc)]
+    try:
+        found = describe(Path(path))
+    except OSError:
+        return [f"no adapter file at {model!r} on this host"]
+    if found.format != "gguf" or found.details.get("type") != "adapter":
+        return [f"{model!r} is not a GGUF LoRA adapter (general.type: adapter)"]
+    return []
+
+
+def lora_files(base: Deployment) -> list[tuple[str, str]]:
+    """The base's adapters as its engine loads them: (name, file), by name; one not there
+    yet (being pulled) is left out."""
+    files = []
+    for adapter in base.adapters.order_by("name"):
+        try:
+            files.append((adapter.name, resolve(adapter.model)))
+        except NotInStore:
+            continue
+    return files
+
+
+def adapter_list(base: Deployment) -> list[tuple[str, str]]:
+    """What of the base's adapters shapes its engine (its fingerprint): names and models."""
+    if getattr(base, "pk", None) is None or getattr(base, "loader", "") not in SERVED_BY:
+        return []
+    return list(base.adapters.order_by("name").values_list("name", "model"))
