@@ -23,10 +23,11 @@ from ondemand import health_probe
 from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
 from ondemand.peers import PeerGuard
 from ondemand.tasks import enqueue_litellm_sync
-from openai_api.bodies import json_value, parsed
+from openai_api.bodies import json_bytes, json_value, parsed
 from openai_api.catalog import Route, catalog
 from openai_api.dispatch import dispatcher
 from openai_api.endpoints import ONDEMAND
+from openai_api.engine_dialect import adapter_body
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder
@@ -100,7 +101,17 @@ async def handle(exchange: Exchange) -> None:
         return await models(exchange, route)
     if kind == "model":
         return await model(exchange, route, method, upstream_path)
-    streaming, data = await parsed(_peek, exchange.headers.get("content-type", ""), body)
+    content_type = exchange.headers.get("content-type", "")
+    streaming, data = await parsed(_peek, content_type, body)
+    if isinstance(data, dict) and not content_type.startswith("multipart/"):
+        # An adapter of this deployment, by its name (LiteLLM registers each at its base's
+        # path); the body says it the engine's way (a caller's own `lora` goes).
+        named = snapshot.routes.get(str(data.get("model")))
+        if named is not None and named.adapter and named.deployment_id == route.deployment_id:
+            route = named
+            exchange.record.model = route.name
+        if (adapted := adapter_body(route, data)) is not data:
+            data, body = adapted, await json_bytes(adapted, len(body))
     if health_probe.asked(exchange.headers):
         return await probe(exchange, route, endpoint, streaming)
     exchange.record.body_bytes, exchange.record.streaming = len(body), streaming

@@ -91,7 +91,7 @@ class Plan:
 
 def plan(internal_url: str, key: str | None) -> Plan:
     wanted = Plan()
-    for deployment in Deployment.objects.all().order_by("pk"):
+    for deployment in Deployment.objects.select_related("adapter_of").order_by("pk"):
         loader = LOADERS.get(deployment.loader)
         if loader is None:
             continue
@@ -102,8 +102,11 @@ def plan(internal_url: str, key: str | None) -> Plan:
             "supported_endpoints": [f"/v1/{e}" for e in loader.endpoints(spec)],
         }
         served = [deployment.name, *(deployment.aliases or [])]
-        if deployment.is_on_demand:
-            if deployment.state == State.FAILED:
+        # An adapter's engine is its base's, and its request takes the gateway's rewrite:
+        # always through /ondemand/{base}, which forwards to a base that is always on too.
+        engine = deployment.adapter_of or deployment
+        if engine.is_on_demand or deployment.adapter_of is not None:
+            if engine.state == State.FAILED:
                 wanted.status[deployment.pk] = "not_registered_failed"
                 continue
             if key is None:
@@ -112,7 +115,7 @@ def plan(internal_url: str, key: str | None) -> Plan:
                 continue
             timeout = ondemand_timeout_s()
             params = {
-                "api_base": f"{internal_url}/ondemand/{deployment.pk}/v1",
+                "api_base": f"{internal_url}/ondemand/{engine.pk}/v1",
                 "timeout": timeout,
                 "stream_timeout": timeout,
                 "num_retries": 0,

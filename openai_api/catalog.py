@@ -22,6 +22,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from common import metrics
 from common.versioned import Stamp, stamp
+from deployments.adapters import lora_files
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
@@ -142,16 +143,17 @@ def route_of(d: Deployment) -> Route:
 
 
 def adapter_route(adapter: Deployment, base: Deployment) -> Route:
-    """An adapter's route: its names, its base's engines, state and queue. Until the base's
-    running engine has loaded it (a base started before the adapter was added is being
-    replaced), it is not ready."""
+    """An adapter's route: its names, its base's engines, state and queue; its place in the
+    list of adapters the base's engine loads when it starts. While a running base loaded
+    another list (it started before the adapter was added, and is being replaced), the
+    adapter is not ready: a place in one list is another adapter in the other."""
     route = route_of(base)
+    loads = [name for name, _ in lora_files(base)]
+    lora_id = loads.index(adapter.name) if adapter.name in loads else None
     handles = (base.runtime_handle or {}).get("replicas", [])
-    loaded = list(handles[0].get("adapters", [])) if handles else []
-    lora_id = loaded.index(adapter.name) if adapter.name in loaded else None
     state = route.state
-    if lora_id is None and state == "ready":
-        state = "starting"  # its base's replacement loads it
+    if lora_id is None or (handles and handles[0].get("adapters") != loads):
+        state = "starting" if state == "ready" else state  # its base's replacement loads it
     return replace(
         route,
         name=adapter.name,

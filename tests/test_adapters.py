@@ -17,8 +17,9 @@ from deployments import deployer
 from deployments.models import Deployment, State
 from deployments.tiny_model import write as write_tiny
 from deployments.tiny_model import write_lora
+from ondemand.litellm import plan
 from tests.conftest import run_queue
-from tests.gateway_support import seen_by_gateway
+from tests.gateway_support import OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,7 +121,11 @@ def test_it_replaces_a_running_base_whose_adapters_change(
 
 
 def test_it_starts_an_on_demand_base_for_its_adapters_request(
-    files: dict[str, Path], root: APIClient, gateway_url: str, api_key: Callable[..., str]
+    files: dict[str, Path],
+    root: APIClient,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    ondemand_site: OnDemandSite,
 ) -> None:
     body = base_body(files, mode="on_demand", idle_timeout_s=60)
     assert root.post("/api/deployments/", body, format="json").status_code == 201
@@ -129,12 +134,25 @@ def test_it_starts_an_on_demand_base_for_its_adapters_request(
     seen_by_gateway(lambda s: "tiny-poet" in s.routes)
     answer = httpx.post(
         gateway_url + "/v1/chat/completions",
-        json={"model": "tiny-poet", "messages": HI, "max_tokens": 4},
+        json={"model": "tiny-poet", "messages": HI, "max_tokens": 8, "temperature": 0},
         headers={"authorization": f"Bearer {api_key()}"},
         timeout=120,
     )
     assert answer.status_code == 200, answer.text
-    assert Deployment.objects.get(name="tiny").state == State.READY
+    base = Deployment.objects.get(name="tiny")
+    assert base.state == State.READY
+    # LiteLLM registers the adapter at its base's /ondemand path, which applies it too.
+    entries = plan("http://modelship:8000", "odk-x").entries.values()
+    poet = next(e for e in entries if e["model_name"] == "tiny-poet")
+    assert poet["litellm_params"]["api_base"] == f"http://modelship:8000/ondemand/{base.pk}/v1"
+    client = ondemand_site.sdk(base)
+    via_ondemand = client.chat.completions.create(
+        model="tiny-poet", messages=HI, max_tokens=8, temperature=0
+    )
+    first = answer.json()["choices"][0]["message"]["content"]
+    assert via_ondemand.choices[0].message.content == first  # the adapter's, both ways
+    plain = client.chat.completions.create(model="tiny", messages=HI, max_tokens=8, temperature=0)
+    assert plain.choices[0].message.content != via_ondemand.choices[0].message.content
 
 
 @pytest.mark.parametrize(
