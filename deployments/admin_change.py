@@ -63,7 +63,10 @@ def fieldsets(add: bool) -> list[tuple[str | None, dict[str, Any]]]:
     """The form's groups: what it is, its loader's options, the engine, memory, lifecycle,
     and (on an existing deployment's page) its state."""
     groups: list[tuple[str | None, dict[str, Any]]] = [
-        (None, {"fields": ("name", "aliases", "model", "loader", "usecase", "runtime")}),
+        (
+            None,
+            {"fields": ("name", "aliases", "model", "adapter_of", "loader", "usecase", "runtime")},
+        ),
         *admin_options.fieldsets(),
         (
             "Engine",

@@ -102,8 +102,11 @@ def apply(
     base = defaults()
     with transaction.atomic():
         existing = {d.name: d for d in Deployment.objects.select_for_update()}
-        for values in entries:
+        # Bases before their adapters, which name them by the saved row.
+        for values in sorted(entries, key=lambda v: v.get("adapter_of") is not None):
             wanted = {**base, **values}
+            if (of := wanted.get("adapter_of")) is not None:
+                wanted["adapter_of"] = Deployment.objects.get(name=of.name)
             current = existing.get(wanted["name"])
             if current is None:
                 current = Deployment(**wanted)
@@ -121,7 +124,7 @@ def apply(
             if current.state not in STARTABLE_STATES:
                 # Nothing happens when the engine already runs this configuration.
                 jobs(tasks.replace, current.pk, strategy or settings.MSHIP_REPLACE_STRATEGY, actor)
-            elif current.effective_mode == Mode.ALWAYS_ON:
+            elif current.effective_mode == Mode.ALWAYS_ON and current.adapter_of_id is None:
                 jobs(tasks.start, current.pk, actor)
         if reconcile:
             named = {values["name"] for values in entries}

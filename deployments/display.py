@@ -119,6 +119,9 @@ def state_label(
 
 
 def label_of(deployment: Deployment, status: dict[str, Any] | None) -> str:
+    if deployment.adapter_of is not None:  # no engine of its own: its base's state is its
+        base = deployment.adapter_of
+        return f"adapter of {base.name}: " + label_of(base, None)
     return state_label(
         deployment.state,
         deployment.is_on_demand,

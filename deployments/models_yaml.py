@@ -77,6 +77,7 @@ def parse(document: Any) -> list[dict[str, Any]]:
     for key in sorted(set(document) - {"models"}):
         problems.append(f"unknown top-level key {key!r}")
     entries: list[dict[str, Any]] = []
+    bases = bases_in(document["models"])
     for index, raw in enumerate(document["models"]):
         label = f"models[{index}]"
         if not isinstance(raw, dict):
@@ -84,7 +85,7 @@ def parse(document: Any) -> list[dict[str, Any]]:
             continue
         if isinstance(raw.get("name"), str):
             label = f"{label} ({raw['name']})"
-        values, entry_problems = entry_values(raw)
+        values, entry_problems = entry_values(raw, bases)
         problems += [f"{label}: {p}" for p in entry_problems]
         entries.append(values)
     names = [e.get("name") for e in entries]
@@ -98,12 +99,37 @@ def parse(document: Any) -> list[dict[str, Any]]:
     return entries
 
 
-def entry_values(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def bases_in(models: list[Any]) -> dict[str, Deployment]:
+    """The deployments an entry may be an adapter of, by name: the file's own (as far as an
+    adapter's checks read them: name, loader, use) over those already there."""
+    found = {d.name: d for d in Deployment.objects.filter(adapter_of__isnull=True)}
+    for raw in models:
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str) and "adapter_of" not in raw:
+            found[raw["name"]] = Deployment(
+                name=raw["name"],
+                loader=str(raw.get("loader", "")),
+                usecase=str(raw.get("usecase", "generate")),
+            )
+    return found
+
+
+def entry_values(
+    raw: dict[str, Any], bases: dict[str, Deployment] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     values: dict[str, Any] = {}
     config_blocks = []
     for key, value in raw.items():
-        if key in PLAIN_KEYS:
+        if key == "adapter_of":  # a base's name: the file's or one already there
+            base = (bases or {}).get(str(value))
+            if base is None:
+                problems.append(f"adapter_of: no deployment {value!r} to be an adapter of")
+            else:
+                values["adapter_of"] = base
+                raw = {"loader": base.loader, "usecase": base.usecase, **raw}
+                values.setdefault("loader", base.loader)
+                values.setdefault("usecase", base.usecase)
+        elif key in PLAIN_KEYS:
             values[key] = value
         elif key in RENAMED:
             values[RENAMED[key]] = value if value is not None else {}

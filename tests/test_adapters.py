@@ -176,3 +176,27 @@ def test_it_refuses_what_an_adapter_cannot_be(
     refused = root.post("/api/deployments/", body, format="json")
     assert refused.status_code == 400, refused.json()
     assert any(words in text for text in refused.json()[field]), refused.json()
+
+
+def test_it_takes_a_base_and_its_adapter_from_one_models_yaml(
+    files: dict[str, Path], root: APIClient
+) -> None:
+    text = f"""models:
+  - name: tiny-poet
+    model: {files["lora"]}
+    adapter_of: tiny
+  - name: tiny
+    model: {files["base"]}
+    loader: llama_server
+    memory_gib: 0.5
+    mode: on_demand
+"""
+    applied = root.post("/api/apply", {"file": text}, format="json")
+    assert applied.status_code == 200, applied.json()
+    poet = Deployment.objects.get(name="tiny-poet")
+    assert poet.adapter_of is not None and poet.adapter_of.name == "tiny"
+    assert poet.loader == "llama_server"
+    unknown = text.replace("adapter_of: tiny", "adapter_of: nobody")
+    refused = root.post("/api/apply", {"file": unknown}, format="json")
+    assert refused.status_code == 400
+    assert "adapter_of: no deployment 'nobody'" in str(refused.json())
