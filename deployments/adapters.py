@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deployments.fingerprint import ADAPTERS_AT_START
 from deployments.refusals import OperationRefused
 from deployments.store.metadata import describe
 from deployments.store.refs import NotInStore, resolve
@@ -21,8 +22,8 @@ from deployments.store.refs import NotInStore, resolve
 if TYPE_CHECKING:
     from deployments.models import Deployment
 
-# Loaders that serve adapters, and how.
-SERVED_BY = {"llama_server": "llama.cpp's --lora, chosen per request"}
+# Loaders that serve adapters (each loaded when its base starts, chosen per request).
+SERVED_BY = ADAPTERS_AT_START
 # Settings an adapter takes from its base (an adapter set them to nothing).
 BASE_ONLY = (
     "command",
@@ -105,10 +106,3 @@ def lora_files(base: Deployment) -> list[tuple[str, str]]:
         except NotInStore:
             continue
     return files
-
-
-def adapter_list(base: Deployment) -> list[tuple[str, str]]:
-    """What of the base's adapters shapes its engine (its fingerprint): names and models."""
-    if getattr(base, "pk", None) is None or getattr(base, "loader", "") not in SERVED_BY:
-        return []
-    return list(base.adapters.order_by("name").values_list("name", "model"))

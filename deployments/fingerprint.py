@@ -26,6 +26,9 @@ CONFIG_FIELDS = (
 )
 
 
+# Loaders whose engines load their adapters when they start (llama.cpp's --lora).
+ADAPTERS_AT_START = frozenset({"llama_server"})
+
 # Fields added after engines were already running: left out while empty, so that an upgrade
 # does not make every running engine look changed (and replaced at adoption).
 LATER_FIELDS = frozenset({"ray_resources", "adapters"})
@@ -43,8 +46,14 @@ def fingerprint(values: dict[str, Any]) -> str:
 
 def deployment_fingerprint(deployment: Any) -> str:
     values = {field: getattr(deployment, field) for field in CONFIG_FIELDS}
-    from deployments.adapters import adapter_list  # noqa: PLC0415 - it reads Deployment
-
     if adapters := adapter_list(deployment):  # an engine that loads them when it starts
         values["adapters"] = adapters
     return fingerprint(values)
+
+
+def adapter_list(base: Any) -> list[tuple[str, str]]:
+    """What of a base's LoRA adapters shapes its engine: their names and models, where its
+    engine loads them when it starts (deployments/adapters.py)."""
+    if getattr(base, "pk", None) is None or getattr(base, "loader", "") not in ADAPTERS_AT_START:
+        return []
+    return list(base.adapters.order_by("name").values_list("name", "model"))

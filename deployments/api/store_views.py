@@ -18,8 +18,8 @@ from deployments.store import pulls
 from deployments.store.disk import disk_summary
 from deployments.store.metadata import SUGGESTED
 from deployments.store.models import STORE_NAME_PATTERN, STORE_NAME_RULE, PullState, StoredModel
-from deployments.store.refs import users_of
 from deployments.store.sources import default_name
+from deployments.store.users import users_of
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -80,9 +80,10 @@ class StoredModelSerializer(serializers.ModelSerializer):
 
 
 class StoredModelFilter(StrictFilterSet):
+    # Not `format`: DRF reads ?format= as the answer's renderer.
     class Meta:
         model = StoredModel
-        fields = ("state", "format")
+        fields = ("state",)
 
 
 class StoredModelViewSet(

@@ -18,8 +18,8 @@ from deployments.store import pulls
 from deployments.store.disk import disk_summary
 from deployments.store.metadata import SUGGESTED
 from deployments.store.models import PullState, StoredModel
-from deployments.store.refs import users_of
 from deployments.store.sources import default_name
+from deployments.store.users import users_of
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet

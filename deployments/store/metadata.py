@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path  # noqa: TC003 - a dataclass field
 from typing import Any
 
-import gguf
-
 from deployments.store import gguf_header
 
 MAX_JSON = 4 << 20  # config.json, model_index.json, a safetensors header
@@ -135,6 +133,8 @@ def gguf_details(path: Path) -> dict[str, Any]:
 def quantization(file_type: Any, tensor_types: list[int]) -> str:
     """The file's stated type (LlamaFileType: MOSTLY_Q4_K_M as Q4_K_M), else its tensors'
     most common type."""
+    import gguf  # noqa: PLC0415 - numpy with it: not in every Modelship process
+
     if isinstance(file_type, int):
         try:
             return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")

@@ -39,8 +39,8 @@ from deployments.store.models import (
     StoredModel,
     store_dir,
 )
-from deployments.store.refs import users_of
 from deployments.store.sources import BadSource, Source, needs_host_access, parse
+from deployments.store.users import users_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

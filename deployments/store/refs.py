@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-from deployments.models import Deployment
 from deployments.store.metadata import SUGGESTED
 from deployments.store.models import STORE_PREFIX, PullState, StoredModel, store_dir
 
@@ -59,16 +58,6 @@ def resolved_or_same(model: str) -> str:
         return resolve(model)
     except NotInStore:
         return model
-
-
-def users_of(stored: StoredModel) -> list[str]:
-    """The deployments that name it, by reference or by its path."""
-    names = {STORE_PREFIX + stored.name, stored.path} - {""}
-    return sorted(
-        name
-        for name, model in Deployment.objects.values_list("name", "model")
-        if any(model == n or model.startswith(n + "/") for n in names)
-    )
 
 
 def suggestion(model: object) -> tuple[str | None, str | None]:
