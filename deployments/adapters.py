@@ -15,15 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployments.fingerprint import ADAPTERS_AT_START
+from deployments.loaders.vllm import DEFAULT_MAX_LORA_RANK
 from deployments.refusals import OperationRefused
-from deployments.store.metadata import describe
+from deployments.store.metadata import describe, read_json
 from deployments.store.refs import NotInStore, resolve
 
 if TYPE_CHECKING:
     from deployments.models import Deployment
 
-# Loaders that serve adapters (each loaded when its base starts, chosen per request).
-SERVED_BY = ADAPTERS_AT_START
+# Loaders whose running engines load an adapter on its first use (vLLM's
+# /v1/load_lora_adapter); the others load theirs when they start (llama.cpp's --lora).
+RUNTIME_ADAPTERS = frozenset({"vllm"})
+SERVED_BY = ADAPTERS_AT_START | RUNTIME_ADAPTERS
 # Settings an adapter takes from its base (an adapter set them to nothing).
 BASE_ONLY = (
     "command",
@@ -74,19 +77,22 @@ def problems(values: dict[str, Any]) -> list[tuple[str, str]]:
     for field in BASE_ONLY:
         if values.get(field):
             found.append((field, "an adapter runs in its base's engine: set it on the base"))
-    found += [("model", message) for message in model_problems(values.get("model"))]
+    found += [("model", message) for message in model_problems(values.get("model"), base)]
     return found
 
 
-def model_problems(model: Any) -> list[str]:
-    """An adapter's model: a local GGUF adapter (a stored one, or a file in the model
-    folders). One not pulled yet is taken: its base loads it once it is there."""
+def model_problems(model: Any, base: Deployment) -> list[str]:
+    """An adapter's model, on this host (stored, or in the model folders): a GGUF LoRA for
+    llama.cpp, a PEFT folder (adapter_config.json) of a rank the base takes for vLLM. One
+    not pulled yet is taken: its base loads it once it is there."""
     if not isinstance(model, str):
         return []
     try:
         path = resolve(model)
     except NotInStore as exc:
         return [] if exc.pending else [str(exc)]
+    if base.loader in RUNTIME_ADAPTERS:
+        return peft_problems(model, Path(path), base)
     try:
         found = describe(Path(path))
     except OSError:
@@ -94,6 +100,27 @@ def model_problems(model: Any) -> list[str]:
     if found.format != "gguf" or found.details.get("type") != "adapter":
         return [f"{model!r} is not a GGUF LoRA adapter (general.type: adapter)"]
     return []
+
+
+def peft_problems(model: str, path: Path, base: Deployment) -> list[str]:
+    config = read_json(path / "adapter_config.json") if path.is_dir() else {}
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank <= 0:
+        return [f"{model!r} is not a LoRA adapter folder (adapter_config.json with its rank r)"]
+    allowed = max_lora_rank(base)
+    if rank > allowed:
+        return [f"its rank {rank} is above the base's max_lora_rank {allowed}"]
+    return []
+
+
+def max_lora_rank(base: Any) -> int:
+    config = base.config if isinstance(getattr(base, "config", None), dict) else {}
+    value = config.get("max_lora_rank")
+    return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_LORA_RANK
+
+
+def has_adapters(base: Deployment) -> bool:
+    return bool(base.pk) and base.adapters.exists()
 
 
 def lora_files(base: Deployment) -> list[tuple[str, str]]:

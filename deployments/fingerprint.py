@@ -26,8 +26,11 @@ CONFIG_FIELDS = (
 )
 
 
-# Loaders whose engines load their adapters when they start (llama.cpp's --lora).
+# Loaders whose engines load their adapters when they start (llama.cpp's --lora): each
+# adapter shapes the engine. A vLLM engine loads them as it runs: only whether it has any
+# (--enable-lora) does.
 ADAPTERS_AT_START = frozenset({"llama_server"})
+LORA_ENABLED = frozenset({"vllm"})
 
 # Fields added after engines were already running: left out while empty, so that an upgrade
 # does not make every running engine look changed (and replaced at adoption).
@@ -54,6 +57,9 @@ def deployment_fingerprint(deployment: Any) -> str:
 def adapter_list(base: Any) -> list[tuple[str, str]]:
     """What of a base's LoRA adapters shapes its engine: their names and models, where its
     engine loads them when it starts (deployments/adapters.py)."""
-    if getattr(base, "pk", None) is None or getattr(base, "loader", "") not in ADAPTERS_AT_START:
+    loader = getattr(base, "loader", "")
+    if getattr(base, "pk", None) is None or loader not in ADAPTERS_AT_START | LORA_ENABLED:
         return []
+    if loader in LORA_ENABLED:
+        return [("lora", "enabled")] if base.adapters.exists() else []
     return list(base.adapters.order_by("name").values_list("name", "model"))

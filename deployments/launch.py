@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from deployments import engine_envs, hooks
-from deployments.adapters import lora_files
+from deployments.adapters import has_adapters, lora_files
 from deployments.fingerprint import deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import gpu_inventory
@@ -160,7 +160,8 @@ def launch_all(
         # working directory is made absolute.
         spec = dataclasses.replace(spec, model=local_path(spec.model))
     loras = lora_files(deployment)
-    spec = dataclasses.replace(spec, adapters=tuple(path for _, path in loras))
+    enabled = has_adapters(deployment)
+    spec = dataclasses.replace(spec, adapters=tuple(p for _, p in loras), lora=enabled)
     family = loader.engine_family(spec, container)
     # A container runs its family's environment from the host, mounted where it lies, and
     # sees its adapters' files where they lie.
@@ -200,6 +201,7 @@ def launch_all(
                 )
             )
             handles[-1]["adapters"] = [name for name, _ in loras]  # in their --lora order
+            handles[-1]["lora"] = enabled
     except RuntimeError_:
         stop_handles(deployment, handles)
         raise

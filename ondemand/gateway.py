@@ -130,7 +130,11 @@ async def handle(exchange: Exchange) -> None:
     elif route.state == State.READY and route.urls:
         # Switched to always on while LiteLLM still points here: forwarded, never started.
         replica = dispatcher.replica(route.urls, route.name)
-        await relay(exchange, traffic, lambda _: replica, UNREACHABLE)
+        if route.adapter is not None and route.adapter.runtime:
+            held = dispatcher.with_adapter(route, replica)
+            await relay(exchange, traffic, lambda _: held, UNREACHABLE)
+        else:
+            await relay(exchange, traffic, lambda _: replica, UNREACHABLE)
     else:
         raise not_on_demand(route)
 

@@ -22,8 +22,10 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from common import metrics
 from common.versioned import Stamp, stamp
-from deployments.adapters import lora_files
+from deployments.adapters import RUNTIME_ADAPTERS, lora_files
 from deployments.loaders import LOADERS, EngineSpec
+from deployments.loaders.base import whole_number
+from deployments.loaders.vllm import DEFAULT_MAX_LORAS
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
 from openai_api.models import ApiKey
@@ -70,7 +72,10 @@ class Route:
 @dataclass(frozen=True)
 class Adapter:
     base: str  # the base deployment's name
-    lora_id: int | None  # its place in the base's --lora list; None: the base lacks it yet
+    lora_id: int | None = None  # llama.cpp: its place in the base's --lora list
+    runtime: bool = False  # vLLM: loaded into a running engine on first use
+    path: str = ""  # its files, where the engine reads them
+    slots: int = 1  # adapters one replica holds at once (vLLM's max_loras)
 
 
 @dataclass(frozen=True)
@@ -148,19 +153,28 @@ def adapter_route(adapter: Deployment, base: Deployment) -> Route:
     another list (it started before the adapter was added, and is being replaced), the
     adapter is not ready: a place in one list is another adapter in the other."""
     route = route_of(base)
-    loads = [name for name, _ in lora_files(base)]
-    lora_id = loads.index(adapter.name) if adapter.name in loads else None
+    files = lora_files(base)
+    loads = [name for name, _ in files]
     handles = (base.runtime_handle or {}).get("replicas", [])
     state = route.state
-    if lora_id is None or (handles and handles[0].get("adapters") != loads):
-        state = "starting" if state == "ready" else state  # its base's replacement loads it
+    if base.loader in RUNTIME_ADAPTERS:  # loaded on first use, by a base started for them
+        path = dict(files).get(adapter.name, "")
+        ready = bool(path) and (not handles or bool(handles[0].get("lora")))
+        slots = whole_number(base.config.get("max_loras")) or DEFAULT_MAX_LORAS
+        found = Adapter(base=base.name, runtime=True, path=path, slots=slots)
+    else:
+        lora_id = loads.index(adapter.name) if adapter.name in loads else None
+        ready = lora_id is not None and (not handles or handles[0].get("adapters") == loads)
+        found = Adapter(base=base.name, lora_id=lora_id)
+    if not ready and state == "ready":
+        state = "starting"  # its base's replacement loads it
     return replace(
         route,
         name=adapter.name,
         aliases=tuple(str(a) for a in (adapter.aliases or ())),
         state=state,
         created=int(adapter.created.timestamp()),
-        adapter=Adapter(base=base.name, lora_id=lora_id),
+        adapter=found,
     )
 
 

@@ -19,6 +19,7 @@ from openai_api.auth import current_key
 from openai_api.concurrency import Limits, limits
 from openai_api.errors import GatewayError
 from openai_api.routing.router import Router
+from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -101,9 +102,24 @@ class Dispatcher:
         `notice` hears why an on-demand request waits (memory, an install). A request past
         a max_concurrency first waits for a place (openai_api/concurrency.py)."""
         key = current_key.get()
+        held: AbstractAsyncContextManager[str]
         if Limits.binds(route, key):
-            return self.limited_slot(route, key, notice)
-        return self.unlimited_slot(route, notice)
+            held = self.limited_slot(route, key, notice)
+        else:
+            held = self.unlimited_slot(route, notice)
+        if route.adapter is not None and route.adapter.runtime:
+            return self.with_adapter(route, held)
+        return held
+
+    @staticmethod
+    @asynccontextmanager
+    async def with_adapter(
+        route: Route, held: AbstractAsyncContextManager[str]
+    ) -> AsyncIterator[str]:
+        """A vLLM adapter's slot: its replica, with the adapter loaded in it."""
+        async with held as url:
+            await runtime_adapters.ensure(route, url)
+            yield url
 
     def unlimited_slot(
         self, route: Route, notice: WaitNotice | None

@@ -22,6 +22,8 @@ def adapter_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
     """`body` with the LoRA adapter its route is (llama.cpp's per-request `lora`: the
     adapter's place in the base's --lora list, at scale 1); a caller's own `lora` is never
     passed on, or a key for a base would reach every adapter loaded in it."""
+    if route.adapter is not None and route.adapter.runtime:
+        return {**body, "model": route.name}  # vLLM serves a loaded adapter by its name
     if route.loader != "llama_server":
         return body
     if route.adapter is not None and route.adapter.lora_id is not None:

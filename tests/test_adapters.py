@@ -200,3 +200,25 @@ def test_it_takes_a_base_and_its_adapter_from_one_models_yaml(
     refused = root.post("/api/apply", {"file": unknown}, format="json")
     assert refused.status_code == 400
     assert "adapter_of: no deployment 'nobody'" in str(refused.json())
+
+
+def test_it_checks_a_vllm_adapters_folder_and_rank(
+    files: dict[str, Path], root: APIClient, make_deployment: Callable[..., Deployment]
+) -> None:
+    make_deployment("big", loader="vllm", model=str(files["base"].parent), memory_gib=3)
+    folder = files["base"].parent / "peft"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 128, "peft_type": "LORA"}')
+    adapter = {"name": "big-lora", "model": str(folder), "adapter_of": "big"}
+    refused = root.post("/api/deployments/", adapter, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["model"] == ["its rank 128 is above the base's max_lora_rank 64"]
+    (folder / "adapter_config.json").write_text('{"r": 16, "peft_type": "LORA"}')
+    made = root.post("/api/deployments/", adapter, format="json")
+    assert made.status_code == 201, made.json()
+    assert made.json()["loader"] == "vllm"
+    gguf = {**adapter, "name": "big-gguf", "model": str(files["lora"])}
+    assert (
+        "adapter_config.json"
+        in root.post("/api/deployments/", gguf, format="json").json()["model"][0]
+    )

@@ -16,6 +16,7 @@ same suite runs vLLM's CUDA build, which sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -39,6 +40,8 @@ from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from ondemand.registry import controllers
+from openai_api.catalog import catalog
+from openai_api.runtime_adapters import runtime_adapters
 from tests.conftest import in_thread, reap, wait_until
 from tests.gateway_support import OnDemandSite, seen_by_gateway
 
@@ -423,3 +426,64 @@ def test_it_transcribes_with_a_whisper_served_by_vllm(
         model="tiny-vllm-ears", file=("tone.wav", tone_wav(), "audio/wav"), language="en"
     )
     assert heard.text.strip()  # the tiny model's nonsense, as vLLM decoded it
+
+
+def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
+    make_deployment: Any,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    tiny_llama: Path,
+    tmp_path: Path,
+    site: Any,
+) -> None:
+    """A PEFT LoRA for the tiny Llama, made here, served by its own name: vLLM starts with
+    --enable-lora, and the gateway loads the adapter on its first request."""
+    site.MSHIP_ROUTE_REFRESH_S = 0.05
+    loras = {}
+    for seed, name in ((3, "tiny-vllm-poet"), (4, "tiny-vllm-bard")):
+        loras[name] = tmp_path / name
+        call_command("make_tiny_model", str(loras[name]), "--kind", "hf-lora", "--seed", str(seed))
+    # One adapter slot: a second adapter unloads the first.
+    config = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True, "max_loras": 1}
+    base = make_deployment(
+        "tiny-vllm-base", loader="vllm", model=str(tiny_llama), memory_gib=3, config=config
+    )
+    for name, path in loras.items():
+        make_deployment(name, loader="vllm", model=str(path), adapter_of=base)
+    base = deployer.restart(base.pk)
+    assert base.state == State.READY, base.state_reason
+    engine = base.engine_url
+    seen_by_gateway(
+        lambda s: "tiny-vllm-poet" in s.routes and s.routes["tiny-vllm-poet"].state == "ready"
+    )
+    listed = {m["id"] for m in httpx.get(engine + "/v1/models").json()["data"]}
+    assert "tiny-vllm-poet" not in listed  # not loaded before it is asked for
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
+
+    def said(model: str) -> str:
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+        )
+        return answer.choices[0].message.content or ""
+
+    plain, poet = said("tiny-vllm-base"), said("tiny-vllm-poet")
+    assert plain != poet
+    assert said("tiny-vllm-base") == plain
+
+    def loaded() -> dict[str, Any]:
+        listed = httpx.get(engine + "/v1/models").json()["data"]
+        return {m["id"]: m for m in listed if m.get("parent")}
+
+    assert loaded()["tiny-vllm-poet"]["parent"] == "tiny-vllm-base"
+    assert said("tiny-vllm-poet") == poet  # loaded once, served again
+    bard = said("tiny-vllm-bard")
+    assert bard not in (plain, poet)
+    assert set(loaded()) == {"tiny-vllm-bard"}  # the least recently used made room
+    assert said("tiny-vllm-poet") == poet  # loaded again, in its turn
+    # Idle past its timeout: the gateway's sweep unloads it.
+    for replica in runtime_adapters.replicas.values():
+        for name in replica.used:
+            replica.used[name] = 1.0  # long ago
+    assert catalog.loop is not None
+    asyncio.run_coroutine_threadsafe(runtime_adapters.sweep(), catalog.loop).result(30)
+    assert loaded() == {}

@@ -47,6 +47,7 @@ class EngineSpec:
     # Its LoRA adapters' files, in the order its engine loads them (deployments/adapters.py),
     # filled in at launch.
     adapters: tuple[str, ...] = ()
+    lora: bool = False  # it has adapters (vLLM: --enable-lora, loaded as it runs)
 
     @classmethod
     def of(cls, deployment: Any) -> EngineSpec:

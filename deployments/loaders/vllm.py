@@ -16,6 +16,10 @@ from common import tracing
 from deployments import engine_envs, estimate, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags, whole_number
 
+# Adapter slots per replica and their largest rank, where the base's config sets none.
+DEFAULT_MAX_LORAS = 4
+DEFAULT_MAX_LORA_RANK = 64
+
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
 # worker in development mode takes a /sleep without sleeping (a request then hangs).
@@ -117,6 +121,10 @@ class VllmLoader(Loader):
             # The site traces: vLLM exports its spans to the same collector, under the
             # gateway's (it reads the traceparent the gateway passes).
             options["otlp_traces_endpoint"] = tracing.collector(os.environ)
+        if spec.lora:  # its adapters are loaded as it runs (openai_api/runtime_adapters.py)
+            options.setdefault("enable_lora", True)
+            options.setdefault("max_loras", DEFAULT_MAX_LORAS)
+            options.setdefault("max_lora_rank", DEFAULT_MAX_LORA_RANK)
         return argv + cli_flags(options)
 
     def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
@@ -155,6 +163,8 @@ class VllmLoader(Loader):
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if os.path.isdir(spec.model):
             env["HF_HUB_OFFLINE"] = "1"  # a model on disk: nothing to look up on the Hub
+        if spec.lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
         if self.engine_family(spec) == "vllm-cpu":
             # The CPU build's KV cache, in GiB, from the deployment's memory (vLLM's default,
             # 4 GiB, is more than a small model on a small host wants).

@@ -5,9 +5,10 @@ Whisper folder for faster-whisper (whisper-ct2: deployments/engines/tiny_whisper
 a Stable Diffusion folder for diffusers (image: deployments/engines/tiny_diffusers.py) or a
 full-sized Stable Diffusion 1.5 of random weights for stable-diffusion.cpp, which takes no
 tiny one (sd15-random, 2 GB: deployments/engines/sd15_random.py), or a Hugging Face Llama
-folder for vLLM (hf-llama: deployments/engines/tiny_hf_llama.py) or a Hugging Face Whisper
-folder for vLLM's transcription (hf-whisper: deployments/engines/tiny_hf_whisper.py). The
-last five are built in their engine environment, installed first where it is not."""
+folder for vLLM (hf-llama: deployments/engines/tiny_hf_llama.py) and a LoRA adapter for it
+(hf-lora: deployments/engines/tiny_hf_lora.py) or a Hugging Face Whisper folder for vLLM's
+transcription (hf-whisper: deployments/engines/tiny_hf_whisper.py). The last six are built
+in their engine environment, installed first where it is not."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ KINDS = (
     "image",
     "sd15-random",
     "hf-llama",
+    "hf-lora",
     "hf-whisper",
 )
 # Kinds built by a module of deployments/engines in an engine environment: its family.
@@ -39,6 +41,7 @@ BUILT_IN_ENV = {
     "whisper-ct2": ("faster-whisper", "deployments.engines.tiny_whisper_ct2"),
     "sd15-random": ("diffusers", "deployments.engines.sd15_random"),
     "hf-llama": ("vllm-cpu", "deployments.engines.tiny_hf_llama"),
+    "hf-lora": ("vllm-cpu", "deployments.engines.tiny_hf_lora"),
     "hf-whisper": ("vllm-cpu", "deployments.engines.tiny_hf_whisper"),
 }
 
