@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from django import forms
+from django.utils.html import format_html, format_html_join
 
 
 class NamesField(forms.Field):
@@ -50,3 +51,28 @@ class OptionalJSONField(forms.JSONField):
         if isinstance(value, str) and value.strip() in ("", "null"):
             return None
         return super().to_python(value)
+
+
+class StoredModelsInput(forms.TextInput):
+    """The model box, offering the store's models (`store:NAME`) as it is typed in; each
+    option carries the loader and use its format suggests, which deployment_form.js fills
+    in where they are still empty."""
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__({"size": 60, "list": "ms-stored-models", **(attrs or {})})
+
+    def render(self, name: str, value: Any, attrs: Any = None, renderer: Any = None) -> Any:
+        from deployments.store.models import PullState, StoredModel  # noqa: PLC0415
+        from deployments.store.refs import suggested_for  # noqa: PLC0415 - the admin's only
+
+        rows = StoredModel.objects.filter(state=PullState.READY).order_by("name")[:500]
+        options = format_html_join(
+            "",
+            '<option value="{}" data-loader="{}" data-usecase="{}">{}</option>',
+            (
+                (row.reference, *(s or "" for s in suggested_for(row)), f"{row.format} model")
+                for row in rows
+            ),
+        )
+        box = super().render(name, value, attrs, renderer)
+        return format_html('{}<datalist id="ms-stored-models">{}</datalist>', box, options)

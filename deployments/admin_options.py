@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 
+from deployments.admin_fields import StoredModelsInput
 from deployments.loaders import LOADERS
 
 PREFIX = "option__"
@@ -111,6 +112,8 @@ class OptionsForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "model" in self.fields:  # the store's models, offered as it is typed
+            self.fields["model"].widget = StoredModelsInput()
         if self.instance.pk:
             loader, config = self.instance.loader, self.instance.config or {}
             self.initial.update(initial(loader, config))

@@ -16,8 +16,8 @@ from deployments.api.filters import StrictFilterSet
 from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.store import pulls
 from deployments.store.disk import disk_summary
-from deployments.store.metadata import SUGGESTED
 from deployments.store.models import STORE_NAME_PATTERN, STORE_NAME_RULE, PullState, StoredModel
+from deployments.store.refs import suggested_for
 from deployments.store.sources import default_name
 from deployments.store.users import users_of
 
@@ -70,9 +70,7 @@ class StoredModelSerializer(serializers.ModelSerializer):
         read_only_fields = tuple(f for f in fields if f not in ("name", "source", "include"))
 
     def get_suggested(self, obj: StoredModel) -> dict[str, str | None]:
-        loader, usecase = SUGGESTED.get(obj.format, (None, None))
-        if obj.details.get("embedding_model"):
-            usecase = "embed"
+        loader, usecase = suggested_for(obj)
         return {"loader": loader, "usecase": usecase}
 
     def get_used_by(self, obj: StoredModel) -> list[str]:

@@ -16,8 +16,8 @@ from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.refusals import OperationRefused
 from deployments.store import pulls
 from deployments.store.disk import disk_summary
-from deployments.store.metadata import SUGGESTED
 from deployments.store.models import PullState, StoredModel
+from deployments.store.refs import suggested_for
 from deployments.store.sources import default_name
 from deployments.store.users import users_of
 
@@ -201,7 +201,7 @@ class StoredModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="Loader")
     def loader(self, obj: StoredModel) -> str:
-        return SUGGESTED.get(obj.format, ("—", ""))[0]
+        return suggested_for(obj)[0] or "—"
 
     @admin.display(description="Used by")
     def used_by(self, obj: StoredModel) -> str:

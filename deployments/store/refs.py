@@ -66,8 +66,11 @@ def suggestion(model: object) -> tuple[str | None, str | None]:
     if not isinstance(model, str) or not is_reference(model):
         return None, None
     stored = StoredModel.objects.filter(name=split(model)[0]).first()
-    if stored is None:
-        return None, None
+    return (None, None) if stored is None else suggested_for(stored)
+
+
+def suggested_for(stored: StoredModel) -> tuple[str | None, str | None]:
+    """The loader and use a stored model's format suggests (an embedding model's: embed)."""
     loader, usecase = SUGGESTED.get(stored.format, (None, None))
     return loader, "embed" if stored.details.get("embedding_model") else usecase
 

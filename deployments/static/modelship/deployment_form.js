@@ -19,4 +19,24 @@
 
   loader.addEventListener("change", choose);
   choose();
+
+  // A stored model picked in the model box: its format's loader and use, where the form
+  // has none yet (an operator's choice stands).
+  const model = document.getElementById("id_model");
+  const usecase = document.getElementById("id_usecase");
+  const stored = document.getElementById("ms-stored-models");
+  if (model && stored) {
+    model.addEventListener("change", function () {
+      const option = Array.from(stored.options).find((o) => o.value === model.value);
+      if (!option) return;
+      if (!loader.value && option.dataset.loader) {
+        loader.value = option.dataset.loader;
+        choose();
+      }
+      if (usecase && option.dataset.usecase && !usecase.dataset.touched) {
+        usecase.value = option.dataset.usecase;
+      }
+    });
+    if (usecase) usecase.addEventListener("change", () => (usecase.dataset.touched = "1"));
+  }
 })();
