@@ -46,9 +46,10 @@ def test_it_pulls_from_the_form_and_lists_what_the_store_holds(
     shown = admin_client_.get(PAGE + f"{StoredModel.objects.get(name='tiny').pk}/change/")
     assert shown.status_code == 200 and "architecture" in shown.content.decode()
     # The deployment form offers it in the model box, with the loader its format suggests.
-    form = admin_client_.get("/admin/deployments/deployment/add/").content.decode()
-    assert 'list="ms-stored-models"' in form
-    assert '<option value="store:tiny" data-loader="llama_server" data-usecase="generate">' in form
+    offered = admin_client_.get("/admin/deployments/deployment/add/").content.decode()
+    assert 'list="ms-stored-models"' in offered
+    option = '<option value="store:tiny" data-loader="llama_server" data-usecase="generate">'
+    assert option in offered
 
 
 def test_it_shows_a_refused_pull_as_the_forms_error(store: Store, admin_client_: Client) -> None:
