@@ -11,8 +11,11 @@ does, on demand for the adapter's requests too.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
 
 from deployments.fingerprint import ADAPTERS_AT_START
 from deployments.loaders.vllm import DEFAULT_MAX_LORA_RANK
@@ -74,6 +77,9 @@ def problems(values: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("loader", f"an adapter's loader is its base's ({base.loader})"))
     if base.name == values.get("name"):
         found.append(("adapter_of", "a deployment is not its own adapter"))
+    if base.command or base.image:
+        # Its engine is the administrator's own program: it may not load adapters at all.
+        found.append(("adapter_of", f"{base.name} runs its own command or image"))
     for field in BASE_ONLY:
         if values.get(field):
             found.append((field, "an adapter runs in its base's engine: set it on the base"))
@@ -129,7 +135,24 @@ def lora_files(base: Deployment) -> list[tuple[str, str]]:
     files = []
     for adapter in base.adapters.order_by("name"):
         try:
-            files.append((adapter.name, resolve(adapter.model)))
+            path = resolve(adapter.model)
         except NotInStore:
             continue
+        # Absolute: a process engine runs in a folder of its own, and vLLM reads a relative
+        # name as a Hub id.
+        files.append((adapter.name, os.path.realpath(os.path.join(settings.BASE_DIR, path))))
     return files
+
+
+def base_problems(current: Deployment, changes: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a change of an existing deployment may not do to adapters: make an adapter of
+    it (or another base of an adapter: its engine ran as itself), or change the loader,
+    command or image of a base that has adapters (its adapters are that engine's)."""
+    found = []
+    if "adapter_of" in changes and changes["adapter_of"] != current.adapter_of:
+        found.append(("adapter_of", "set when a deployment is made: delete and make it anew"))
+    if current.pk and current.adapters.exists():
+        for field in ("loader", "command", "image"):
+            if field in changes and changes[field] != getattr(current, field):
+                found.append((field, f"{current.name} has adapters: remove them first"))
+    return found

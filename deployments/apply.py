@@ -47,10 +47,15 @@ class Jobs(list[Job]):
         host), the file's order among equals. Placement is decided in this order."""
         ids = {job.deployment_id for job in self}
         gpus = dict(Deployment.objects.filter(pk__in=ids).values_list("pk", "num_gpus"))
+        adapters = set(
+            Deployment.objects.filter(pk__in=ids, adapter_of__isnull=False).values_list(
+                "pk", flat=True
+            )
+        )
 
         def order(job: Job) -> tuple[int, float]:
-            if job.task is tasks.remove:
-                return (0, 0.0)
+            if job.task is tasks.remove:  # adapters before their bases
+                return (0, 0.0 if job.deployment_id in adapters else 1.0)
             size = gpus.get(job.deployment_id) or 0.0
             return (1, -size if size > 1 else 0.0)
 

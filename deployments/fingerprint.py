@@ -28,7 +28,7 @@ CONFIG_FIELDS = (
 
 # Loaders whose engines load their adapters when they start (llama.cpp's --lora): each
 # adapter shapes the engine. A vLLM engine loads them as it runs: only whether it has any
-# (--enable-lora) does.
+# (--enable-lora) does, but for a container, whose adapter folders are mounted as it starts.
 ADAPTERS_AT_START = frozenset({"llama_server"})
 LORA_ENABLED = frozenset({"vllm"})
 
@@ -60,6 +60,6 @@ def adapter_list(base: Any) -> list[tuple[str, str]]:
     loader = getattr(base, "loader", "")
     if getattr(base, "pk", None) is None or loader not in ADAPTERS_AT_START | LORA_ENABLED:
         return []
-    if loader in LORA_ENABLED:
+    if loader in LORA_ENABLED and getattr(base, "runtime", "") != "docker":
         return [("lora", "enabled")] if base.adapters.exists() else []
     return list(base.adapters.order_by("name").values_list("name", "model"))

@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from deployments import audit, hooks, host_access, tasks
-from deployments.adapters import AdapterHasNoEngine, BaseHasAdapters
+from deployments.adapters import AdapterHasNoEngine, BaseHasAdapters, base_problems
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import check_fit, check_fit_where
@@ -75,6 +75,9 @@ def check(
     # Whether the user may set it comes before whether it is right.
     host_access.check(user, deployment.snapshot() if deployment else None, merged)
     problems = cross_field_problems(merged)
+    if deployment is not None:
+        for field, message in base_problems(deployment, dict(changes)):
+            problems.setdefault(field, []).append(message)
     if check_names:
         others = Deployment.objects.only("name", "aliases")
         if deployment is not None:

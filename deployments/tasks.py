@@ -54,7 +54,12 @@ def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "syst
 
 
 def remove(deployment_id: int, actor: str = "system") -> bool:
-    """Stop the engine, then delete the deployment."""
+    """Stop the engine, then delete the deployment (not a base whose adapters remain)."""
+    if Deployment.objects.filter(adapter_of_id=deployment_id).exists():
+        log.warning(
+            "deployment %s keeps its engine: it has adapters to remove first", deployment_id
+        )
+        return False
     deployer.stop(deployment_id, actor=actor, reason="removed")
     with transaction.atomic():
         deployment = Deployment.objects.select_for_update().filter(pk=deployment_id).first()

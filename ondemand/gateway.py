@@ -103,7 +103,13 @@ async def handle(exchange: Exchange) -> None:
         return await model(exchange, route, method, upstream_path)
     content_type = exchange.headers.get("content-type", "")
     streaming, data = await parsed(_peek, content_type, body)
-    if isinstance(data, dict) and not content_type.startswith("multipart/"):
+    if data is None and route.loader == "llama_server" and body.strip():
+        # llama.cpp reads any body as JSON: one not read here would pass a `lora` unchecked.
+        data = json_value(body)
+        data = data if isinstance(data, dict) else None
+        if data is None:
+            raise GatewayError(400, "The body must be a JSON object.", "invalid_body")
+    if isinstance(data, dict) and not content_type.startswith("multipart/form-data"):
         # An adapter of this deployment, by its name (LiteLLM registers each at its base's
         # path); the body says it the engine's way (a caller's own `lora` goes).
         named = snapshot.routes.get(str(data.get("model")))

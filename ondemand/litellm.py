@@ -105,7 +105,9 @@ def plan(internal_url: str, key: str | None) -> Plan:
         # An adapter's engine is its base's, and its request takes the gateway's rewrite:
         # always through /ondemand/{base}, which forwards to a base that is always on too.
         engine = deployment.adapter_of or deployment
-        if engine.is_on_demand or deployment.adapter_of is not None:
+        # A base with adapters too: its engine would take a `lora` the gateway drops.
+        through_gateway = deployment.adapter_of is not None or deployment.adapters.exists()
+        if engine.is_on_demand or through_gateway:
             if engine.state == State.FAILED:
                 wanted.status[deployment.pk] = "not_registered_failed"
                 continue

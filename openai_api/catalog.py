@@ -67,12 +67,14 @@ class Route:
     # Each replica's GPU share, in the order of `urls` (openai_api/usage/gpu_share.py).
     gpu_shares: tuple[float, ...] = ()
     adapter: Adapter | None = None  # a LoRA adapter served from its base's engines
+    # Per engine URL, the adapters its engine loaded when it started (llama.cpp's --lora
+    # list, in order): a request for an adapter names its place in its engine's own list.
+    loras: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
 class Adapter:
     base: str  # the base deployment's name
-    lora_id: int | None = None  # llama.cpp: its place in the base's --lora list
     runtime: bool = False  # vLLM: loaded into a running engine on first use
     path: str = ""  # its files, where the engine reads them
     slots: int = 1  # adapters one replica holds at once (vLLM's max_loras)
@@ -144,6 +146,11 @@ def route_of(d: Deployment) -> Route:
         priority=d.priority,
         max_concurrency=d.max_concurrency,
         gpu_shares=replica_shares(d.num_gpus, d.gpus, len(d.engine_urls or ())),
+        loras=tuple(
+            (str(h.get("url", "")), tuple(str(n) for n in h.get("adapters", ())))
+            for h in handles
+            if h.get("adapters")
+        ),
     )
 
 
@@ -153,19 +160,19 @@ def adapter_route(adapter: Deployment, base: Deployment) -> Route:
     another list (it started before the adapter was added, and is being replaced), the
     adapter is not ready: a place in one list is another adapter in the other."""
     route = route_of(base)
-    files = lora_files(base)
-    loads = [name for name, _ in files]
+    files = dict(lora_files(base))
     handles = (base.runtime_handle or {}).get("replicas", [])
     state = route.state
     if base.loader in RUNTIME_ADAPTERS:  # loaded on first use, by a base started for them
-        path = dict(files).get(adapter.name, "")
-        ready = bool(path) and (not handles or bool(handles[0].get("lora")))
+        path = files.get(adapter.name, "")
+        ready = bool(path) and (not handles or all(h.get("lora") for h in handles))
         slots = whole_number(base.config.get("max_loras")) or DEFAULT_MAX_LORAS
         found = Adapter(base=base.name, runtime=True, path=path, slots=slots)
     else:
-        lora_id = loads.index(adapter.name) if adapter.name in loads else None
-        ready = lora_id is not None and (not handles or handles[0].get("adapters") == loads)
-        found = Adapter(base=base.name, lora_id=lora_id)
+        # Its place is its engine's: read as the request is sent (engine_dialect.with_lora).
+        loaded = [adapter.name in h.get("adapters", ()) for h in handles]
+        ready = adapter.name in files and all(loaded)
+        found = Adapter(base=base.name)
     if not ready and state == "ready":
         state = "starting"  # its base's replacement loads it
     return replace(
@@ -274,7 +281,7 @@ def load() -> Snapshot:
 
 
 def states(snapshot: Snapshot) -> dict[int, tuple[str, tuple[str, ...]]]:
-    return {r.deployment_id: (r.state, r.urls) for r in snapshot.models}
+    return {r.deployment_id: (r.state, r.urls) for r in snapshot.models if r.adapter is None}
 
 
 class Catalog:

@@ -119,7 +119,10 @@ class Dispatcher:
         """A vLLM adapter's slot: its replica, with the adapter loaded in it."""
         async with held as url:
             await runtime_adapters.ensure(route, url)
-            yield url
+            try:
+                yield url
+            finally:
+                runtime_adapters.release(route, url)
 
     def unlimited_slot(
         self, route: Route, notice: WaitNotice | None

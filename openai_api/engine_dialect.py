@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -19,18 +20,37 @@ def forced_name(choice: dict[str, Any]) -> Any:
 
 
 def adapter_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with the LoRA adapter its route is (llama.cpp's per-request `lora`: the
-    adapter's place in the base's --lora list, at scale 1); a caller's own `lora` is never
-    passed on, or a key for a base would reach every adapter loaded in it."""
+    """`body` as its route's engine takes it: a vLLM adapter by its name; for llama.cpp, a
+    caller's own `lora` never passed on (a key for a base would reach every adapter loaded
+    in it). A llama.cpp adapter's own `lora` is set once its engine is known (`with_lora`)."""
     if route.adapter is not None and route.adapter.runtime:
         return {**body, "model": route.name}  # vLLM serves a loaded adapter by its name
-    if route.loader != "llama_server":
-        return body
-    if route.adapter is not None and route.adapter.lora_id is not None:
-        return {**body, "lora": [{"id": route.adapter.lora_id, "scale": 1.0}]}
-    if "lora" in body:
+    if route.loader == "llama_server" and "lora" in body:
         return {k: v for k, v in body.items() if k != "lora"}
     return body
+
+
+def needs_lora(route: Route) -> bool:
+    return route.adapter is not None and not route.adapter.runtime
+
+
+def with_lora(route: Route, base_url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A llama.cpp adapter's request for the engine at `base_url`: its place in the --lora
+    list that engine started with (read from the route table as it is now: an on-demand
+    base may have started since the request came), at scale 1. An engine that lacks it (a
+    base started before the adapter was added, being replaced) is a 503, never the base's
+    answer under the adapter's name."""
+    current = catalog.snapshot.routes.get(route.name) if catalog.snapshot else None
+    loaded = dict((current or route).loras).get(base_url, ())
+    if route.name not in loaded:
+        raise GatewayError(
+            503,
+            f"The adapter {route.name} is not loaded in its base's engine yet (the base is"
+            " being started or replaced with it); try again shortly.",
+            "adapter_not_loaded",
+            {"retry-after": "5"},
+        )
+    return {**body, "lora": [{"id": loaded.index(route.name), "scale": 1.0}]}
 
 
 def chat_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:

@@ -117,7 +117,7 @@ async def handle(exchange: Exchange) -> None:
     if endpoint not in route.endpoints:
         raise unsupported(route, name, endpoint)
     sent = data
-    if isinstance(data, dict) and not content_type.startswith("multipart/"):
+    if isinstance(data, dict):  # a JSON body (a form's is None), whatever its type says
         # Said the engine's way: its chat's dialect, the adapter a route is.
         chat = endpoint == "chat/completions"
         said = chat_body(route, data) if chat else adapter_body(route, data)
@@ -244,8 +244,9 @@ async def models(exchange: Exchange, snapshot: Snapshot, key: Any, wanted: str) 
             "created": route.created,
             "owned_by": "modelship",
         }
-        if route.adapter is not None:  # as vLLM lists a LoRA: its base model
-            listed["parent"] = route.adapter.base
+        base = snapshot.routes.get(route.adapter.base) if route.adapter is not None else None
+        if base is not None and (key is None or key.may_use(base)):
+            listed["parent"] = base.name  # as vLLM lists a LoRA, to a key that may use it
         return listed
 
     if wanted:

@@ -5,6 +5,7 @@ the client can take one, the forwarder, and a hang-up watcher over all of it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from common import metrics
+from openai_api.bodies import json_bytes
 from openai_api.catalog import Route, catalog
+from openai_api.engine_dialect import needs_lora, with_lora
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
 from openai_api.keepalive import SseOpener, enter_kept_alive
@@ -69,11 +72,15 @@ async def relay(
             base_url = await enter_kept_alive(held, wanted, opener if keepalive else None)
             if notice is not None:
                 await notice.sent()  # the notice goes out before any byte of the engine's
+            body = traffic.body
+            if needs_lora(route):  # its place in the engine it got (engine_dialect.with_lora)
+                said = with_lora(route, base_url, json.loads(body))
+                body = await json_bytes(said, len(body))
             call = Call(
                 method="POST",
                 url=base_url + traffic.upstream_path + (f"?{query}" if query else ""),
                 base_url=base_url,
-                body=traffic.body,
+                body=body,
                 headers=exchange.raw_headers,
                 request_id=exchange.request_id,
                 streaming=traffic.streaming,

@@ -5,6 +5,7 @@ base started on demand for an adapter, and what an adapter cannot be or do."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from deployments import deployer
+from deployments import deployer, tasks
 from deployments.models import Deployment, State
 from deployments.tiny_model import write as write_tiny
 from deployments.tiny_model import write_lora
@@ -84,8 +85,16 @@ def test_it_serves_an_adapter_by_its_own_name_from_its_base_engine(
     plain, poet = said(client, "tiny"), said(client, "tiny-poet")
     assert plain and poet and plain != poet  # the adapter changes what it says
     assert said(client, "tiny") == plain  # and the base answers as itself again
-    # A caller of the base cannot switch an adapter on itself.
+    # A caller of the base cannot switch an adapter on itself, whatever the body's type says.
     assert said(client, "tiny", lora=[{"id": 0, "scale": 1.0}]) == plain
+    sneaky = {"model": "tiny", "messages": HI, "max_tokens": 8, "temperature": 0}
+    mixed = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        content=json.dumps({**sneaky, "lora": [{"id": 0, "scale": 1.0}]}),
+        headers={"authorization": f"Bearer {api_key()}", "content-type": "multipart/mixed"},
+        timeout=60,
+    )
+    assert mixed.json()["choices"][0]["message"]["content"] == plain
     listed = {m.id: m for m in client.models.list().data}
     assert listed["tiny-poet"].model_extra == {"parent": "tiny"}
     # Its own keys: one for the adapter only reaches the adapter.
@@ -97,11 +106,19 @@ def test_it_serves_an_adapter_by_its_own_name_from_its_base_engine(
     assert said(only, "tiny-poet") == poet
     with pytest.raises(openai.NotFoundError):
         said(only, "tiny")
+    assert only.models.retrieve("tiny-poet").model_extra == {}  # its base is not its to know
     # Refusals: no engine of its own, not deleted from under.
     poet_id = made.json()["id"]
     assert root.post(f"/api/deployments/{poet_id}/start/").status_code == 409
     refused = root.delete(f"/api/deployments/{base.pk}/")
     assert refused.status_code == 409 and "tiny-poet" in refused.json()["detail"]
+    assert not tasks.remove(base.pk)  # a reconciling file's removal keeps it too
+    assert Deployment.objects.get(pk=base.pk).state == State.READY
+    # An adapter stays one, of its base; a base keeps its loader while it has adapters.
+    moved = root.patch(f"/api/deployments/{poet_id}/", {"adapter_of": None}, format="json")
+    assert moved.status_code == 400 and "set when a deployment is made" in str(moved.json())
+    other = root.patch(f"/api/deployments/{base.pk}/", {"loader": "vllm"}, format="json")
+    assert other.status_code == 400 and "has adapters" in str(other.json())
 
 
 def test_it_replaces_a_running_base_whose_adapters_change(

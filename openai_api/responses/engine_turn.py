@@ -15,6 +15,7 @@ from django.conf import settings
 
 from common import tracing
 from openai_api.dispatch import dispatcher
+from openai_api.engine_dialect import needs_lora, with_lora
 from openai_api.errors import GatewayError
 from openai_api.forwarder import engine_error_of, forwarder, requested, unreachable
 from openai_api.keepalive import enter_kept_alive, waiting_answer
@@ -42,6 +43,8 @@ async def generate(
         hints.current.set(replace(hint, prefix=prefix or hint.prefix, also=also))
     async with AsyncExitStack() as held:
         base_url = await enter_kept_alive(held, dispatcher.slot(route), waiting_answer.get())
+        if needs_lora(route):  # its place in the engine it got
+            body = with_lora(route, base_url, body)
         try:
             await call_engine(base_url, body, translator, emit, request_id, route.name)
         except EngineFailed:
