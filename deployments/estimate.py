@@ -9,8 +9,10 @@ starts: the weights, the cache its context asks for, and the engine's overhead.
                            on a GPU 0.35 GiB + 10 % (CUDA's context and buffers)
     vLLM        weights = the safetensors (their bytes), else the folder's weight files
                 cache   = one whole sequence: 2 x layers x max_model_len x KV heads x head
-                          size x 2 bytes (1 with an fp8 kv_cache_dtype)
-                overhead = 1 GiB + 10 % of the weights (activations, CUDA graphs, sampler)
+                          size x 2 bytes (1 with an fp8 kv_cache_dtype); on CPU, the KV
+                          space its CPU build is given, where that is more
+                overhead = 1 GiB + 10 % of the weights (activations, CUDA graphs, sampler);
+                           on CPU 1.8 GiB + 10 % (three processes, each with torch)
     diffusers   weights x 1.25 + 0.5 GiB (the pipeline's activations at its resolution)
     whisper.cpp, stable-diffusion.cpp  the file x 1.1 + 0.1 GiB (+ 0.4 GiB for images)
     faster-whisper  the folder x 1.5 (weights as float32 on CPU); a Piper voice x 1.5 + 0.1
@@ -30,6 +32,7 @@ from typing import Any
 from deployments.store.metadata import Described, describe
 
 GIB = 2**30
+CPU_PROCESSES_GIB = 1.8  # vLLM's CPU build: its API server, engine core and worker
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".ckpt")
 
 
@@ -106,7 +109,12 @@ def llama_cpp(path: str, n_ctx: int, on_gpu: bool) -> Estimate | None:
     return made(weights, cache, overhead, basis)
 
 
-def vllm(path: str, max_model_len: int | None, fp8: bool) -> Estimate | None:
+def vllm(
+    path: str, max_model_len: int | None, fp8: bool, cpu_cache_gib: float | None = None
+) -> Estimate | None:
+    """On a GPU; or, given the KV space its CPU build is given (`cpu_cache_gib`), on CPU,
+    where that space is taken whatever the model needs and each of its processes holds
+    torch (1.8 GiB for the three, measured)."""
     found = facts(path)
     if found is None:
         return None
@@ -116,6 +124,8 @@ def vllm(path: str, max_model_len: int | None, fp8: bool) -> Estimate | None:
     length = max_model_len or described.details.get("context_length")
     cache = (per_token or 0.0) * (length or 0) / GIB
     basis = "config.json and safetensors" if per_token and length else "weights only"
+    if cpu_cache_gib is not None:
+        return made(weights, max(cache, cpu_cache_gib), CPU_PROCESSES_GIB + 0.1 * weights, basis)
     return made(weights, cache, 1.0 + 0.1 * weights, basis)
 
 

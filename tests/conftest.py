@@ -343,6 +343,18 @@ def resident_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
+def tree_resident_bytes(pid: int) -> int:
+    """A process's resident memory with its children's, and theirs (an engine that forks)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += resident_bytes(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            children = (task / "children").read_text().split()
+            todo += [int(child) for child in children]
+    return total
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll what offers no event to wait on (a process exit, a row another process writes);
     the timeout is scaled (MSHIP_TEST_TIME_SCALE)."""

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
+from deployments import estimate
 from deployments.memory import estimate_of, need_gib
 from deployments.tiny_model import Shape
 from deployments.tiny_model import write as write_tiny
@@ -100,9 +101,17 @@ def test_it_reads_a_hugging_face_folder_for_vllm_and_takes_it_without_a_memory_f
     assert found is not None and found.basis == "config.json and safetensors"
     weights = (1000 * 256 + 256 * 256 + 256 * 128) * 2
     assert found.weights_gib * GIB == pytest.approx(weights, rel=0.01)  # the header too
-    # One whole sequence of 2,048 tokens: 4 layers x 2 KV heads x (32 + 32) x 1 byte (fp8).
-    assert found.cache_gib * GIB == 4 * 2 * 64 * 1 * 2048
-    assert found.overhead_gib == pytest.approx(1.0 + 0.1 * found.weights_gib)
+    # Its CPU build here: the 4 GiB of KV space it is given with no memory_gib, and its
+    # three processes.
+    assert (found.cache_gib, found.overhead_gib) == (
+        4.0,
+        pytest.approx(1.8 + 0.1 * found.weights_gib),
+    )
+    # On a GPU: one whole sequence of 2,048 tokens, 4 layers x 2 KV heads x (32 + 32) x 1
+    # byte (fp8), and 1 GiB.
+    gpu = estimate.vllm(str(folder), 2048, fp8=True)
+    assert gpu is not None and gpu.cache_gib * GIB == 4 * 2 * 64 * 1 * 2048
+    assert gpu.overhead_gib == pytest.approx(1.0 + 0.1 * gpu.weights_gib)
     values = {"name": "v", "model": str(folder), "loader": "vllm", "usecase": "generate"}
     assert "num_gpus" not in cross_field_problems(values)  # the estimate stands in
     hub = {**values, "model": "Qwen/Qwen3-8B"}

@@ -38,11 +38,12 @@ from django.utils import timezone
 from deployments import deployer, engine_envs, nvml
 from deployments.engine_metrics import parse_gauges, read_load
 from deployments.loaders import get_loader
+from deployments.memory import estimate_of
 from deployments.models import Deployment, State
 from ondemand.registry import controllers
 from openai_api.catalog import catalog
 from openai_api.runtime_adapters import runtime_adapters
-from tests.conftest import in_thread, reap, wait_until
+from tests.conftest import in_thread, reap, tree_resident_bytes, wait_until
 from tests.gateway_support import OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
@@ -468,6 +469,12 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
 
     plain, poet = said("tiny-vllm-base"), said("tiny-vllm-poet")
     assert plain != poet
+    # The estimate (its CPU build: the 1 GiB of KV space a 3 GiB deployment gives it, and
+    # its processes) against what its process tree holds once it has answered.
+    found = estimate_of(base)
+    assert found is not None and found.cache_gib == 1.0
+    held = tree_resident_bytes(base.runtime_handle["replicas"][0]["pid"]) / 2**30
+    assert 0.75 * held <= found.gib <= 1.25 * held, (found, held)
     assert said("tiny-vllm-base") == plain
 
     def loaded() -> dict[str, Any]:

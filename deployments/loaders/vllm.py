@@ -16,6 +16,14 @@ from common import tracing
 from deployments import engine_envs, estimate, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags, whole_number
 
+
+def cpu_cache_gib(spec: EngineSpec) -> int:
+    """The CPU build's KV cache, in GiB, from the deployment's memory (vLLM's default, 4 GiB,
+    is more than a small model on a small host wants)."""
+    share = spec.memory_gib / 2 if spec.memory_gib else 4.0
+    return max(1, int(share))
+
+
 # Adapter slots per replica and their largest rank, where the base's config sets none.
 DEFAULT_MAX_LORAS = 4
 DEFAULT_MAX_LORA_RANK = 64
@@ -131,7 +139,8 @@ class VllmLoader(Loader):
         if not os.path.isdir(spec.model):
             return None  # a hub id: its size is not known before it is downloaded
         fp8 = str(spec.config.get("kv_cache_dtype", "")).startswith("fp8")
-        return estimate.vllm(spec.model, whole_number(spec.config.get("max_model_len")), fp8)
+        cpu = cpu_cache_gib(spec) if self.engine_family(spec) == "vllm-cpu" else None
+        return estimate.vllm(spec.model, whole_number(spec.config.get("max_model_len")), fp8, cpu)
 
     def gpu_options(self, spec: EngineSpec) -> dict[str, Any]:
         """What its placement tells vLLM: the share of its GPU it may take (not vLLM's
@@ -166,10 +175,7 @@ class VllmLoader(Loader):
         if spec.lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
         if self.engine_family(spec) == "vllm-cpu":
-            # The CPU build's KV cache, in GiB, from the deployment's memory (vLLM's default,
-            # 4 GiB, is more than a small model on a small host wants).
-            share = spec.memory_gib / 2 if spec.memory_gib else 4.0
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(share)))
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_cache_gib(spec))
         return env
 
     def can_sleep(self, spec: EngineSpec) -> bool:
