@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import run_site  # noqa: E402
+import wrk  # noqa: E402
 
 CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 
@@ -110,7 +114,17 @@ def cpu_seconds(pid: int) -> float:
     return own + sum(cpu_seconds(int(child)) for child in children)
 
 
+# Servers of the gateway beside `modelship` (what `make run` serves: uvicorn with Modelship's
+# limits, the access log on), each measured against the yardstick under `modelship`'s uvicorn.
+VARIANTS = ("modelship-lean", "modelship-run")
+
+
 def server_argv(server: str, app: str, port: int) -> list[str]:
+    if server == "modelship-run" and app == "modelship_site.asgi:application":
+        # `make run`'s own process: `serve`, its django-q cluster and autoscaler beside it.
+        return [sys.executable, "manage.py", "serve", "--port", str(port)]
+    if server in VARIANTS:
+        server = "modelship"  # the lean gateway: the same server, the access log off
     if server.startswith("modelship-w") and app == "modelship_site.asgi:application":
         # `serve --workers N`: N gateway processes on one socket (the engines are not theirs).
         workers = server.removeprefix("modelship-w")
@@ -136,11 +150,29 @@ def server_argv(server: str, app: str, port: int) -> list[str]:
     return [sys.executable, "-m", "daphne", "-p", str(port), app]
 
 
+def measure(
+    driver: str,
+    url: str,
+    headers: dict[str, str],
+    concurrency: int,
+    seconds: float,
+    pid: int | None = None,
+) -> dict[str, float]:
+    """Requests per second and latency at a concurrency, from `wrk` or from this process;
+    with the server's `pid`, also the CPU the server spent per request (steadier than a rate
+    on two shared cores)."""
+    if driver == "python":
+        return asyncio.run(load(url, headers, concurrency, seconds, pid))
+    cpu_before = cpu_seconds(pid) if pid else 0.0
+    found = wrk.run(url, CHAT, headers, concurrency, seconds)
+    cpu = cpu_seconds(pid) - cpu_before if pid else 0.0
+    return {**found, "cpu_us": 1e6 * cpu / found["requests"]}
+
+
 async def load(
     url: str, headers: dict[str, str], concurrency: int, seconds: float, pid: int | None = None
 ) -> dict[str, float]:
-    """Requests per second and latency at a concurrency; with the server's `pid`, also the
-    CPU the server spent per request (steadier than a rate on two shared cores)."""
+    """The Python driver: aiohttp from this process (it spends as much CPU as a server)."""
     latencies: list[float] = []
     cpu_before = cpu_seconds(pid) if pid else 0.0
     stop = time.monotonic() + seconds
@@ -162,6 +194,7 @@ async def load(
     latencies.sort()
     return {
         "cpu_us": 1e6 * cpu / len(latencies),
+        "requests": float(len(latencies)),
         "rps": len(latencies) / elapsed,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
@@ -230,10 +263,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--servers", default="daphne,uvicorn")
     parser.add_argument("--concurrency", default="1,32,256")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="each load this many times, the targets taking turns; each figure is the median",
+    )
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--driver",
+        choices=["wrk", "python"],
+        default="wrk" if wrk.available() else "python",
+        help="the load generator: wrk (C, where installed) or aiohttp from this process",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    results: dict[str, Any] = {}
     engine_port, stream_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     stream_url = f"http://127.0.0.1:{stream_port}"
@@ -244,45 +288,75 @@ def main() -> None:
         process(simulated_engine(stream_port, 1000), dict(os.environ), stream_url + "/health"),
     ):
         env, key = prepare_site(Path(tmp), engine_url, stream_url)
-        auth = {"authorization": f"Bearer {key}"}
         targets: list[tuple[str, str, str]] = [("direct", "direct", "")]
         for server in args.servers.split(","):
-            targets.append((f"yardstick/{server}", "yardstick", server))
+            if server not in VARIANTS:
+                targets.append((f"yardstick/{server}", "yardstick", server))
             targets.append((f"gateway/{server}", "gateway", server))
+        results: dict[str, Any] = {label: {} for label, _, _ in targets}
+        auth = {"authorization": f"Bearer {key}"}
+        with ExitStack() as up:
+            # Every target up at once, so each round of a load visits all of them in turn
+            # (the same minute's machine for each), each in another order per round.
+            served = {
+                label: (up.enter_context(serving(kind, server, env, engine_url, key)), kind)
+                for label, kind, server in targets
+            }
+            for (url, _), kind in served.values():
+                headers = auth if kind == "gateway" else {}
+                measure(args.driver, url + "/v1/chat/completions", headers, 4, 1.0)  # warm up
+            for c in levels:
+                runs: dict[str, list[dict[str, float]]] = {label: [] for label in served}
+                labels = list(served)
+                for round_ in range(args.rounds):
+                    turn = round_ % len(labels)
+                    for label in labels[turn:] + labels[:turn]:
+                        (url, pid), kind = served[label]
+                        headers = auth if kind == "gateway" else {}
+                        chat = url + "/v1/chat/completions"
+                        runs[label].append(
+                            measure(args.driver, chat, headers, c, args.seconds, pid)
+                        )
+                for label, found in runs.items():
+                    results[label][c] = medians(found)
+                    print(label, c, json.dumps(results[label][c]), flush=True)
         for label, kind, server in targets:
-            headers = auth if kind == "gateway" else {}
-            row: dict[str, Any] = {}
-            with serving(kind, server, env, engine_url) as (url, pid):
-                asyncio.run(load(url + "/v1/chat/completions", headers, 4, 1.0))  # warm up
-                for c in levels:
-                    row[c] = asyncio.run(
-                        load(url + "/v1/chat/completions", headers, c, args.seconds, pid)
-                    )
             # The yardstick knows one engine: the streaming one gets its own instance.
-            with serving(kind, server, env, stream_url) as (url, _):
+            headers = auth if kind == "gateway" else {}
+            with serving(kind, server, env, stream_url, key) as (url, _):
                 asyncio.run(stream(url + "/v1/chat/completions", headers, 1, 10))  # warm up
-                row["stream"] = asyncio.run(stream(url + "/v1/chat/completions", headers, 8, 1000))
-            results[label] = row
-            print(label, json.dumps(row), flush=True)
+                results[label]["stream"] = asyncio.run(
+                    stream(url + "/v1/chat/completions", headers, 8, 1000)
+                )
     report(results, levels)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 
 
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+
+
 @contextmanager
 def serving(
-    kind: str, server: str, env: dict[str, str], upstream: str
+    kind: str, server: str, env: dict[str, str], upstream: str, key: str = ""
 ) -> Iterator[tuple[str, int | None]]:
     """The base URL of a target (the engine itself, or an ASGI server in front of it) and
-    the server's pid (None for the engine: it is not what is measured)."""
+    the server's pid (None for the engine: it is not what is measured). `modelship-run`
+    serves its own engines (bench/run_site.py), the site's `key` still valid."""
     if kind == "direct":
         yield upstream, None
         return
     port = free_port()
+    if kind == "gateway" and server == "modelship-run":
+        with run_site.serve(env, port, key) as pid:
+            yield f"http://127.0.0.1:{port}", pid
+        return
     app = "bench.yardstick:app" if kind == "yardstick" else "modelship_site.asgi:application"
+    lean = {"MSHIP_ACCESS_LOG": "off"} if server == "modelship-lean" else {}
     with process(
         server_argv(server, app, port),
-        {**env, "YARDSTICK_UPSTREAM": upstream},
+        {**env, "YARDSTICK_UPSTREAM": upstream, **lean},
         f"http://127.0.0.1:{port}/v1/models",
     ) as pid:
         yield f"http://127.0.0.1:{port}", pid
@@ -309,7 +383,8 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
         if not label.startswith("gateway/"):
             continue
         server = label.split("/")[1]
-        yard, gate = results[f"yardstick/{server}"], results[label]
+        yardstick = "modelship" if server in VARIANTS else server
+        yard, gate = results[f"yardstick/{yardstick}"], results[label]
         ratios = ", ".join(
             f"c={c}: {gate[c]['rps'] / yard[c]['rps']:.2f}x req/s, "
             f"p50 {gate[c]['p50_ms'] / yard[c]['p50_ms']:.2f}x, "
@@ -324,7 +399,7 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
                 + ", ".join(f"c={c}: {gate[c]['rps'] / one[c]['rps']:.2f}x req/s" for c in levels)
             )
         print(
-            f"gateway/{server} against yardstick/{server}: {ratios}; streamed tokens "
+            f"gateway/{server} against yardstick/{yardstick}: {ratios}; streamed tokens "
             f"{gate['stream']['tokens_per_s'] / direct:.2f}x direct, TTFT +"
             f"{gate['stream']['ttft_ms'] - results['direct']['stream']['ttft_ms']:.1f} ms"
         )
