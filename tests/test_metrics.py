@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import openai
@@ -172,6 +172,19 @@ def test_it_logs_a_streamed_answer_with_its_bytes_and_nothing_when_off(
     client.models.list(extra_headers={"x-request-id": "req-logged"})
     wait_until(lambda: any(line["request_id"] == "req-logged" for line in access_lines), 10)
     assert not any(line["request_id"] == "req-unlogged" for line in access_lines)
+
+
+def test_it_writes_a_path_that_needs_escaping_as_a_line_that_parses_back(
+    gateway_url: str, access_lines: list[dict[str, Any]]
+) -> None:
+    """The access line is filled into a template: what a caller put in the path (quotes,
+    backslashes, a tab, a character past ASCII) is escaped, not let out of its string."""
+    path = '/v1/x", "status": 200, "evil": "\\\t\u00e9'
+    answer = httpx.get(gateway_url + quote(path), headers={"x-request-id": "req-escaped"})
+    assert answer.status_code in (401, 404)
+    wait_until(lambda: any(line["request_id"] == "req-escaped" for line in access_lines), 10)
+    line = next(line for line in access_lines if line["request_id"] == "req-escaped")
+    assert line["path"] == path and line["status"] == answer.status_code and "evil" not in line
 
 
 def test_it_refuses_metrics_outside_the_allow_list_without_a_token(
