@@ -326,6 +326,8 @@ MSHIP_HEADER_TIMEOUT_S = env_float("MSHIP_HEADER_TIMEOUT_S", 10)
 MSHIP_BODY_IDLE_TIMEOUT_S = env_float("MSHIP_BODY_IDLE_TIMEOUT_S", 30)
 MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
 MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
+# Server processes `serve` runs on its port: a number, or "auto" (modelship_site/workers.py).
+MSHIP_SERVE_WORKERS = os.environ.get("MSHIP_SERVE_WORKERS", "auto")
 # A whole request body must be in within this, however steadily it trickles (every path).
 MSHIP_BODY_TOTAL_TIMEOUT_S = env_float("MSHIP_BODY_TOTAL_TIMEOUT_S", 60)
 # Connections from one client address at once (the socket's peer; 0: no cap): a quarter of

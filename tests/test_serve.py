@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import signal
 import socket
 import subprocess
@@ -12,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django_q.conf import Conf
 
 from deployments.management.commands.ensure_admin import ensure_admin
 from deployments.models import Deployment, State
 from deployments.runtimes.process import free_port
 from modelship_site.management.commands.serve import Command
+from modelship_site.workers import AUTO_CAP, worker_count
 from openai_api.models import ApiKey
 from tests.conftest import REPO, answers, env_for_subprocess, pid_alive, reply_of, wait_until
 
@@ -205,3 +207,39 @@ def test_it_stops_everything_when_the_server_cannot_start(
     assert f"Modelship stopped: cannot listen on 127.0.0.1:{port}: " in printed, printed
     # It stopped before it started anything.
     assert not Deployment.objects.filter(state__in=[State.READY, State.STARTING]).exists()
+
+
+@pytest.mark.parametrize(
+    ("asked", "server", "cores", "workers"),
+    [
+        ("auto", "uvicorn", 2, 1),  # two cores: the engines and the load need the other
+        ("auto", "uvicorn", 1, 1),
+        ("auto", "uvicorn", 8, 8),
+        ("AUTO", "uvicorn", 64, AUTO_CAP),
+        ("auto", "daphne", 8, 1),
+        ("3", "uvicorn", 2, 3),  # a number is taken as it is
+    ],
+)
+def test_it_runs_one_worker_per_core_for_auto_past_two_cores(
+    asked: str, server: str, cores: int, workers: int
+) -> None:
+    assert worker_count(asked, server, cores) == workers
+
+
+@pytest.mark.parametrize(
+    ("asked", "server", "said"),
+    [
+        ("0", "uvicorn", "--workers takes 1 or more"),
+        ("-2", "uvicorn", "--workers takes 1 or more"),
+        ("many", "uvicorn", "--workers takes a number or 'auto', not 'many'"),
+        ("2", "daphne", "more than 1 worker runs with uvicorn only"),
+    ],
+)
+def test_it_refuses_workers_it_cannot_run_before_it_starts_anything(
+    asked: str, server: str, said: str, site: Any, db: None
+) -> None:
+    with pytest.raises(CommandError, match=re.escape(said)):
+        call_command(
+            "serve", "--workers", asked, "--server", server, "--models", "examples/models.yaml"
+        )
+    assert not Deployment.objects.exists()  # the examples were not deployed

@@ -38,6 +38,7 @@ from deployments.site_hints import hints
 from deployments.task_queue import enqueue
 from modelship_site.metrics import fresh_metrics, process_gone
 from modelship_site.var_check import secure_var
+from modelship_site.workers import worker_count
 from ondemand.guard import ensure_key_file
 from openai_api.dev_key import ensure_dev_key
 
@@ -58,9 +59,9 @@ class Command(BaseCommand):
         parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
         parser.add_argument(
             "--workers",
-            type=int,
-            default=1,
-            help="server processes sharing the port (uvicorn only)",
+            default=None,
+            help="server processes sharing the port (uvicorn only): a number, or 'auto' (one"
+            " per core where the host has more than two; MSHIP_SERVE_WORKERS, the default)",
         )
         parser.add_argument(
             "--no-cluster",
@@ -75,8 +76,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["workers"] < 1 or (options["workers"] > 1 and options["server"] != "uvicorn"):
-            raise CommandError("--workers takes 1 or more, and more than 1 with uvicorn only")
+        try:
+            asked = options["workers"] or settings.MSHIP_SERVE_WORKERS
+            options["workers"] = worker_count(str(asked), options["server"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         # Before anything else: a port that is taken stops Modelship before it starts.
         self.listeners = self.listen(options) if options["server"] == "uvicorn" else []
         stop_event = threading.Event()
