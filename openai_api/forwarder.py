@@ -75,6 +75,9 @@ REQUEST_DROP = HOP_BY_HOP | {
     "x-dgxmm-health-check",
 }
 RESPONSE_DROP = HOP_BY_HOP | {"server", "date"}
+# As the engine's raw header names come (lowercased), with the engine's own request id: the
+# gateway's replaces it.
+RESPONSE_DROP_RAW = frozenset(name.encode() for name in RESPONSE_DROP | {"x-request-id"})
 # An engine's error answer is read whole to put its code in OpenAI's words; past this it is
 # passed on as it comes (an engine, or whatever answers at its address, sets its size).
 ERROR_READ_CAP = 1 << 20
@@ -151,14 +154,13 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], request_id: str) -> dic
 def downstream_headers(
     response: aiohttp.ClientResponse, request_id: str
 ) -> list[tuple[bytes, bytes]]:
-    named_in_connection = {
-        token.strip().lower() for token in response.headers.get("connection", "").split(",")
-    }
+    connection = response.headers.get("connection")
+    dropped = RESPONSE_DROP_RAW
+    if connection:  # the names it lists are hop-by-hop too
+        named = {t.strip().lower().encode("latin-1", "replace") for t in connection.split(",")}
+        dropped = dropped | named
     headers = [
-        (name.lower(), value)
-        for name, value in response.raw_headers
-        if name.decode("latin-1").lower() not in RESPONSE_DROP | named_in_connection
-        and name.lower() != b"x-request-id"
+        (name, value) for raw, value in response.raw_headers if (name := raw.lower()) not in dropped
     ]
     headers.append((b"x-request-id", request_id.encode()))
     return headers

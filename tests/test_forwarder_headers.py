@@ -1,0 +1,57 @@
+"""What an engine's answer carries to the caller: its own headers, less the hop-by-hop ones
+(those its Connection header names too), its Server and Date, and its request id (the
+gateway's goes out instead)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from openai_api.forwarder import downstream_headers
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+ENGINE_HEADERS = {
+    "Connection": "keep-alive, X-Engine-Hop",
+    "X-Engine-Hop": "1",
+    "X-Request-Id": "the-engine-s-own",
+    "Server": "engine/1.0",
+    "X-Engine-Kept": "yes",
+    "Content-Type": "application/json",
+}
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[str]:
+    async def answer(_: web.Request) -> web.Response:
+        return web.Response(body=b"{}", headers=ENGINE_HEADERS)
+
+    app = web.Application()
+    app.router.add_get("/", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    finally:
+        await runner.cleanup()
+
+
+async def test_it_passes_the_engine_s_headers_on_less_hop_by_hop_and_its_own_id(
+    engine: str,
+) -> None:
+    async with aiohttp.ClientSession() as session, session.get(engine) as response:
+        headers = downstream_headers(response, "req-1")
+    names = [name for name, _ in headers]
+    assert all(name == name.lower() for name in names)
+    assert (b"x-engine-kept", b"yes") in headers and (
+        b"content-type",
+        b"application/json",
+    ) in headers
+    assert {b"connection", b"x-engine-hop", b"server", b"date"}.isdisjoint(names)
+    assert [value for name, value in headers if name == b"x-request-id"] == [b"req-1"]
