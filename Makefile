@@ -33,10 +33,11 @@ setup: $(DEV_STAMP)
 system-deps:
 	@scripts/debian-packages.sh espeak-ng:espeak-ng ffmpeg:ffmpeg
 
-# And for the tests: Debian's Chromium and its driver (the live admin in a real browser).
+# And for the tests: Debian's Chromium and its driver (the live admin in a real browser), and
+# wrk (the benchmarks' load generator, bench/wrk.py; their smoke run uses it too).
 # After system-deps: two apt-get runs side by side (make -j2) fail on dpkg's lock.
 browser-deps: system-deps
-	@scripts/debian-packages.sh chromium:chromium chromedriver:chromium-driver
+	@scripts/debian-packages.sh chromium:chromium chromedriver:chromium-driver wrk:wrk
 
 # Every engine environment this host runs, made into the machine-wide cache before the suite
 # (several at once; nothing to do where they are there): no test waits on an install.
@@ -86,6 +87,7 @@ test:
 
 # Every benchmark of bench/ (about ten minutes); the figures go to bench/results.md.
 bench: setup system-deps
+	@scripts/debian-packages.sh wrk:wrk
 	$(PY) bench/run_all.py
 
 format: setup

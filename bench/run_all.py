@@ -37,10 +37,20 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ["scheduler.py", "--hours", "0.5"],
     ),
     (
-        "The /v1 gateway against the engine and the yardstick (daphne, uvicorn, `make run`'s)",
-        ["gateway.py", "--seconds", "4", "--servers", "daphne,uvicorn,modelship"],
+        "The /v1 gateway against the engine and the yardstick under wrk: `make run`'s server"
+        " (access log on), the same with the log off, and `make run`'s own `serve`",
         [
-            *("gateway.py", "--seconds", "0.5", "--servers", "modelship,modelship-w2"),
+            *("gateway.py", "--seconds", "8", "--rounds", "2"),
+            *("--servers", "modelship,modelship-lean,modelship-run"),
+        ],
+        [
+            *(
+                "gateway.py",
+                "--seconds",
+                "0.5",
+                "--servers",
+                "modelship,modelship-w2,modelship-run",
+            ),
             *("--concurrency", "1,4"),
         ],
     ),

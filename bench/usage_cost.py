@@ -15,7 +15,6 @@ rounds, and the ratios are against "off".
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.server
 import json
 import statistics
@@ -33,7 +32,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.gateway import load, serving, simulated_site  # noqa: E402
+from bench import wrk  # noqa: E402
+from bench.gateway import measure, serving, simulated_site  # noqa: E402
 
 CONFIGS = {
     "off": {"MSHIP_USAGE_RECORD": "0"},
@@ -62,6 +62,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--driver",
+        choices=["wrk", "python"],
+        default="wrk" if wrk.available() else "python",
+        help="the load generator: wrk (C, where installed) or aiohttp from this process",
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
     with simulated_site(0) as (_, env, key), collector() as traces:
@@ -76,9 +82,9 @@ def main() -> None:
                 headers = {"authorization": f"Bearer {keys[name]}"}
                 with serving("gateway", "modelship", {**env, **extra}, engine) as (url, pid):
                     target = url + "/v1/chat/completions"
-                    asyncio.run(load(target, headers, 4, 1.0))  # warm up
-                    measured = asyncio.run(
-                        load(target, headers, args.concurrency, args.seconds, pid)
+                    measure(args.driver, target, headers, 4, 1.0)  # warm up
+                    measured = measure(
+                        args.driver, target, headers, args.concurrency, args.seconds, pid
                     )
                 runs[name].append(measured)
                 print(name, json.dumps(measured), flush=True)
