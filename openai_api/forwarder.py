@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from django.conf import settings
@@ -30,6 +30,9 @@ from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
 from openai_api.usage.gpu_time import meter
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +211,43 @@ async def requested(
         return await session.request(method, url, allow_redirects=False, **options)
 
 
+class Using:
+    """`Forwarder.using`'s block, as a class: an async generator's context manager cost the
+    gateway's every request a generator and its frames."""
+
+    __slots__ = ("base_url", "forwarder", "span", "ticket")
+
+    def __init__(self, forwarder: Forwarder, base_url: str) -> None:
+        self.forwarder, self.base_url = forwarder, base_url
+
+    async def __aenter__(self) -> aiohttp.ClientSession:
+        forwarder, base_url = self.forwarder, self.base_url
+        self.span = tracing.client_span("modelship.engine")
+        self.span.__enter__()
+        forwarder.active[base_url] = forwarder.active.get(base_url, 0) + 1
+        self.ticket = meter.begin(base_url, catalog.snapshot)
+        try:
+            return forwarder.session(base_url)
+        except BaseException:
+            await self.__aexit__(*sys.exc_info())
+            raise
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        try:
+            self.span.__exit__(kind, error, trace)
+        finally:
+            spent = meter.end(self.ticket)
+            record = access.current.get()
+            if record is not None:
+                record.gpu_seconds += spent
+            await self.forwarder.done_with(self.base_url)
+
+
 class Forwarder:
     def __init__(self) -> None:
         self.sessions: dict[str, aiohttp.ClientSession] = {}
@@ -240,25 +280,17 @@ class Forwarder:
         async with self.using(call.base_url) as session:
             await self._relay(call, session, send)
 
-    @asynccontextmanager
-    async def using(self, base_url: str) -> AsyncIterator[aiohttp.ClientSession]:
+    def using(self, base_url: str) -> Using:
         """The engine's session, counted as in use until the block ends, and the request's
         share of the engine's GPU time for as long (openai_api/usage/gpu_time.py)."""
-        self.active[base_url] = self.active.get(base_url, 0) + 1
-        ticket = meter.begin(base_url, catalog.snapshot)
-        try:
-            with tracing.client_span("modelship.engine"):
-                yield self.session(base_url)
-        finally:
-            spent = meter.end(ticket)
-            record = access.current.get()
-            if record is not None:
-                record.gpu_seconds += spent
-            self.active[base_url] -= 1
-            if not self.active[base_url]:
-                del self.active[base_url]
-                if base_url in self.retired:
-                    await self._close(base_url)
+        return Using(self, base_url)
+
+    async def done_with(self, base_url: str) -> None:
+        self.active[base_url] -= 1
+        if not self.active[base_url]:
+            del self.active[base_url]
+            if base_url in self.retired:
+                await self._close(base_url)
 
     async def retire(self, live: set[str]) -> None:
         """Close the sessions of engines no route points at any more (a restart on a new
