@@ -268,8 +268,14 @@ class Forwarder:
             # connect: waiting for a pooled connection plus making one; no read timeout,
             # since generation can be long.
             timeout = aiohttp.ClientTimeout(total=None, connect=60, sock_connect=10)
+            # No cookie jar: a cookie one engine answer set must never go up with another
+            # caller's request (and the jar's filtering cost every request).
             session = aiohttp.ClientSession(
-                base_url=None, connector=connector, timeout=timeout, auto_decompress=False
+                base_url=None,
+                connector=connector,
+                timeout=timeout,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             self.sessions[base_url] = session
         return session

@@ -1,6 +1,6 @@
 """What an engine's answer carries to the caller: its own headers, less the hop-by-hop ones
 (those its Connection header names too), its Server and Date, and its request id (the
-gateway's goes out instead)."""
+gateway's goes out instead); and nothing an answer set goes up with the next request."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from openai_api.forwarder import downstream_headers
+from openai_api.forwarder import Call, Forwarder, downstream_headers
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from typing import Any
 
 ENGINE_HEADERS = {
     "Connection": "keep-alive, X-Engine-Hop",
@@ -55,3 +56,38 @@ async def test_it_passes_the_engine_s_headers_on_less_hop_by_hop_and_its_own_id(
     ) in headers
     assert {b"connection", b"x-engine-hop", b"server", b"date"}.isdisjoint(names)
     assert [value for name, value in headers if name == b"x-request-id"] == [b"req-1"]
+
+
+async def test_it_keeps_no_cookie_an_engine_answer_sets() -> None:
+    """A cookie from one caller's answer must not reach the engine with another's request."""
+    cookies: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        cookies.append(request.headers.get("cookie"))
+        response = web.Response(body=b"{}", content_type="application/json")
+        response.set_cookie("session", "of-the-first-caller")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    # A name, not an address: aiohttp keeps no cookie of an IP address anyway.
+    base = f"http://localhost:{runner.addresses[0][1]}"
+    forwarder = Forwarder()
+    try:
+        for caller in ("first", "second"):
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
+                into.append(message)
+
+            call = Call("POST", base + "/v1/chat/completions", base, b"{}", [], caller, False)
+            await forwarder.forward(call, send)
+            assert sent[0]["status"] == 200
+    finally:
+        await forwarder.close()
+        await runner.cleanup()
+    assert cookies == [None, None]
