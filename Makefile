@@ -97,7 +97,7 @@ format: setup
 # Rewrite the lock file from a .venv that passes make test.
 lock: setup
 	{ echo "# pip constraints: the versions CI tested (make lock rewrites it from a working .venv)."; \
-		$(PY) -m pip freeze --exclude-editable | grep -v -i '^py-spy=='; } > $(LOCK)
+		$(PY) -m pip freeze --exclude-editable; } > $(LOCK)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache

@@ -349,14 +349,16 @@ def serving(
         return
     port = free_port()
     if kind == "gateway" and server == "modelship-run":
-        with run_site.serve(env, port, key) as pid:
+        with run_site.serve({**env, "MSHIP_ACCESS_LOG": "json"}, port, key) as pid:
             yield f"http://127.0.0.1:{port}", pid
         return
     app = "bench.yardstick:app" if kind == "yardstick" else "modelship_site.asgi:application"
-    lean = {"MSHIP_ACCESS_LOG": "off"} if server == "modelship-lean" else {}
+    # The access log as `make run` has it (whatever the caller's environment says), but for
+    # the lean gateway; its lines go nowhere (process() drops the servers' output).
+    log = {"MSHIP_ACCESS_LOG": "off" if server == "modelship-lean" else "json"}
     with process(
         server_argv(server, app, port),
-        {**env, "YARDSTICK_UPSTREAM": upstream, **lean},
+        {**env, "YARDSTICK_UPSTREAM": upstream, **log},
         f"http://127.0.0.1:{port}/v1/models",
     ) as pid:
         yield f"http://127.0.0.1:{port}", pid

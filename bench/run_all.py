@@ -55,6 +55,11 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ],
     ),
     (
+        "Where the gateway's CPU goes under wrk (c=32, py-spy; bench/flame-gateway.svg)",
+        ["flame.py", "--seconds", "10"],
+        ["flame.py", "--seconds", "1", "--out", "-"],
+    ),
+    (
         "What recording usage and tracing cost the gateway (c=32)",
         ["usage_cost.py", "--seconds", "5", "--rounds", "3"],
         ["usage_cost.py", "--seconds", "0.5", "--rounds", "1"],

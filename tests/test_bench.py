@@ -39,10 +39,11 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         "body_scans",
         "usage_cost",
         "prefix_routing",
+        "flame",
     )
     for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 12
+    assert report.count("(exit 0,") == 13
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures
