@@ -85,7 +85,7 @@ test:
 	scripts/docker-up.sh
 	status=0; $(MAKE) test-sqlite test-postgres || status=$$?; scripts/docker-down.sh; exit $$status
 
-# Every benchmark of bench/ (about ten minutes); the figures go to bench/results.md.
+# Every benchmark of bench/ (about twenty minutes); the figures go to bench/results.md.
 bench: setup system-deps
 	@scripts/debian-packages.sh wrk:wrk
 	$(PY) bench/run_all.py

@@ -1,5 +1,5 @@
 """Run every benchmark of the performance issue, one after another, and write what each
-printed to bench/results.md (about ten minutes on the project's 2-core machine).
+printed to bench/results.md (about twenty minutes on the project's 2-core machine).
 
     .venv/bin/python bench/run_all.py            # make bench
     .venv/bin/python bench/run_all.py --smoke    # each once at a tiny size (make test runs it)
