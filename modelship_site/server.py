@@ -152,7 +152,11 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._arm()
+        # A request the client pipelined behind this one is under way now (uvicorn started
+        # it just above): its own end arms the deadline. Armed now, the sweep would take its
+        # connection for one waiting on headers and close it under the running request.
+        if self.cycle is None or self.cycle.response_complete:
+            self._arm()
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         # The connection is a WebSocket from here on, handed to its own protocol: no request

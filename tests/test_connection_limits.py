@@ -4,6 +4,7 @@ never end or a body that stalls, or grow it with a body of a gigabyte."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -62,6 +63,36 @@ def test_it_answers_408_to_a_body_that_stalls(
         sock.settimeout(10)
         answer = sock.recv(65536).decode()
     assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer
+
+
+def test_it_lets_a_pipelined_request_run_past_the_header_deadline(
+    gateway_url: str, api_key: Callable[..., str], serving: Callable[..., Any], site: Any
+) -> None:
+    """A request a client pipelined behind another is under way once the first is answered:
+    the headers' deadline does not close its connection while its stream runs."""
+    site.MSHIP_HEADER_TIMEOUT_S = 1.0
+    serving("slowtalker", config={"reply": "one two three four five six", "tokens_per_second": 2})
+    key = api_key()
+    chat = {"model": "slowtalker", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body = json.dumps(chat).encode()
+    first = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    second = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    received = b""
+    began = time.monotonic()
+    with connect(gateway_url) as sock:
+        sock.sendall(first.encode() + second.encode() + body)  # both at once: pipelined
+        sock.settimeout(20)
+        while b"data: [DONE]" not in received:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break  # closed under it
+            received += chunk
+    assert time.monotonic() - began > 2  # the stream outlived the headers' deadline
+    assert received.count(b"HTTP/1.1 200") == 2, received[-300:]
+    assert b"data: [DONE]" in received and b'"six"' in received.replace(b" ", b"")
 
 
 @pytest.fixture(scope="module")
