@@ -44,6 +44,8 @@ def wake(deployment_id: int, actor: str = "system") -> str:
         return deployer.wake(deployment_id, actor=actor).state
     except InsufficientMemory as exc:
         return f"refused: {exc}"
+    except Deployment.DoesNotExist:
+        return "gone"  # removed while the task waited in the queue
 
 
 def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "system") -> str:
@@ -51,6 +53,8 @@ def replace(deployment_id: int, strategy: str = "blue_green", actor: str = "syst
         return str(deployer.replace(deployment_id, strategy, actor=actor).state)
     except (InsufficientMemory, deployer.StartFailed, EngineUnreachable) as exc:
         return f"refused: {exc}"
+    except Deployment.DoesNotExist:
+        return "gone"  # removed while the task waited in the queue
 
 
 def remove(deployment_id: int, actor: str = "system") -> bool:

@@ -14,6 +14,7 @@ from django_q.brokers import get_broker
 from django_q.conf import Conf
 from rest_framework.test import APIClient
 
+from deployments import tasks
 from deployments.models import Deployment, DeploymentEvent, State
 from tests.conftest import REPO, env_for_subprocess, reply_of, wait_until
 
@@ -101,3 +102,15 @@ def test_it_starts_once_for_twenty_concurrent_api_starts(api: APIClient, cluster
     assert DeploymentEvent.objects.filter(deployment=deployment, kind="starting").count() == 1
     deployment.refresh_from_db()
     assert len(deployment.runtime_handle["replicas"]) == 1
+
+
+@pytest.mark.parametrize("task", ["start", "replace", "wake"])
+def test_it_drops_a_queued_task_whose_deployment_was_removed_meanwhile(
+    task: str, make_deployment: Any
+) -> None:
+    """A task that waited in the queue while its deployment was removed ends as "gone"
+    (the cluster logs no error, and runs the next)."""
+    removed = make_deployment("removed-meanwhile")
+    pk = removed.pk
+    removed.delete()
+    assert getattr(tasks, task)(pk) == "gone"
