@@ -295,9 +295,9 @@ def line(
 ) -> str:
     """The request's access line: one JSON object and its newline, filled into a template
     (a JSON encode of a dict per request cost the gateway more than the rest of its end)."""
-    counted = used is not None and status == 200
-    tokens_in = used.tokens_in if counted and used is not None else None
-    tokens_out = used.tokens_out if counted and used is not None else None
+    counted = used if status == 200 else None  # an error's tokens are not its answer's
+    tokens_in = counted.tokens_in if counted is not None else None
+    tokens_out = counted.tokens_out if counted is not None else None
     out = (
         f'{{"time": "{iso_time(time.time())}", "request_id": {text(record.request_id)},'
         f' "gateway": {text(record.gateway)}, "method": {text(record.method)},'

@@ -1,5 +1,6 @@
 """A plain HTTP server on this machine for a test's handler (a stand-in for somewhere a
-request must never reach, or an image host it may)."""
+request must never reach, or an image host it may), and an aiohttp application served the
+same way (an engine a test writes)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import http.server
 import threading
 from typing import TYPE_CHECKING
 
+from aiohttp import web
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Iterator
 
 
 @contextlib.contextmanager
@@ -23,3 +26,15 @@ def local_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[st
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.asynccontextmanager
+async def local_app(app: web.Application) -> AsyncIterator[int]:
+    """Serve `app` on 127.0.0.1 (a free port) for the block: its port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()

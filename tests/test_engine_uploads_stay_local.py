@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from deployments.engines.whisper_server import UNDECODABLE, make_app
-from tests.local_http import local_http
+from tests.local_http import local_app, local_http
 
 if TYPE_CHECKING:
     import threading
@@ -64,15 +63,8 @@ def metadata_lookalike() -> Iterator[tuple[str, list[str]]]:
 @pytest.fixture
 async def engine() -> AsyncIterator[str]:
     """The whisper engines' transcription routes, served on a port of this machine."""
-    runner = web.AppRunner(make_app(Silent(), ["ears"]))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with local_app(make_app(Silent(), ["ears"])) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def transcribe(url: str, upload: bytes, name: str) -> tuple[int, dict[str, Any]]:

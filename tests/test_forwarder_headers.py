@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from openai_api.forwarder import Call, Forwarder, downstream_headers
+from tests.local_http import local_app
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -33,14 +34,8 @@ async def engine() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
-    finally:
-        await runner.cleanup()
+    async with local_app(app) as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 async def test_it_passes_the_engine_s_headers_on_less_hop_by_hop_and_its_own_id(
@@ -70,24 +65,20 @@ async def test_it_keeps_no_cookie_an_engine_answer_sets() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    # A name, not an address: aiohttp keeps no cookie of an IP address anyway.
-    base = f"http://localhost:{runner.addresses[0][1]}"
-    forwarder = Forwarder()
-    try:
-        for caller in ("first", "second"):
-            sent: list[dict[str, Any]] = []
+    async with local_app(app) as port:
+        # A name, not an address: aiohttp keeps no cookie of an IP address anyway.
+        base = f"http://localhost:{port}"
+        forwarder = Forwarder()
+        try:
+            for caller in ("first", "second"):
+                sent: list[dict[str, Any]] = []
 
-            async def send(message: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
-                into.append(message)
+                async def send(message: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
+                    into.append(message)
 
-            call = Call("POST", base + "/v1/chat/completions", base, b"{}", [], caller, False)
-            await forwarder.forward(call, send)
-            assert sent[0]["status"] == 200
-    finally:
-        await forwarder.close()
-        await runner.cleanup()
+                call = Call("POST", base + "/v1/chat/completions", base, b"{}", [], caller, False)
+                await forwarder.forward(call, send)
+                assert sent[0]["status"] == 200
+        finally:
+            await forwarder.close()
     assert cookies == [None, None]
