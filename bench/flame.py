@@ -35,6 +35,7 @@ from gateway import (  # noqa: E402
     process,
     server_argv,
     simulated_engine,
+    stat_cpu,
 )
 
 # The parts of a request's way through the gateway, by the function that runs each
@@ -80,11 +81,8 @@ def summary(raw: Path) -> tuple[dict[str, float], list[tuple[str, float]]]:
 
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of each of a process's threads so far (Linux /proc)."""
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
-        found[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return found
+    tasks = Path(f"/proc/{pid}/task")
+    return {tid: stat_cpu(tasks / tid / "stat") for tid in os.listdir(tasks)}
 
 
 def main() -> None:

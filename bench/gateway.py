@@ -105,11 +105,16 @@ def simulated_site(tokens_per_second: float) -> Iterator[tuple[Path, dict[str, s
         yield Path(tmp), env, key
 
 
+def stat_cpu(stat: Path) -> float:
+    """User and system CPU seconds a /proc `stat` file (a process's, or one thread's) counts."""
+    fields = stat.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU a process and its children used so far, all their threads
     (Linux /proc): `serve --workers N`'s workers are its children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = stat_cpu(Path(f"/proc/{pid}/stat"))
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return own + sum(cpu_seconds(int(child)) for child in children)
 
@@ -270,12 +275,7 @@ def main() -> None:
         help="each load this many times, the targets taking turns; each figure is the median",
     )
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument(
-        "--driver",
-        choices=["wrk", "python"],
-        default="wrk" if wrk.available() else "python",
-        help="the load generator: wrk (C, where installed) or aiohttp from this process",
-    )
+    wrk.driver_option(parser)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     engine_port, stream_port = free_port(), free_port()

@@ -62,12 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument(
-        "--driver",
-        choices=["wrk", "python"],
-        default="wrk" if wrk.available() else "python",
-        help="the load generator: wrk (C, where installed) or aiohttp from this process",
-    )
+    wrk.driver_option(parser)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
     with simulated_site(0) as (_, env, key), collector() as traces:

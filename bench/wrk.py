@@ -12,6 +12,10 @@ import json
 import shutil
 import subprocess
 import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 SCRIPT = """\
 wrk.method = "POST"
@@ -31,6 +35,16 @@ end
 
 def available() -> bool:
     return shutil.which("wrk") is not None
+
+
+def driver_option(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's `--driver`: wrk where it is installed, else the Python client."""
+    parser.add_argument(
+        "--driver",
+        choices=["wrk", "python"],
+        default="wrk" if available() else "python",
+        help="the load generator: wrk (C, where installed) or aiohttp from this process",
+    )
 
 
 def lua_string(text: str) -> str:
