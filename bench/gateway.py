@@ -320,14 +320,19 @@ def main() -> None:
                 for label, found in runs.items():
                     results[label][c] = medians(found)
                     print(label, c, json.dumps(results[label][c]), flush=True)
-        for label, kind, server in targets:
-            # The yardstick knows one engine: the streaming one gets its own instance.
-            headers = auth if kind == "gateway" else {}
-            with serving(kind, server, env, stream_url, key) as (url, _):
-                asyncio.run(stream(url + "/v1/chat/completions", headers, 1, 10))  # warm up
-                results[label]["stream"] = asyncio.run(
-                    stream(url + "/v1/chat/completions", headers, 8, 1000)
-                )
+            for label, kind, server in targets:
+                headers = auth if kind == "gateway" else {}
+                with ExitStack() as streaming:
+                    url = served[label][0][0]
+                    if kind != "gateway":
+                        # The yardstick and the engine know one upstream: the streaming
+                        # engine gets its own instance (a gateway routes `bench-stream`).
+                        url = streaming.enter_context(serving(kind, server, env, stream_url, key))[
+                            0
+                        ]
+                    chat = url + "/v1/chat/completions"
+                    asyncio.run(stream(chat, headers, 1, 10))  # warm up
+                    results[label]["stream"] = asyncio.run(stream(chat, headers, 8, 1000))
     report(results, levels)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django_q.tasks import async_task
 
+from deployments.task_queue import wait_unless_stopping
 from ondemand.litellm import sync
 from ondemand.reaper import reap_once
 
@@ -35,11 +36,14 @@ def enqueue_litellm_sync() -> None:
 
 
 def reap() -> list[str]:
-    """Scheduled every minute (django-q's finest), it reaps every 15 s within that minute."""
+    """Scheduled every minute (django-q's finest), it reaps every 15 s within that minute;
+    a cluster asked to stop ends it after the pass under way."""
     stopped: list[str] = []
     for index in range(PASSES):
         began = time.monotonic()
         stopped += reap_once()
-        if index < PASSES - 1:
-            time.sleep(max(0.0, EVERY_S - (time.monotonic() - began)))
+        if index < PASSES - 1 and wait_unless_stopping(
+            max(0.0, EVERY_S - (time.monotonic() - began))
+        ):
+            break
     return stopped

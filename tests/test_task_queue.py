@@ -12,6 +12,8 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django_q.brokers import get_broker
 from django_q.conf import Conf
+from django_q.models import Success
+from django_q.tasks import async_task
 from rest_framework.test import APIClient
 
 from deployments import tasks
@@ -114,3 +116,18 @@ def test_it_drops_a_queued_task_whose_deployment_was_removed_meanwhile(
     pk = removed.pk
     removed.delete()
     assert getattr(tasks, task)(pk) == "gone"
+
+
+def test_it_stops_at_once_while_the_reaper_waits_between_passes(
+    cluster: subprocess.Popen[bytes],
+) -> None:
+    """The on-demand reaper spends most of each minute waiting between its passes in a
+    worker; a stopping cluster waits for its workers' tasks, so that wait used to hold up
+    `serve`'s shutdown until it killed the cluster (15 s). Asked to stop, the reaper ends
+    after the pass under way and its result is kept."""
+    async_task("ondemand.tasks.reap", task_name="reap-before-stop")
+    wait_until(lambda: not get_broker().queue_size(), 60)  # a worker took it
+    cluster.terminate()
+    cluster.wait(10)  # the reaper's next pass was due 15 s after its first
+    assert cluster.returncode == 0
+    assert Success.objects.filter(name="reap-before-stop").exists()
