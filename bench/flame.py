@@ -4,7 +4,10 @@ The gateway as `make run` serves it (modelship_site.server, access log on unless
 front of the unpaced simulated engine, non-streaming chat from wrk at one concurrency, and
 py-spy sampling the server process meanwhile. Writes a flame graph (SVG) and prints the
 share of the samples each part of the request's way takes (inclusive), and each module's own
-share, so what is left to take is named.
+share, so what is left to take is named. The yardstick (bench/yardstick.py, the same uvicorn
+and aiohttp with nothing of Modelship's) is sampled the same way, and the CPU per request of
+both is split by whose code ran (Modelship's, aiohttp's, uvicorn's, asyncio's...): what the
+libraries alone cost in the gateway against the yardstick's whole request.
 
     .venv/bin/python bench/flame.py [--seconds 10] [--concurrency 32] [--lean]
         [--out bench/flame-gateway.svg]
@@ -21,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +55,30 @@ PARTS = {
     "threads (the access log's writer, the route table's check)": "Thread._bootstrap ",
 }
 
+# Whose code a sample's innermost frame is in, by its path (the first that matches).
+OWNERS = {
+    "other threads (access log writer, route table check, executor)": "",  # by the stack
+    "Modelship (openai_api, modelship_site, common, ...)": (
+        r"^(openai_api|modelship_site|common|deployments|ondemand|bench)/"
+    ),
+    "aiohttp (with yarl, multidict)": r"^(aiohttp|yarl|multidict)/",
+    "uvicorn (with httptools)": r"^(uvicorn|httptools)/",
+    "asyncio (the loop, its waits, tasks)": r"^(asyncio|selectors|uvloop)/|runners\.py",
+    "prometheus_client": r"^prometheus_client/",
+    "Django": r"^django/",
+    "the rest (stdlib, other packages)": r"",
+}
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A server's CPU per request (µs), its event loop thread's part, and the owners' shares
+    of that thread's samples (%)."""
+
+    cpu_us: float
+    loop_us: float
+    owners: dict[str, float]
+
 
 def py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -59,11 +87,13 @@ def py_spy() -> str:
     return found
 
 
-def summary(raw: Path) -> tuple[dict[str, float], list[tuple[str, float]]]:
-    """Shares of the samples: each part's (inclusive), and the top modules' own."""
+def summary(raw: Path) -> tuple[dict[str, float], list[tuple[str, float]], dict[str, float]]:
+    """Shares of the samples: each part's (inclusive), the top modules' own; and each
+    owner's share of the event loop's thread's samples."""
     total = 0
     parts: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
+    owners: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         samples = int(count)
@@ -75,14 +105,61 @@ def summary(raw: Path) -> tuple[dict[str, float], list[tuple[str, float]]]:
         found = re.search(r"\((.*?):\d+\)", frames[-1])
         module = re.sub(r".*site-packages/", "", found.group(1)) if found else frames[-1]
         own[module] += samples
+        owners[owner(frames, module)] += samples
     share = {part: 100 * parts[part] / total for part in PARTS}
-    return share, [(m, 100 * n / total) for m, n in own.most_common(20)]
+    loop_total = max(total - owners[next(iter(OWNERS))], 1)
+    by_owner = {name: 100 * owners[name] / loop_total for name in OWNERS}  # of the loop's
+    return share, [(m, 100 * n / total) for m, n in own.most_common(20)], by_owner
+
+
+def owner(frames: list[str], module: str) -> str:
+    names = list(OWNERS)
+    if frames[0].startswith("Thread._bootstrap (threading.py"):
+        return names[0]
+    return next(name for name in names[1:] if re.search(OWNERS[name], module))
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of each of a process's threads so far (Linux /proc)."""
     tasks = Path(f"/proc/{pid}/task")
     return {tid: stat_cpu(tasks / tid / "stat") for tid in os.listdir(tasks)}
+
+
+def profile(
+    spy: str,
+    argv: list[str],
+    env: dict[str, str],
+    key: str,
+    seconds: int,
+    concurrency: int,
+    samples: Path,
+    graph: Path | None,
+) -> tuple[dict[str, float], float]:
+    """One server up, warmed, loaded by wrk and sampled by py-spy meanwhile (its folded
+    samples to `samples`, a flame graph to `graph`): wrk's figures, and the share of the
+    server's CPU its event loop's thread spent (/proc)."""
+    port = int(argv[argv.index("--port") + 1])
+    with process(argv, env, f"http://127.0.0.1:{port}/v1/models") as pid:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        headers = {"authorization": f"Bearer {key}"}
+        measure("wrk", url, headers, 4, 1.0)  # warm up
+        record = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "250", "--nonblocking"]
+        outputs = [("raw", samples)] + ([("flamegraph", graph)] if graph else [])
+        samplers = [
+            subprocess.Popen(
+                [*record, "-f", form, "-o", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for form, out in outputs
+        ]
+        before = thread_cpu(pid)
+        found = measure("wrk", url, headers, concurrency, seconds, pid)
+        after = thread_cpu(pid)
+        for sampler in samplers:
+            sampler.wait(60)
+    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
+    return found, 100 * spent.get(str(pid), 0.0) / max(sum(spent.values()), 1e-9)
 
 
 def main() -> None:
@@ -93,13 +170,14 @@ def main() -> None:
     parser.add_argument(
         "--out",
         default=str(REPO / "bench" / "flame-gateway.svg"),
-        help="the flame graph (and its folded samples beside it, .txt); '-': kept nowhere",
+        help="the flame graph (its folded samples beside it, .txt, and the yardstick's,"
+        " -yardstick.txt); '-': kept nowhere",
     )
     args = parser.parse_args()
     if not wrk.available():
         raise SystemExit("wrk is not installed: apt-get install wrk")
     spy = py_spy()
-    port, engine_port = free_port(), free_port()
+    engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -108,32 +186,29 @@ def main() -> None:
         graph = Path(tmp) / "flame.svg" if args.out == "-" else Path(args.out)
         env, key = prepare_site(Path(tmp), engine, engine)
         env["MSHIP_ACCESS_LOG"] = "off" if args.lean else "json"
-        argv = server_argv("modelship", "modelship_site.asgi:application", port)
-        with process(argv, env, f"http://127.0.0.1:{port}/v1/models") as pid:
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            headers = {"authorization": f"Bearer {key}"}
-            measure("wrk", url, headers, 4, 1.0)  # warm up
-            raw = Path(tmp) / "raw.txt"
-            record = [spy, "record", "-p", str(pid), "-d", str(args.seconds), "-r", "250"]
-            samplers = [
-                subprocess.Popen(
-                    [*record, "--nonblocking", "-f", form, "-o", str(out)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for form, out in (("raw", raw), ("flamegraph", graph))
-            ]
-            before = thread_cpu(pid)
-            found = measure("wrk", url, headers, args.concurrency, args.seconds, pid)
-            after = thread_cpu(pid)
-            for sampler in samplers:
-                sampler.wait(60)
-        parts, modules = summary(raw)
+        load = (args.seconds, args.concurrency)
+        raw, raw_yardstick = Path(tmp) / "raw.txt", Path(tmp) / "yardstick.txt"
+        argv = server_argv("modelship", "modelship_site.asgi:application", free_port())
+        found, main_share = profile(spy, argv, env, key, *load, raw, graph)
+        argv = server_argv("modelship", "bench.yardstick:app", free_port())
+        yardstick_env = {**env, "YARDSTICK_UPSTREAM": engine}
+        yardstick, yardstick_share = profile(
+            spy, argv, yardstick_env, key, *load, raw_yardstick, None
+        )
+        parts, modules, owners = summary(raw)
+        _, _, yardstick_owners = summary(raw_yardstick)
+        spent = [
+            Spent(figures["cpu_us"], figures["cpu_us"] * share / 100, shares)
+            for figures, share, shares in (
+                (found, main_share, owners),
+                (yardstick, yardstick_share, yardstick_owners),
+            )
+        ]
         if args.out != "-":
             shutil.copy(raw, graph.with_suffix(".txt"))  # the samples, folded
+            shutil.copy(raw_yardstick, graph.with_name(f"{graph.stem}-yardstick.txt"))
     print(f"c={args.concurrency}: " + json.dumps({k: round(v, 1) for k, v in found.items()}))
-    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
-    main_share = 100 * spent.get(str(pid), 0.0) / max(sum(spent.values()), 1e-9)
+    print("the yardstick: " + json.dumps({k: round(v, 1) for k, v in yardstick.items()}))
     # py-spy samples a thread that waits for a core as running: on two busy cores the
     # threads' samples overstate what they spend, which /proc tells.
     print(f"the event loop's thread: {main_share:.1f}% of the server's CPU (/proc)")
@@ -144,6 +219,27 @@ def main() -> None:
     print("\n| module (own samples) | share |\n| --- | --- |")
     for module, share in modules:
         print(f"| {module} | {share:.1f}% |")
+    print(owners_table(*spent))
+
+
+def owners_table(gateway: Spent, yardstick: Spent) -> str:
+    """CPU µs per request by whose code ran, the gateway beside the yardstick: each server's
+    measured CPU per request, its event loop's thread's part (/proc) split by the shares of
+    that thread's samples; the other threads' part as /proc has it (their samples overstate
+    it: py-spy counts a thread waiting for a core as running)."""
+    rows = [
+        "",
+        "| whose code (own samples) | gateway µs/req | yardstick µs/req |",
+        "| --- | --- | --- |",
+    ]
+    threads, *loop_owners = OWNERS
+    for name in loop_owners:
+        mine, theirs = (spent.loop_us * spent.owners[name] / 100 for spent in (gateway, yardstick))
+        rows.append(f"| {name} | {mine:.0f} | {theirs:.0f} |")
+    mine, theirs = (spent.cpu_us - spent.loop_us for spent in (gateway, yardstick))
+    rows.append(f"| {threads} | {mine:.0f} | {theirs:.0f} |")
+    rows.append(f"| all | {gateway.cpu_us:.0f} | {yardstick.cpu_us:.0f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

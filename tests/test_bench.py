@@ -47,3 +47,4 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures
+    assert "| whose code (own samples) |" in report  # the gateway beside the yardstick
