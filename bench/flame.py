@@ -42,6 +42,8 @@ from gateway import (  # noqa: E402
     stat_cpu,
 )
 
+THREAD_ROOT = "Thread._bootstrap (threading.py"  # the first frame of a thread but the main one
+
 # The parts of a request's way through the gateway, by the function that runs each
 # (inclusive: with what it calls), in the order a request meets them.
 PARTS = {
@@ -52,12 +54,13 @@ PARTS = {
     "        the engine's request and answer (aiohttp)": "requested (openai_api/forwarder.py",
     "        the answer passed on": "pass_on (openai_api/forwarder.py",
     "    the request's end (access line, metrics, usage)": "finish (openai_api/access.py",
-    "threads (the access log's writer, the route table's check)": "Thread._bootstrap ",
+    "threads (the access log's writer, the route table's check)": THREAD_ROOT,
 }
 
-# Whose code a sample's innermost frame is in, by its path (the first that matches).
+# Whose code a sample of the event loop's thread is in, by its innermost frame's path (the
+# first that matches); another thread's samples are THREADS', whatever they run.
+THREADS = "other threads (access log writer, route table check, executor)"
 OWNERS = {
-    "other threads (access log writer, route table check, executor)": "",  # by the stack
     "Modelship (openai_api, modelship_site, common, ...)": (
         r"^(openai_api|modelship_site|common|deployments|ondemand|bench)/"
     ),
@@ -107,16 +110,15 @@ def summary(raw: Path) -> tuple[dict[str, float], list[tuple[str, float]], dict[
         own[module] += samples
         owners[owner(frames, module)] += samples
     share = {part: 100 * parts[part] / total for part in PARTS}
-    loop_total = max(total - owners[next(iter(OWNERS))], 1)
-    by_owner = {name: 100 * owners[name] / loop_total for name in OWNERS}  # of the loop's
+    loop_total = max(total - owners[THREADS], 1)
+    by_owner = {name: 100 * owners[name] / loop_total for name in OWNERS}
     return share, [(m, 100 * n / total) for m, n in own.most_common(20)], by_owner
 
 
 def owner(frames: list[str], module: str) -> str:
-    names = list(OWNERS)
-    if frames[0].startswith("Thread._bootstrap (threading.py"):
-        return names[0]
-    return next(name for name in names[1:] if re.search(OWNERS[name], module))
+    if frames[0].startswith(THREAD_ROOT):
+        return THREADS
+    return next(name for name, path in OWNERS.items() if re.search(path, module))
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -127,7 +129,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 def profile(
     spy: str,
-    argv: list[str],
+    app: str,
     env: dict[str, str],
     key: str,
     seconds: int,
@@ -135,10 +137,11 @@ def profile(
     samples: Path,
     graph: Path | None,
 ) -> tuple[dict[str, float], float]:
-    """One server up, warmed, loaded by wrk and sampled by py-spy meanwhile (its folded
-    samples to `samples`, a flame graph to `graph`): wrk's figures, and the share of the
-    server's CPU its event loop's thread spent (/proc)."""
-    port = int(argv[argv.index("--port") + 1])
+    """`app` served as `make run` serves the gateway, warmed, loaded by wrk and sampled by
+    py-spy meanwhile (its folded samples to `samples`, a flame graph to `graph`): wrk's
+    figures, and the share of the server's CPU its event loop's thread spent (/proc)."""
+    port = free_port()
+    argv = server_argv("modelship", app, port)
     with process(argv, env, f"http://127.0.0.1:{port}/v1/models") as pid:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}"}
@@ -188,12 +191,11 @@ def main() -> None:
         env["MSHIP_ACCESS_LOG"] = "off" if args.lean else "json"
         load = (args.seconds, args.concurrency)
         raw, raw_yardstick = Path(tmp) / "raw.txt", Path(tmp) / "yardstick.txt"
-        argv = server_argv("modelship", "modelship_site.asgi:application", free_port())
-        found, main_share = profile(spy, argv, env, key, *load, raw, graph)
-        argv = server_argv("modelship", "bench.yardstick:app", free_port())
+        gateway = "modelship_site.asgi:application"
+        found, main_share = profile(spy, gateway, env, key, *load, raw, graph)
         yardstick_env = {**env, "YARDSTICK_UPSTREAM": engine}
         yardstick, yardstick_share = profile(
-            spy, argv, yardstick_env, key, *load, raw_yardstick, None
+            spy, "bench.yardstick:app", yardstick_env, key, *load, raw_yardstick, None
         )
         parts, modules, owners = summary(raw)
         _, _, yardstick_owners = summary(raw_yardstick)
@@ -232,12 +234,11 @@ def owners_table(gateway: Spent, yardstick: Spent) -> str:
         "| whose code (own samples) | gateway µs/req | yardstick µs/req |",
         "| --- | --- | --- |",
     ]
-    threads, *loop_owners = OWNERS
-    for name in loop_owners:
+    for name in OWNERS:
         mine, theirs = (spent.loop_us * spent.owners[name] / 100 for spent in (gateway, yardstick))
         rows.append(f"| {name} | {mine:.0f} | {theirs:.0f} |")
     mine, theirs = (spent.cpu_us - spent.loop_us for spent in (gateway, yardstick))
-    rows.append(f"| {threads} | {mine:.0f} | {theirs:.0f} |")
+    rows.append(f"| {THREADS} | {mine:.0f} | {theirs:.0f} |")
     rows.append(f"| all | {gateway.cpu_us:.0f} | {yardstick.cpu_us:.0f} |")
     return "\n".join(rows)
 

@@ -327,9 +327,9 @@ def main() -> None:
                     if kind != "gateway":
                         # The yardstick and the engine know one upstream: the streaming
                         # engine gets its own instance (a gateway routes `bench-stream`).
-                        url = streaming.enter_context(serving(kind, server, env, stream_url, key))[
-                            0
-                        ]
+                        url, _ = streaming.enter_context(
+                            serving(kind, server, env, stream_url, key)
+                        )
                     chat = url + "/v1/chat/completions"
                     asyncio.run(stream(chat, headers, 1, 10))  # warm up
                     results[label]["stream"] = asyncio.run(stream(chat, headers, 8, 1000))
