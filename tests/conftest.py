@@ -28,6 +28,7 @@ from django_q.signing import SignedPackage
 from deployments import deployer, engine_envs
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
+from deployments.runtimes.process import proc_stat
 from openai_api.access import writer
 from openai_api.dispatch import dispatcher
 from openai_api.usage.budgets import budgets
@@ -328,11 +329,9 @@ def sim(**options: Any) -> dict[str, Any]:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    # proc_stat: a process that ends between opening its stat and reading it is gone, not an error
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in "ZX"
 
 
 def resident_bytes(pid: int) -> int:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from deployments.engines.ray_entry import PORT_LINE
+from deployments.runtimes.process import proc_stat
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -54,11 +55,8 @@ def gone(pid: int, within_s: float = 20.0) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        try:
-            with open(f"/proc/{pid}/stat") as stat:  # a zombie waits for its reaper: gone too
-                if stat.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
+        stat = proc_stat(pid)
+        if stat is None or stat[0] == "Z":  # a zombie waits for its reaper: gone too
             return True
         time.sleep(0.05)
     return False
