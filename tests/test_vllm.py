@@ -461,7 +461,13 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     assert "tiny-vllm-poet" not in listed  # not loaded before it is asked for
     client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
+    def unused() -> bool:
+        return not any(any(r.inflight.values()) for r in runtime_adapters.replicas.values())
+
     def said(model: str) -> str:
+        # An answer's slot is released just after its last byte went out: the next request
+        # waits for that, or it could find the adapter still serving (and rightly keep it).
+        wait_until(unused)
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
         )
@@ -488,6 +494,7 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     assert set(loaded()) == {"tiny-vllm-bard"}  # the least recently used made room
     assert said("tiny-vllm-poet") == poet  # loaded again, in its turn
     # Idle past its timeout: the gateway's sweep unloads it.
+    wait_until(unused)
     for replica in runtime_adapters.replicas.values():
         for name in replica.used:
             replica.used[name] = 1.0  # long ago
