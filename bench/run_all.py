@@ -65,6 +65,12 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ["usage_cost.py", "--seconds", "0.5", "--rounds", "1"],
     ),
     (
+        "The route table's check on the connection its thread keeps, against a new one each"
+        " check (SQLite; --postgres for a server)",
+        ["route_table_checks.py"],
+        ["route_table_checks.py", "--checks", "20", "--rounds", "1"],
+    ),
+    (
         "One gateway process against two (`serve --workers 2`), the same machine's cores",
         ["gateway.py", "--seconds", "4", "--servers", "modelship,modelship-w2"],
         None,  # the smoke run above serves both

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError
 
 from common import metrics
+from common.db_thread import DatabaseThread
 from common.versioned import Stamp, stamp
 from deployments.adapters import RUNTIME_ADAPTERS, lora_files
 from deployments.loaders import LOADERS, EngineSpec
@@ -240,39 +240,27 @@ def stamps() -> tuple[Stamp, Stamp, Stamp]:
     return stamp(Deployment), stamp(ApiKey), stamp(Team)
 
 
-def checked_stamps() -> tuple[Stamp, Stamp, Stamp]:
-    """`stamps()` from the refresher's thread, which keeps no connection."""
-    try:
-        return stamps()
-    finally:
-        connection.close()
-
-
 def load() -> Snapshot:
     routes: dict[str, Route] = {}
     models = []
     keys: dict[str, Key] = {}
-    try:
-        # Before the rows: a write between the two reads moves the stamp again, and the
-        # next check reads the rows again.
-        seen = stamps()
-        for d in Deployment.objects.select_related("adapter_of").order_by("name"):
-            try:
-                route = route_of(d)
-            except Exception as exc:  # one bad row must not take the others down
-                skipped("deployment", d.pk, exc)
-                continue
-            models.append(route)
-            for served in (route.name, *route.aliases):
-                routes.setdefault(served, route)
-        for k in ApiKey.objects.select_related("team"):
-            try:
-                keys[k.prefix] = key_of(k)
-            except Exception as exc:
-                skipped("API key", k.pk, exc)
-    finally:
-        # The refresher's thread holds no connection between loads.
-        connection.close()
+    # Before the rows: a write between the two reads moves the stamp again, and the
+    # next check reads the rows again.
+    seen = stamps()
+    for d in Deployment.objects.select_related("adapter_of").order_by("name"):
+        try:
+            route = route_of(d)
+        except Exception as exc:  # one bad row must not take the others down
+            skipped("deployment", d.pk, exc)
+            continue
+        models.append(route)
+        for served in (route.name, *route.aliases):
+            routes.setdefault(served, route)
+    for k in ApiKey.objects.select_related("team"):
+        try:
+            keys[k.prefix] = key_of(k)
+        except Exception as exc:
+            skipped("API key", k.pk, exc)
     metrics.route_table_loaded().set(time.time())
     now = time.monotonic()
     return Snapshot(
@@ -291,6 +279,8 @@ class Catalog:
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
+        # Its reads keep one connection: a check twice a second is not a new one each time.
+        self._db = DatabaseThread("modelship-route-table")
         # Loaded by `warm` at the start: the first request reads the tables again itself.
         self._reread = False
         # Called when a reload shows a deployment's state changed (the on-demand controller
@@ -307,7 +297,7 @@ class Catalog:
             async with self._first:
                 if self.snapshot is None or self._reread:
                     try:
-                        self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                        self.snapshot = await self._db.run(load)
                         self._reread = False
                     except DatabaseError as exc:
                         if self.snapshot is None:
@@ -349,6 +339,14 @@ class Catalog:
             self.loop.call_soon_threadsafe(self._wake.set)
 
     async def _refresh(self) -> None:
+        try:
+            await self._refresh_until_cancelled()
+        finally:
+            # The loop's end (or a test's cancel): its connection closed with it, not left
+            # to the thread's idle timeout.
+            self._db.release()
+
+    async def _refresh_until_cancelled(self) -> None:
         assert self._wake is not None
         while True:
             with contextlib.suppress(TimeoutError):
@@ -359,13 +357,12 @@ class Catalog:
                 before = self.snapshot
                 if not asked and await self._unchanged(before):
                     continue
-                self.snapshot = await sync_to_async(load, thread_sensitive=False)()
+                self.snapshot = await self._db.run(load)
                 if before is None or states(before) != states(self.snapshot):
                     for listener in list(self.listeners):
                         listener()
             except Exception:  # a database hiccup keeps the last good view
                 log.exception("could not refresh the route table")
-                await sync_to_async(close_old_connections, thread_sensitive=False)()
 
     async def _unchanged(self, snapshot: Snapshot | None) -> bool:
         """Whether the tables still hold what `snapshot` was read from (then it is marked
@@ -373,7 +370,7 @@ class Catalog:
         if snapshot is None or time.monotonic() - snapshot.read_at >= FULL_READ_S:
             return False
         checked = time.monotonic()
-        if await sync_to_async(checked_stamps, thread_sensitive=False)() != snapshot.stamp:
+        if await self._db.run(stamps) != snapshot.stamp:
             return False
         if self.snapshot is snapshot:
             self.snapshot = replace(snapshot, loaded_at=checked)

@@ -40,11 +40,13 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         "usage_cost",
         "prefix_routing",
         "flame",
+        "route_table_checks",
     )
     for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 13
+    assert report.count("(exit 0,") == 14
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures
     assert "| whose code (own samples) |" in report  # the gateway beside the yardstick
+    assert "kept " in report and "new connection each check" in report  # the route table

@@ -1,0 +1,100 @@
+"""One thread that runs the database reads handed to it from an event loop and keeps its
+connection between them.
+
+The route table asks whether its tables changed twice a second in every gateway process. Run
+on a pool thread that closes its connection after each read, each check opened a new
+connection: on PostgreSQL a backend forked (and authenticated, and logged where connections
+are logged) twice a second per process, forever. This thread opens one and keeps it while
+reads keep coming. It lets go of it after any error (a connection the server dropped is not
+kept: the next read opens another), once no read came for IDLE_S, and at `release()`: a
+connection left open would hold the database (a test database cannot be dropped under it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import connection
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+T = TypeVar("T")
+
+IDLE_S = 5.0
+"""A connection no read used for this long is closed (longer than any usual check interval:
+MSHIP_ROUTE_REFRESH_S is 0.5 s)."""
+
+Job = tuple["Callable[[], Any]", asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+class DatabaseThread:
+    def __init__(self, name: str, idle_s: float = IDLE_S) -> None:
+        self.name = name
+        self.idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Job | threading.Event] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    async def run(self, read: Callable[[], T]) -> T:
+        """`read()` on this thread, its connection kept for the next."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._start()
+        self._jobs.put((read, loop, future))
+        return await future
+
+    def release(self, wait_s: float = 5.0) -> None:
+        """Close the connection now (the reads under way first); blocks up to `wait_s`."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                return
+        closed = threading.Event()
+        self._jobs.put(closed)
+        closed.wait(wait_s)
+
+    def _start(self) -> None:
+        with self._lock:
+            # Not alive: a thread of the process this one was forked from.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                close()
+                continue
+            if isinstance(job, threading.Event):
+                close()
+                job.set()
+                continue
+            read, loop, future = job
+            try:
+                result, error = read(), None
+            except Exception as exc:  # handed to the caller; the connection is not kept
+                close()
+                result, error = None, exc
+            # A loop that closed meanwhile has no one waiting for the answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, future, result, error)
+
+
+def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def close() -> None:
+    with contextlib.suppress(Exception):  # a connection already broken closes as far as it can
+        connection.close()

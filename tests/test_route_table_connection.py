@@ -1,0 +1,104 @@
+"""The route table's checks keep one database connection (common/db_thread.py), let go of it
+once idle and at the loop's end, and replace one the database dropped rather than keep it."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
+
+from common.db_thread import DatabaseThread
+from openai_api.catalog import catalog
+from openai_api.models import ApiKey
+from tests.conftest import wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+pytestmark = pytest.mark.usefixtures("engines")
+
+
+# Threads that write on their own schedule (usage every MSHIP_USAGE_FLUSH_S, budgets every
+# MSHIP_BUDGET_REFRESH_S once one is set), whatever the route table does.
+OWN_SCHEDULE = ("modelship-usage", "modelship-budgets")
+
+
+@pytest.fixture
+def opened() -> Iterator[list[str]]:
+    """The threads that open a database connection while the test runs (the test's own
+    thread and those on their own schedule left out)."""
+    threads: list[str] = []
+    own = threading.current_thread()
+
+    def count(sender: Any, **kwargs: Any) -> None:
+        thread = threading.current_thread()
+        if thread is not own and thread.name not in OWN_SCHEDULE:
+            threads.append(thread.name)
+
+    connection_created.connect(count)
+    yield threads
+    connection_created.disconnect(count)
+
+
+def checks(count: int) -> None:
+    """Wait until the route table has been checked against the tables `count` times more
+    (each check that finds them unchanged marks the table current again)."""
+    seen: set[float] = set()
+
+    def checked() -> bool:
+        if catalog.snapshot is not None:
+            seen.add(catalog.snapshot.loaded_at)
+        return len(seen) > count
+
+    wait_until(checked, 30)
+
+
+def test_it_checks_the_tables_on_one_connection_it_keeps(
+    api_key: Callable[..., str], opened: list[str]
+) -> None:
+    api_key()  # the gateway runs, checking 20 times a second (MSHIP_ROUTE_REFRESH_S 0.05)
+    opened.clear()
+    checks(20)
+    # One at most: the check after the key's load may open it; a connection per check was 20.
+    assert len(opened) <= 1, opened
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a server that drops connections")
+def test_it_opens_another_connection_when_the_database_dropped_the_kept_one(
+    gateway_url: str, api_key: Callable[..., str], opened: list[str]
+) -> None:
+    first = api_key()
+    checks(3)
+    with connection.cursor() as cursor:  # what a database restart or an idle timeout does
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    second = api_key()  # seen by the gateway: its checks and loads work again
+    checks(3)
+    assert opened, "no new connection after the old one was dropped"
+    for key in (first, second):
+        answer = httpx.get(gateway_url + "/v1/models", headers={"authorization": f"Bearer {key}"})
+        assert answer.status_code == 200, answer.text
+
+
+async def test_it_lets_go_of_its_connection_once_idle_and_when_released(
+    transactional_db: None,
+) -> None:
+    kept = DatabaseThread("test-db-thread", idle_s=0.3)
+
+    def read() -> Any:
+        ApiKey.objects.exists()
+        return connections["default"]  # this thread's: `.connection` is the open one
+
+    wrapper = await kept.run(read)
+    assert wrapper.connection is not None
+    assert await kept.run(read) is wrapper and wrapper.connection is not None  # kept
+    wait_until(lambda: wrapper.connection is None, 5)  # unused for 0.3 s
+    assert (await kept.run(read)).connection is not None  # opened again when needed
+    kept.release()
+    assert wrapper.connection is None
