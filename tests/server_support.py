@@ -27,14 +27,28 @@ def connect(url: str, source: str | None = None) -> socket.socket:
     )
 
 
-def answer_of(sock: socket.socket, timeout: float = 10) -> str:
-    """What the server answers on `sock` (its head and the start of its body), or "" when it
-    closed without a word or kept silent for `timeout` seconds."""
+def answer_of(sock: socket.socket, timeout: float = 10, begun: bytes = b"") -> str:
+    """What the server answers on `sock` (after `begun`, what was read of it already): its
+    head and its body as far as its content-length says, or the head and what came with it
+    where it gives none; "" when it closed without a word or kept silent for `timeout`
+    seconds. The head and the body may come in separate segments (one write each)."""
     sock.settimeout(timeout)
-    try:
-        return sock.recv(65536).decode(errors="replace")
-    except OSError:
-        return ""
+    answer = begun
+    with contextlib.suppress(OSError):
+        while not whole(answer) and (part := sock.recv(65536)):
+            answer += part
+    return answer.decode(errors="replace")
+
+
+def whole(answer: bytes) -> bool:
+    head, ended, body = answer.partition(b"\r\n\r\n")
+    if not ended:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return True
 
 
 def answer_until_closed(sock: socket.socket, timeout: float = 10) -> str:

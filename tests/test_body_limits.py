@@ -41,8 +41,9 @@ def drip(sock: socket.socket, every: float = 0.1, give_up_s: float = 20) -> str:
     give_up = time.monotonic() + give_up_s
     while time.monotonic() < give_up:
         try:
-            answer = sock.recv(65536)
-            return answer.decode(errors="replace")
+            if answer := sock.recv(65536):
+                return answer_of(sock, 5, answer)
+            return ""
         except TimeoutError:
             pass
         except OSError:
