@@ -12,9 +12,12 @@ token.
 
     .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn,modelship]
     .venv/bin/python bench/gateway.py --servers modelship,modelship-w2   # one process vs two
+    .venv/bin/python bench/gateway.py --servers modelship,modelship-uvloop   # the two loops
 
 `modelship-wN` is `serve --workers N --gateway-only`: its ratio against `modelship` (one
 process) is the several-processes figure; the load generator shares the machine's cores.
+A `-uvloop` server runs on uvloop, its yardstick too; the rest on asyncio's own loop, which
+`make run` serves on (MSHIP_SERVE_LOOP).
 """
 
 from __future__ import annotations
@@ -124,7 +127,15 @@ def cpu_seconds(pid: int) -> float:
 VARIANTS = ("modelship-lean", "modelship-run")
 
 
+def loop_of(server: str) -> str:
+    """`modelship-uvloop`: the gateway (and its yardstick) on uvloop; the rest on the loop
+    `make run` serves on (MSHIP_SERVE_LOOP's default)."""
+    return "uvloop" if server.endswith("-uvloop") else "asyncio"
+
+
 def server_argv(server: str, app: str, port: int) -> list[str]:
+    loop = loop_of(server)
+    server = server.removesuffix("-uvloop")
     if server == "modelship-run" and app == "modelship_site.asgi:application":
         # `make run`'s own process: `serve`, its django-q cluster and autoscaler beside it.
         return [sys.executable, "manage.py", "serve", "--port", str(port)]
@@ -151,6 +162,8 @@ def server_argv(server: str, app: str, port: int) -> list[str]:
             "--no-access-log",
             "--log-level",
             "warning",
+            "--loop",
+            loop,
         ]
     return [sys.executable, "-m", "daphne", "-p", str(port), app]
 
@@ -363,7 +376,7 @@ def serving(
     log = {"MSHIP_ACCESS_LOG": "off" if server == "modelship-lean" else "json"}
     with process(
         server_argv(server, app, port),
-        {**env, "YARDSTICK_UPSTREAM": upstream, **log},
+        {**env, "YARDSTICK_UPSTREAM": upstream, "MSHIP_SERVE_LOOP": loop_of(server), **log},
         f"http://127.0.0.1:{port}/v1/models",
     ) as pid:
         yield f"http://127.0.0.1:{port}", pid

@@ -5,8 +5,11 @@ application sees it and buffers a slow reader's answer without bound, so neither
 body limit nor flow control to the engine would hold. uvicorn hands the body over as it
 arrives (a refused body stops being read) and makes `send` wait while the client's socket is
 full, so a slow reader slows the engine's stream instead of growing the gateway. And on
-`httptools` and `uvloop` (dependencies; uvicorn picks them up) it is the fastest of the
-three measured side by side (bench/README.md).
+`httptools` (a dependency; uvicorn picks it up) it is the fastest of the three measured side
+by side (bench/README.md). Its event loop is asyncio's own (MSHIP_SERVE_LOOP): uvloop did
+about 5% more requests a second at one connection and the same at 32 and 256, but once
+saturated it left some connections unread for seconds (p99 3.0 s at 256 connections on two
+cores, against 0.18 s on asyncio's loop).
 
 Limits (each an MSHIP_* setting, see README):
 - a connection must finish its request headers within MSHIP_HEADER_TIMEOUT_S (uvicorn has no
@@ -240,6 +243,7 @@ def config(
         ws_max_size=settings.MSHIP_MAX_BODY_BYTES,
         ws_ping_interval=settings.MSHIP_WS_PING_S,
         ws_ping_timeout=settings.MSHIP_WS_PING_S,
+        loop=settings.MSHIP_SERVE_LOOP,
         **options,
     )
 

@@ -328,6 +328,9 @@ MSHIP_KEEPALIVE_TIMEOUT_S = env_float("MSHIP_KEEPALIVE_TIMEOUT_S", 30)
 MSHIP_MAX_CONNECTIONS = env_int("MSHIP_MAX_CONNECTIONS", 4096)
 # Server processes `serve` runs on its port: a number, or "auto" (modelship_site/workers.py).
 MSHIP_SERVE_WORKERS = os.environ.get("MSHIP_SERVE_WORKERS", "auto")
+# The server's event loop (modelship_site/server.py): Python's own, or uvloop (a few percent
+# more requests a second, a far longer tail once saturated: bench/README.md).
+MSHIP_SERVE_LOOP = env_choice("MSHIP_SERVE_LOOP", "asyncio", ("asyncio", "uvloop"))
 # A whole request body must be in within this, however steadily it trickles (every path).
 MSHIP_BODY_TOTAL_TIMEOUT_S = env_float("MSHIP_BODY_TOTAL_TIMEOUT_S", 60)
 # Connections from one client address at once (the socket's peer; 0: no cap): a quarter of

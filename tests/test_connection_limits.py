@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from deployments import deployer
 from modelship_site.management.commands.serve import Command
 from tests.conftest import REPO, answers, resident_bytes, wait_until
-from tests.server_support import connect, served_in_process
+from tests.server_support import answer_of, connect, served_in_process
 
 if TYPE_CHECKING:
     import socket
@@ -60,8 +61,7 @@ def test_it_answers_408_to_a_body_that_stalls(
             + f"Authorization: Bearer {key}\r\nContent-Length: 1000\r\n\r\n".encode()
             + b'{"model": "x", '
         )
-        sock.settimeout(10)
-        answer = sock.recv(65536).decode()
+        answer = answer_of(sock)
     assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer
 
 
@@ -124,11 +124,7 @@ def stream_upload(url: str, total: int, headers: dict[str, str]) -> tuple[int, s
                 sent += len(chunk)
         except OSError:
             pass  # the server answered and closed: the rest is not read
-        sock.settimeout(10)
-        try:
-            answer = sock.recv(65536).decode(errors="replace")
-        except OSError:
-            answer = ""
+        answer = answer_of(sock)
     return sent, answer
 
 
@@ -224,6 +220,19 @@ def test_it_is_the_server_serve_runs_by_default() -> None:
     assert os.path.exists(REPO / "modelship_site" / "server.py")
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_it_serves_on_the_event_loop_the_setting_names(
+    django_db_setup: None, django_db_blocker: Any, loop: str
+) -> None:
+    with served_in_process(django_db_blocker, MSHIP_SERVE_LOOP=loop) as (url, pid):
+        with connect(url) as sock:  # a refusal's head and body, whole, on either loop
+            sock.sendall(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n")
+            answer = answer_of(sock)
+        on_uvloop = "/uvloop/" in (Path("/proc") / str(pid) / "maps").read_text()
+    assert on_uvloop == (loop == "uvloop")
+    assert answer.startswith("HTTP/1.1 413 ") and answer.endswith("takes no request body.\n")
+
+
 @pytest.mark.parametrize(("size", "status"), [(60_000, 401), (70_000, 400), (4_000_000, 400)])
 def test_it_refuses_request_headers_over_64_kib(
     gateway_url: str, transactional_db: None, size: int, status: int
@@ -237,6 +246,5 @@ def test_it_refuses_request_headers_over_64_kib(
             sock.sendall(
                 b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
             )
-        sock.settimeout(10)
-        answer = sock.recv(65536).decode(errors="replace")
+        answer = answer_of(sock)
     assert answer.startswith(f"HTTP/1.1 {status} ")
