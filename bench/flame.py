@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import wrk  # noqa: E402
 from gateway import (  # noqa: E402
     free_port,
+    loop_of,
     measure,
     prepare_site,
     process,
@@ -142,7 +143,10 @@ def profile(
     figures, and the share of the server's CPU its event loop's thread spent (/proc)."""
     port = free_port()
     argv = server_argv("modelship", app, port)
-    with process(argv, env, f"http://127.0.0.1:{port}/v1/models") as pid:
+    # Both on the loop `make run` serves on (the yardstick's argv names it; the gateway reads
+    # the setting, which the caller's environment could have changed).
+    served_env = {**env, "MSHIP_SERVE_LOOP": loop_of("modelship")}
+    with process(argv, served_env, f"http://127.0.0.1:{port}/v1/models") as pid:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}"}
         measure("wrk", url, headers, 4, 1.0)  # warm up

@@ -303,7 +303,9 @@ def main() -> None:
         env, key = prepare_site(Path(tmp), engine_url, stream_url)
         targets: list[tuple[str, str, str]] = [("direct", "direct", "")]
         for server in args.servers.split(","):
-            if server not in VARIANTS:
+            if server.startswith("daphne") and loop_of(server) == "uvloop":
+                raise SystemExit("daphne runs on Twisted's reactor: no -uvloop for it")
+            if server.removesuffix("-uvloop") not in VARIANTS:
                 targets.append((f"yardstick/{server}", "yardstick", server))
             targets.append((f"gateway/{server}", "gateway", server))
         results: dict[str, Any] = {label: {} for label, _, _ in targets}
@@ -366,17 +368,19 @@ def serving(
         yield upstream, None
         return
     port = free_port()
-    if kind == "gateway" and server == "modelship-run":
-        with run_site.serve({**env, "MSHIP_ACCESS_LOG": "json"}, port, key) as pid:
+    loop = {"MSHIP_SERVE_LOOP": loop_of(server)}
+    base = server.removesuffix("-uvloop")
+    if kind == "gateway" and base == "modelship-run":
+        with run_site.serve({**env, "MSHIP_ACCESS_LOG": "json", **loop}, port, key) as pid:
             yield f"http://127.0.0.1:{port}", pid
         return
     app = "bench.yardstick:app" if kind == "yardstick" else "modelship_site.asgi:application"
     # The access log as `make run` has it (whatever the caller's environment says), but for
     # the lean gateway; its lines go nowhere (process() drops the servers' output).
-    log = {"MSHIP_ACCESS_LOG": "off" if server == "modelship-lean" else "json"}
+    log = {"MSHIP_ACCESS_LOG": "off" if base == "modelship-lean" else "json"}
     with process(
         server_argv(server, app, port),
-        {**env, "YARDSTICK_UPSTREAM": upstream, "MSHIP_SERVE_LOOP": loop_of(server), **log},
+        {**env, "YARDSTICK_UPSTREAM": upstream, **loop, **log},
         f"http://127.0.0.1:{port}/v1/models",
     ) as pid:
         yield f"http://127.0.0.1:{port}", pid
@@ -403,7 +407,8 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
         if not label.startswith("gateway/"):
             continue
         server = label.split("/")[1]
-        yardstick = "modelship" if server in VARIANTS else server
+        base, suffix = server.removesuffix("-uvloop"), server[len(server.removesuffix("-uvloop")) :]
+        yardstick = f"modelship{suffix}" if base in VARIANTS else server
         yard, gate = results[f"yardstick/{yardstick}"], results[label]
         ratios = ", ".join(
             f"c={c}: {gate[c]['rps'] / yard[c]['rps']:.2f}x req/s, "

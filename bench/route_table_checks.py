@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -47,7 +48,7 @@ def postgres_database(server: str) -> tuple[str, str]:
     """A database of its own on `server`: (its URL, its name)."""
     name = f"mship_bench_checks_{os.getpid()}"
     subprocess.run(["psql", server, "-qc", f"CREATE DATABASE {name}"], check=True)
-    return server.rsplit("/", 1)[0] + "/" + name, name
+    return urlunsplit(urlsplit(server)._replace(path="/" + name)), name
 
 
 async def measure(way: str, checks: int, opened: list[Any]) -> dict[str, float]:
@@ -104,7 +105,8 @@ def main() -> None:
                 from django.db import connections  # noqa: PLC0415
 
                 connections.close_all()
-                subprocess.run(["psql", args.postgres, "-qc", f"DROP DATABASE {dropped}"])
+                drop = f"DROP DATABASE {dropped} WITH (FORCE)"  # whatever still holds it
+                subprocess.run(["psql", args.postgres, "-qc", drop], check=True)
 
 
 def run(checks: int, rounds: int) -> None:

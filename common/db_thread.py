@@ -6,8 +6,11 @@ on a pool thread that closes its connection after each read, each check opened a
 connection: on PostgreSQL a backend forked (and authenticated, and logged where connections
 are logged) twice a second per process, forever. This thread opens one and keeps it while
 reads keep coming. It lets go of it after any error (a connection the server dropped is not
-kept: the next read opens another), once no read came for IDLE_S, and at `release()`: a
-connection left open would hold the database (a test database cannot be dropped under it).
+kept: the next read opens another), once no read came for IDLE_S, once it is MAX_AGE_S old
+(a database moved to another address, a primary demoted behind a proxy: the next connection
+follows), and at `release()`: a connection left open would hold the database (a test
+database cannot be dropped under it). Each gateway process so holds one connection of its
+own (`serve --workers 16`: sixteen).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connection
@@ -28,14 +32,18 @@ T = TypeVar("T")
 IDLE_S = 5.0
 """A connection no read used for this long is closed (longer than any usual check interval:
 MSHIP_ROUTE_REFRESH_S is 0.5 s)."""
+MAX_AGE_S = 60.0
+"""A connection is opened anew at the first read after it is this old."""
 
 Job = tuple["Callable[[], Any]", asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 
 class DatabaseThread:
-    def __init__(self, name: str, idle_s: float = IDLE_S) -> None:
+    def __init__(self, name: str, idle_s: float = IDLE_S, max_age_s: float = MAX_AGE_S) -> None:
         self.name = name
         self.idle_s = idle_s
+        self.max_age_s = max_age_s
+        self._closed_at = time.monotonic()  # the connection in use is no older than this
         self._jobs: queue.SimpleQueue[Job | threading.Event] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -53,6 +61,9 @@ class DatabaseThread:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 return
+            if self._thread is threading.current_thread():  # a coroutine finalised here
+                self._close()
+                return
         closed = threading.Event()
         self._jobs.put(closed)
         closed.wait(wait_s)
@@ -69,32 +80,40 @@ class DatabaseThread:
             try:
                 job = self._jobs.get(timeout=self.idle_s)
             except queue.Empty:
-                close()
+                self._close()
                 continue
             if isinstance(job, threading.Event):
-                close()
+                self._close()
                 job.set()
                 continue
             read, loop, future = job
+            if future.cancelled():  # its caller is gone (a client that hung up): not read
+                continue
+            if time.monotonic() - self._closed_at >= self.max_age_s:
+                self._close()
             try:
                 result, error = read(), None
-            except Exception as exc:  # handed to the caller; the connection is not kept
-                close()
+            except BaseException as exc:  # handed to the caller; the connection is not kept
+                self._close()
                 result, error = None, exc
             # A loop that closed meanwhile has no one waiting for the answer.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, future, result, error)
+            if error is not None and not isinstance(error, Exception):
+                raise error  # SystemExit and the like end the thread, its caller told
+
+    def _close(self) -> None:
+        self._closed_at = time.monotonic()
+        with contextlib.suppress(Exception):  # a connection already broken closes as far as it can
+            connection.close()
 
 
 def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.cancelled():
         return
-    if error is not None:
-        future.set_exception(error)
-    else:
+    if error is None:
         future.set_result(result)
-
-
-def close() -> None:
-    with contextlib.suppress(Exception):  # a connection already broken closes as far as it can
-        connection.close()
+    elif isinstance(error, (StopIteration, StopAsyncIteration)):  # a future refuses these
+        future.set_exception(RuntimeError(repr(error)))
+    else:
+        future.set_exception(error)

@@ -3,6 +3,7 @@ once idle and at the loop's end, and replace one the database dropped rather tha
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -102,3 +103,33 @@ async def test_it_lets_go_of_its_connection_once_idle_and_when_released(
     assert (await kept.run(read)).connection is not None  # opened again when needed
     kept.release()
     assert wrapper.connection is None
+
+
+async def test_it_opens_a_new_connection_once_the_kept_one_is_too_old(
+    transactional_db: None,
+) -> None:
+    """A database moved to another address is followed: no connection is kept forever."""
+    kept = DatabaseThread("test-db-thread", max_age_s=0.0)  # every read finds it too old
+
+    def read() -> Any:
+        ApiKey.objects.exists()
+        return connections["default"].connection
+
+    first = await kept.run(read)
+    assert await kept.run(read) is not first
+    kept.release()
+
+
+async def test_it_skips_a_read_whose_caller_gave_up(transactional_db: None) -> None:
+    kept = DatabaseThread("test-db-thread")
+    gate = threading.Event()
+    ran: list[int] = []
+    busy = asyncio.ensure_future(kept.run(lambda: gate.wait(10)))  # the thread held
+    given_up = asyncio.ensure_future(kept.run(lambda: ran.append(1)))
+    await asyncio.sleep(0)  # both handed over
+    given_up.cancel()  # a client that hung up while its read waited its turn
+    gate.set()
+    assert await busy is True
+    assert await kept.run(lambda: 2) == 2  # the thread went past the given-up read
+    assert ran == [] and given_up.cancelled()
+    kept.release()

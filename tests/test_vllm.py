@@ -461,8 +461,9 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     assert "tiny-vllm-poet" not in listed  # not loaded before it is asked for
     client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
-    def unused() -> bool:
-        return not any(any(r.inflight.values()) for r in runtime_adapters.replicas.values())
+    def unused() -> bool:  # copies: the gateway's thread changes them meanwhile
+        replicas = list(runtime_adapters.replicas.values())
+        return not any(any(list(r.inflight.values())) for r in replicas)
 
     def said(model: str) -> str:
         # An answer's slot is released just after its last byte went out: the next request
