@@ -56,6 +56,13 @@ def usage_of(**filters: Any) -> dict[str, Any]:
     return {name: value or 0 for name, value in found.items()}
 
 
+def usage_once(requests: int, **filters: Any) -> dict[str, Any]:
+    """`usage_of` once `requests` requests are counted: a request's record closes just after
+    its answer's last byte went out, so a client can have the answer a moment before."""
+    wait_until(lambda: usage_of(**filters)["requests"] >= requests, 10)
+    return usage_of(**filters)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -110,7 +117,7 @@ def test_it_counts_a_streams_usage_by_the_engine_and_keeps_it_from_a_client_that
     assert engine_usage is not None and engine_usage.prompt_tokens == 4
     whole = sdk.chat.completions.create(model="sim", messages=HELLO)
     assert whole.usage is not None
-    used = usage_of(key_id=key.pk, deployment="sim")
+    used = usage_once(3, key_id=key.pk, deployment="sim")
     assert used["requests"] == 3
     assert used["tokens_in"] == 3 * engine_usage.prompt_tokens
     assert (
@@ -171,7 +178,7 @@ def test_it_lets_a_stream_crossing_a_budget_finish_and_refuses_the_next(
     assert 0 < int(error.response.headers["retry-after"]) <= 86400
     sync.sync()  # the counters' thread: totals read, the audit written
     assert AuditEntry.objects.filter(action="budget.exceeded", object_repr="key capped").exists()
-    assert usage_of()["requests"] == 2  # the refused request counts as a request
+    assert usage_once(2)["requests"] == 2  # the refused request counts as a request
 
 
 def test_it_holds_a_teams_budget_over_its_keys_and_warns_first(
@@ -265,7 +272,7 @@ def test_it_counts_a_transcriptions_audio_seconds(
         headers={"authorization": f"Bearer {secret}"},
     )
     assert answer.status_code == 200, answer.text
-    assert usage_of(deployment="ears")["audio_s"] == pytest.approx(2.0)
+    assert usage_once(1, deployment="ears")["audio_s"] == pytest.approx(2.0)
 
 
 def test_it_writes_the_usage_in_the_access_line(
