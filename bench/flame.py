@@ -145,7 +145,7 @@ def profile(
     argv = server_argv("modelship", app, port)
     # Both on the loop `make run` serves on (the yardstick's argv names it; the gateway reads
     # the setting, which the caller's environment could have changed).
-    served_env = {**env, "MSHIP_SERVE_LOOP": loop_of("modelship")}
+    served_env = {**env, "MSHIP_SERVE_LOOP": loop_of("modelship")[1]}
     with process(argv, served_env, f"http://127.0.0.1:{port}/v1/models") as pid:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}"}

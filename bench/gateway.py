@@ -127,15 +127,16 @@ def cpu_seconds(pid: int) -> float:
 VARIANTS = ("modelship-lean", "modelship-run")
 
 
-def loop_of(server: str) -> str:
-    """`modelship-uvloop`: the gateway (and its yardstick) on uvloop; the rest on the loop
-    `make run` serves on (MSHIP_SERVE_LOOP's default)."""
-    return "uvloop" if server.endswith("-uvloop") else "asyncio"
+def loop_of(server: str) -> tuple[str, str]:
+    """(the server's name without `-uvloop`, its event loop): `modelship-uvloop`, the gateway
+    (and its yardstick) on uvloop; the rest on the loop `make run` serves on
+    (MSHIP_SERVE_LOOP's default)."""
+    base = server.removesuffix("-uvloop")
+    return base, "asyncio" if base == server else "uvloop"
 
 
 def server_argv(server: str, app: str, port: int) -> list[str]:
-    loop = loop_of(server)
-    server = server.removesuffix("-uvloop")
+    server, loop = loop_of(server)
     if server == "modelship-run" and app == "modelship_site.asgi:application":
         # `make run`'s own process: `serve`, its django-q cluster and autoscaler beside it.
         return [sys.executable, "manage.py", "serve", "--port", str(port)]
@@ -303,9 +304,10 @@ def main() -> None:
         env, key = prepare_site(Path(tmp), engine_url, stream_url)
         targets: list[tuple[str, str, str]] = [("direct", "direct", "")]
         for server in args.servers.split(","):
-            if server.startswith("daphne") and loop_of(server) == "uvloop":
+            base, loop = loop_of(server)
+            if base == "daphne" and loop == "uvloop":
                 raise SystemExit("daphne runs on Twisted's reactor: no -uvloop for it")
-            if server.removesuffix("-uvloop") not in VARIANTS:
+            if base not in VARIANTS:
                 targets.append((f"yardstick/{server}", "yardstick", server))
             targets.append((f"gateway/{server}", "gateway", server))
         results: dict[str, Any] = {label: {} for label, _, _ in targets}
@@ -368,8 +370,8 @@ def serving(
         yield upstream, None
         return
     port = free_port()
-    loop = {"MSHIP_SERVE_LOOP": loop_of(server)}
-    base = server.removesuffix("-uvloop")
+    base, loop_name = loop_of(server)
+    loop = {"MSHIP_SERVE_LOOP": loop_name}
     if kind == "gateway" and base == "modelship-run":
         with run_site.serve({**env, "MSHIP_ACCESS_LOG": "json", **loop}, port, key) as pid:
             yield f"http://127.0.0.1:{port}", pid
@@ -407,8 +409,8 @@ def report(results: dict[str, Any], levels: list[int]) -> None:
         if not label.startswith("gateway/"):
             continue
         server = label.split("/")[1]
-        base, suffix = server.removesuffix("-uvloop"), server[len(server.removesuffix("-uvloop")) :]
-        yardstick = f"modelship{suffix}" if base in VARIANTS else server
+        base, _ = loop_of(server)
+        yardstick = "modelship" + server.removeprefix(base) if base in VARIANTS else server
         yard, gate = results[f"yardstick/{yardstick}"], results[label]
         ratios = ", ".join(
             f"c={c}: {gate[c]['rps'] / yard[c]['rps']:.2f}x req/s, "
