@@ -416,6 +416,20 @@ MSHIP_SLEEP_MAX_S = env_float("MSHIP_SLEEP_MAX_S", 3600)
 # The baseline (ondemand/baseline.py): the on-demand deployments marked preload are started
 # again, where they fit, once the host has been idle this long (0: only when serve starts).
 MSHIP_BASELINE_AFTER_S = env_float("MSHIP_BASELINE_AFTER_S", 1800)
+# The site's one scheduler (ondemand/scheduler/): where its owner listens, for the gateway
+# processes to ask ("unix:/path" or "tcp://host:port"; empty: this process owns the
+# scheduling itself, as a lone gateway does). `serve` sets it for its workers when it runs
+# more than one, or when MSHIP_SCHEDULER_LISTEN is set; a --gateway-only host sets it to the
+# engine host's MSHIP_SCHEDULER_LISTEN.
+MSHIP_SCHEDULER_URL = env_str("MSHIP_SCHEDULER_URL", "")
+# Where the owner `serve` runs also listens for --gateway-only hosts (host:port; empty: none).
+MSHIP_SCHEDULER_LISTEN = env_str("MSHIP_SCHEDULER_LISTEN", "")
+# How long a gateway waits for an owner that does not answer (restarting) before a request
+# that needs it gets a retryable 503 scheduler_unavailable.
+MSHIP_SCHEDULER_WAIT_S = env_float("MSHIP_SCHEDULER_WAIT_S", 10)
+# A new owner grants nothing this long after it starts: the gateways reconnect and say what
+# they hold first (their slots and places), so that no limit is passed meanwhile.
+MSHIP_SCHEDULER_REBUILD_S = env_float("MSHIP_SCHEDULER_REBUILD_S", 1.5)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

@@ -28,3 +28,4 @@ class OndemandConfig(AppConfig):
         hooks.reports.litellm_status = litellm.deployment_status
         hooks.reports.litellm_site_status = litellm.status_now
         dispatcher.on_demand = registry.ControllerSlots()
+        dispatcher.places = registry.SitePlaces()

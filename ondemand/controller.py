@@ -345,6 +345,15 @@ class Controller(RoomMaking):
                     entry.idle_timeout_s = view.idle_timeout_s
                     await self._hold(deployment_id, entry)
 
+    def adopt(self, deployment_id: int, urls: tuple[str, ...]) -> Slot:
+        """A slot a gateway held before this process owned the scheduling (it says so as it
+        connects): counted in flight at once, its lease renewed with the others'."""
+        entry = self.entry(deployment_id)
+        entry.inflight += 1
+        entry.idle_since = self.clock.now()
+        self._counted(deployment_id)
+        return Slot(deployment_id, urls)
+
     def release(self, slot: Slot) -> None:
         if slot.released:
             return
@@ -440,30 +449,6 @@ class Controller(RoomMaking):
                     metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
                 return outcome
             return StartOutcome.QUEUED
-
-    def head(self) -> int | None:
-        """The deployment the memory queue serves next: the one whose best waiting request
-        ranks highest (its class, aged: common.priority.rank); the first to arrive of equals."""
-        now, best, best_rank = self.clock.now(), None, float("-inf")
-        for deployment_id in self.queue:
-            rank = self.entry(deployment_id).rank(now, self.aging_s)
-            if rank is not None and rank > best_rank:
-                best, best_rank = deployment_id, rank
-        return best
-
-    async def _may_start(self, view: View) -> bool:
-        """A deployment behind the head of the queue starts only within the memory free now
-        minus what was freed for the head (and makes no room): that memory is the head's.
-        One whose request outranks the head's goes first."""
-        head = self.head()
-        if head is None or head == view.id:
-            return True
-        now = self.clock.now()
-        mine = self.entry(view.id).rank(now, self.aging_s)
-        if mine is not None and mine > (self.entry(head).rank(now, self.aging_s) or 0.0):
-            return True
-        budget = await self.deployer.budget()
-        return policy.admitted(self.freed_for.get(head, 0.0), budget.free_gib, view.need_gib)
 
     def _start_ended(self, view: View, after: View | None) -> StartOutcome:
         entry = self.entry(view.id)

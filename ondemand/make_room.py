@@ -43,6 +43,31 @@ class RoomMaking:
     evict_unused: bool  # False: only models idle for their whole timeout (the seed's rule)
     entry: Callable[[int], Entry]
     notify: Callable[[], None]
+    queue: dict[int, None]
+
+    def head(self) -> int | None:
+        """The deployment the memory queue serves next: the one whose best waiting request
+        ranks highest (its class, aged: common.priority.rank); the first to arrive of equals."""
+        now, best, best_rank = self.clock.now(), None, float("-inf")
+        for deployment_id in self.queue:
+            rank = self.entry(deployment_id).rank(now, self.aging_s)
+            if rank is not None and rank > best_rank:
+                best, best_rank = deployment_id, rank
+        return best
+
+    async def _may_start(self, view: View) -> bool:
+        """A deployment behind the head of the queue starts only within the memory free now
+        minus what was freed for the head (and makes no room): that memory is the head's.
+        One whose request outranks the head's goes first."""
+        head = self.head()
+        if head is None or head == view.id:
+            return True
+        now = self.clock.now()
+        mine = self.entry(view.id).rank(now, self.aging_s)
+        if mine is not None and mine > (self.entry(head).rank(now, self.aging_s) or 0.0):
+            return True
+        budget = await self.deployer.budget()
+        return policy.admitted(self.freed_for.get(head, 0.0), budget.free_gib, view.need_gib)
 
     async def _check_cap(self, view: View) -> None:
         """InsufficientMemory (so that make-room runs) when one more loaded model would pass

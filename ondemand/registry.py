@@ -15,12 +15,18 @@ from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
+from ondemand.scheduler import client
+from ondemand.scheduler.client import RemoteSlot
 from ondemand.state import Slot, View
 from openai_api import wait_status
 from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
+from openai_api.concurrency import Claim, limits
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from openai_api.catalog import Key
     from openai_api.dispatch import WaitNotice
 
 log = logging.getLogger(__name__)
@@ -67,34 +73,74 @@ def controllers() -> list[Controller]:
 
 
 class ControllerSlots:
-    """On-demand slots for the /v1 dispatcher, from this event loop's controller."""
+    """On-demand slots for the /v1 dispatcher: from the site's scheduler where this process
+    is one of several (ondemand/scheduler/), else from this event loop's controller."""
 
-    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot:
-        ctl = controller()
-        deployment_id = route.deployment_id
+    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot | RemoteSlot:
+        priority = key.priority if (key := current_key.get()) else 0
+        to = client.link()
+        if to is not None:
+            return await client.slot(to, fields_of(route), priority, notice)
+        return await acquire_here(controller(), view_of_route(route), priority, notice)
 
-        def figures() -> dict[str, Any] | None:
-            return wait_figures.of(ctl, deployment_id)
-
-        on_queued = None if notice is None else lambda: notice.on_queued(figures())
-        on_preparing = None if notice is None else notice.on_preparing
-        wait_status.follow(figures)  # a stream's keepalives say its place, step and estimate
-        # A start that installs or pulls first (minutes) is told to the request meanwhile.
-        with preparing.listening(route.deployment_id, on_preparing):
-            return await ctl.acquire(
-                route.deployment_id,
-                on_queued=on_queued,
-                hint=view_of_route(route),
-                priority=key.priority if (key := current_key.get()) else 0,
-            )
-
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Slot | RemoteSlot) -> None:
+        if isinstance(slot, RemoteSlot):
+            if not slot.released:
+                slot.released = True
+                slot.link.release(slot.id)
+            return
         controller().release(slot)
 
-    def status(self, route: Route) -> dict[str, Any] | None:
-        ctl = controller()
-        found = ctl.status(view_of_route(route), route.deployment_id)
-        return {**found, "waiting": wait_figures.of(ctl, route.deployment_id)}
+    async def status(self, route: Route) -> dict[str, Any] | None:
+        to = client.link()
+        if to is not None:
+            return await client.status(to, route.deployment_id, fields_of(route))
+        return status_here(controller(), route.deployment_id, view_of_route(route))
+
+
+class SitePlaces:
+    """max_concurrency places for the /v1 dispatcher: the site's scheduler's where this
+    process is one of several, else this event loop's."""
+
+    def held(self, route: Route, key: Key | None) -> AbstractAsyncContextManager[None]:
+        to = client.link()
+        if to is not None:
+            return client.place(to, Claim.of(route, key))
+        return limits().held(route, key)
+
+
+async def acquire_here(
+    ctl: Controller, view: View, priority: int, notice: WaitNotice | None
+) -> Slot:
+    """A slot from this process's controller (the owner's, or a lone gateway's)."""
+    deployment_id = view.id
+
+    def figures() -> dict[str, Any] | None:
+        return wait_figures.of(ctl, deployment_id)
+
+    on_queued = None if notice is None else lambda: notice.on_queued(figures())
+    on_preparing = None if notice is None else notice.on_preparing
+    wait_status.follow(figures)  # a stream's keepalives say its place, step and estimate
+    # A start that installs or pulls first (minutes) is told to the request meanwhile.
+    with preparing.listening(deployment_id, on_preparing):
+        return await ctl.acquire(deployment_id, on_queued=on_queued, hint=view, priority=priority)
+
+
+def status_here(ctl: Controller, deployment_id: int, view: View | None) -> dict[str, Any]:
+    found = ctl.status(view, deployment_id)
+    return {**found, "waiting": wait_figures.of(ctl, deployment_id)}
+
+
+def fields_of(route: Route) -> dict[str, Any]:
+    """What the scheduler's owner reads of a route (ondemand/scheduler/owner.view_of)."""
+    return {
+        "id": route.deployment_id,
+        "name": route.name,
+        "state": route.state,
+        "on_demand": route.on_demand,
+        "idle_timeout_s": route.idle_timeout_s,
+        "urls": list(route.urls),
+    }
 
 
 def view_of_route(route: Route) -> View:

@@ -1,5 +1,5 @@
-"""max_concurrency: at most so many requests at once on a deployment and on a key, in this
-gateway process; the rest wait their turn, fairly, or get 429 (MSHIP_CONCURRENCY_OVERFLOW).
+"""max_concurrency: at most so many requests at once on a deployment and on a key, on the
+whole site; the rest wait their turn, fairly, or get 429 (MSHIP_CONCURRENCY_OVERFLOW).
 
 A freed place goes to the waiting request that ranks highest: its class (the key's plus the
 deployment's, common/priority.py), aged one class per MSHIP_PRIORITY_AGING_S; among equals,
@@ -13,8 +13,9 @@ A request that fits goes at once unless a request it competes with (the same dep
 same key) waits before it; at most MSHIP_ONDEMAND_MAX_QUEUED wait per deployment.
 
 The engine queues what it is sent in arrival order: only a limit held here, where the keys
-are known, can be fair between them. Nothing is shared between processes (`serve --workers
-N` allows N times the limit) and a request with no limit on its way costs one lookup.
+are known, can be fair between them. One `Limits` holds the site's places: the gateway's own
+where it is the only process, else the scheduler's owner's (ondemand/scheduler/), which each
+gateway asks with the request's `Claim`. A request with no limit on its way costs one lookup.
 """
 
 from __future__ import annotations
@@ -40,6 +41,30 @@ if TYPE_CHECKING:
 RETRY_AFTER_S = 1
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What a request asks of the limits: all they read of its route and key (it travels to
+    the scheduler's owner as it is)."""
+
+    deployment_id: int
+    deployment: str
+    deployment_cap: int | None
+    key_id: int | None
+    key_cap: int | None
+    priority: int
+
+    @classmethod
+    def of(cls, route: Route, key: Key | None) -> Claim:
+        return cls(
+            route.deployment_id,
+            route.name,
+            route.max_concurrency,
+            None if key is None else key.id,
+            None if key is None else key.max_concurrency,
+            route.priority + (0 if key is None else key.priority),
+        )
+
+
 @dataclass
 class Ticket:
     """One request waiting for a place, with the limits it must fit."""
@@ -51,6 +76,18 @@ class Ticket:
     priority: int
     arrived: float
     granted: asyncio.Future[None] = field(repr=False)
+
+    @classmethod
+    def of(cls, claim: Claim) -> Ticket:
+        return cls(
+            claim.deployment_id,
+            claim.deployment_cap,
+            claim.key_id,
+            claim.key_cap,
+            claim.priority,
+            time.monotonic(),
+            asyncio.get_running_loop().create_future(),
+        )
 
 
 def turn(
@@ -68,11 +105,13 @@ def turn(
     return min(admissible, key=order)
 
 
-def too_many(route: Route, key: Key | None, keys_own: bool) -> GatewayError:
-    if keys_own and key is not None:
-        said = f"This API key has {key.max_concurrency} requests in flight, the most it may."
-    elif route.max_concurrency is not None:
-        said = f"{route.name} has {route.max_concurrency} requests in flight, the most it takes."
+def too_many(claim: Claim, keys_own: bool) -> GatewayError:
+    if keys_own and claim.key_id is not None:
+        said = f"This API key has {claim.key_cap} requests in flight, the most it may."
+    elif claim.deployment_cap is not None:
+        said = (
+            f"{claim.deployment} has {claim.deployment_cap} requests in flight, the most it takes."
+        )
     else:
         said = "Too many requests wait for a place on this model."
     return GatewayError(
@@ -125,26 +164,34 @@ class Limits:
     @contextlib.asynccontextmanager
     async def held(self, route: Route, key: Key | None) -> AsyncIterator[None]:
         """A place for one request on the route with the key, held while the block runs."""
-        ticket = Ticket(
-            route.deployment_id,
-            route.max_concurrency,
-            None if key is None else key.id,
-            None if key is None else key.max_concurrency,
-            route.priority + (0 if key is None else key.priority),
-            time.monotonic(),
-            asyncio.get_running_loop().create_future(),
-        )
+        ticket = await self.enter(Claim.of(route, key))
+        try:
+            yield
+        finally:
+            self.leave(ticket)
+
+    async def enter(self, claim: Claim) -> Ticket:
+        """A place for the claim: at once, or after its turn came (429 where it may not
+        wait); `leave` gives it back."""
+        ticket = Ticket.of(claim)
         if self._fits(ticket) and not self._competes(ticket):
             if not self.waiting:
                 self.turns.clear()  # nobody waits: a new round of turns begins
             self._take(ticket)
         else:
-            await self._wait(ticket, route, key)
-        try:
-            yield
-        finally:
-            self._give_back(ticket)
-            self._admit()
+            await self._wait(ticket, claim)
+        return ticket
+
+    def adopt(self, claim: Claim) -> Ticket:
+        """A place a gateway held before this process began to own the places (it says so
+        as it connects): counted at once, whatever the limit says now."""
+        ticket = Ticket.of(claim)
+        self._take(ticket)
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        self._give_back(ticket)
+        self._admit()
 
     def _competes(self, ticket: Ticket) -> bool:
         """A request waits already for what this one would take: its deployment's limit or
@@ -155,14 +202,14 @@ class Limits:
             for t in self.waiting
         )
 
-    async def _wait(self, ticket: Ticket, route: Route, key: Key | None) -> None:
+    async def _wait(self, ticket: Ticket, claim: Claim) -> None:
         keys_own = ticket.key_cap is not None and (
             self.by_key.get(ticket.key_id or 0, 0) >= ticket.key_cap
         )
         same = sum(t.deployment_id == ticket.deployment_id for t in self.waiting)
         full = same >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
         if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
-            raise too_many(route, key, keys_own)
+            raise too_many(claim, keys_own)
         if ticket.key_id not in self.turns:
             # Joins the round just ahead of the waiting keys (the next turn is its own), not
             # at nought, where a late burst would go before all of them.
@@ -180,7 +227,7 @@ class Limits:
             metrics.queue_wait.labels(priority.label(ticket.priority)).observe(waited)
         except TimeoutError:
             self._abandon(ticket)
-            raise too_many(route, key, keys_own) from None
+            raise too_many(claim, keys_own) from None
         except BaseException:
             self._abandon(ticket)
             raise

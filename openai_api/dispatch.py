@@ -54,10 +54,17 @@ class OnDemandSlots(Protocol):
         """Give back a slot this source's acquire returned."""
         ...
 
-    def status(self, route: Route) -> dict[str, Any] | None:
-        """The model's on-demand counts and phase in this process, with `waiting`: the
-        figures of its wait (openai_api/wait_status.py), None when nothing waits."""
+    async def status(self, route: Route) -> dict[str, Any] | None:
+        """The model's on-demand counts and phase on the site, with `waiting`: the figures
+        of its wait (openai_api/wait_status.py), None when nothing waits."""
         ...
+
+
+class Places(Protocol):
+    """Where max_concurrency places come from when the on-demand app runs a site-wide
+    scheduler (ondemand/scheduler/): it registers itself here at start-up."""
+
+    def held(self, route: Route, key: Key | None) -> AbstractAsyncContextManager[None]: ...
 
 
 class Replica:
@@ -94,6 +101,7 @@ class Dispatcher:
         self.outstanding: dict[str, int] = {}
         self.router = Router(self.outstanding)
         self.on_demand: OnDemandSlots | None = None
+        self.places: Places | None = None
 
     def slot(
         self, route: Route, notice: WaitNotice | None = None
@@ -138,7 +146,8 @@ class Dispatcher:
     ) -> AsyncIterator[str]:
         if not route.on_demand:
             self.check_servable(route)  # a stopped model's requests are not made to wait
-        async with limits().held(route, key), self.unlimited_slot(route, notice) as url:
+        places = self.places.held(route, key) if self.places else limits().held(route, key)
+        async with places, self.unlimited_slot(route, notice) as url:
             yield url
 
     @staticmethod

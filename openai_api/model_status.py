@@ -6,8 +6,8 @@ without a stream to hear it on (a stream hears the same as comments: wait_status
      "in_flight": 0, "queued": 3, "waiting": {"waiting_for": "its start", "position": 0,
      "eta_s": 28}}
 
-`in_flight`, `queued` and `waiting` are this gateway process's (its controller's): where
-several serve, each answers for the requests it holds. A key sees only the models it may use
+`in_flight`, `queued` and `waiting` are the site's: the scheduler's owner answers for every
+gateway process and host (ondemand/scheduler/). A key sees only the models it may use
 (another is 404, as on /v1/models/{model}).
 """
 
@@ -38,7 +38,7 @@ async def answer(exchange: Exchange, route: Route, name: str) -> None:
     row = await sync_to_async(_read, thread_sensitive=False)(route.deployment_id)
     if row is None:
         raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
-    counts = dispatcher.on_demand.status(route) if dispatcher.on_demand else None
+    counts = await dispatcher.on_demand.status(route) if dispatcher.on_demand else None
     body: dict[str, Any] = {
         "id": name,
         "object": "model.status",

@@ -10,8 +10,12 @@ addresses. (On one shared socket the worker that woke first took the whole backl
 of 32 connections could all land on one worker.) A socket outlives its worker, so the
 connections queued on it wait for the worker's restart instead of being refused. What the
 workers must agree on is shared through the database and Redis (README, "More than one
-machine"). A worker that dies after it has served is started again; one that dies at its
-start stops Modelship, as a lone server does.
+machine"), and their scheduling (on-demand slots, the queue, make-room, max_concurrency) has
+one owner: with more than one worker, or with MSHIP_SCHEDULER_LISTEN set for other gateway
+hosts, a `scheduler` process beside them (ondemand/scheduler/), which they reach on a Unix
+socket in MSHIP_RUN_DIR; a lone worker owns it itself. A worker or the scheduler that dies
+after it has served is started again; one that dies at its start stops Modelship, as a lone
+server does.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -46,6 +51,7 @@ CHILD_GRACE_S = 15
 # A worker that dies sooner after its start is not started again: it would die again.
 WORKER_MIN_UPTIME_S = 10.0
 LISTEN_BACKLOG = 2048  # uvicorn's own
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, with its "unix:" prefix here
 
 
 class Command(BaseCommand):
@@ -103,6 +109,7 @@ class Command(BaseCommand):
             if outcome["adopted"]:
                 self.stdout.write(f"adopted running engines: {', '.join(outcome['adopted'])}")
             threading.Thread(target=Autoscaler().run, args=(stop_event,), daemon=True).start()
+        self.scheduler = self.scheduler_address(options, gateway_only)
         children = self.start_children(options)
         exited: list[str] = []
         for name in list(children):
@@ -200,18 +207,47 @@ class Command(BaseCommand):
             child.wait()
             process_gone(child.pid)  # its live gauges stop counting
             lived = time.monotonic() - began
-            if name.startswith("server-") and not stop.is_set() and lived > WORKER_MIN_UPTIME_S:
+            again = name.startswith("server-") or name == "scheduler"
+            if again and not stop.is_set() and lived > WORKER_MIN_UPTIME_S:
                 self.stderr.write(f"{name} exited with code {child.returncode}: starting it again")
-                children[name] = self.spawn(self.commands[name])
+                # A new owner waits for the gateways to say what they hold (not --fresh).
+                argv = [a for a in self.commands[name] if a != "--fresh"]
+                children[name] = self.spawn(argv)
                 continue
             if not stop.is_set():
                 exited.append(name)
             stop.set()
             return
 
+    def scheduler_address(self, options: dict[str, Any], gateway_only: bool) -> str:
+        """Where the site's scheduler owner listens for this host's workers ("" where the
+        one worker owns it); set in the environment its children inherit."""
+        if gateway_only:
+            if not settings.MSHIP_SCHEDULER_URL:
+                self.stderr.write(
+                    "warning: no MSHIP_SCHEDULER_URL: this gateway host schedules its own"
+                    " on-demand requests and limits apart from the engine host's (set it to"
+                    " the engine host's MSHIP_SCHEDULER_LISTEN)"
+                )
+            return ""
+        if options["workers"] <= 1 and not settings.MSHIP_SCHEDULER_LISTEN:
+            return ""
+        run_dir = Path(settings.MSHIP_RUN_DIR)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        url = settings.MSHIP_SCHEDULER_URL or f"unix:{run_dir / 'scheduler.sock'}"
+        if len(url) > UNIX_PATH_MAX:
+            raise CommandError(
+                f"Modelship stopped: the scheduler's socket path is too long for a Unix socket"
+                f" ({url}); set MSHIP_RUN_DIR to a shorter folder"
+            )
+        os.environ["MSHIP_SCHEDULER_URL"] = url
+        return url
+
     def start_children(self, options: dict[str, Any]) -> dict[str, subprocess.Popen[bytes]]:
         python = sys.executable
         self.commands: dict[str, list[str]] = {}
+        if self.scheduler:
+            self.commands["scheduler"] = [python, "manage.py", "scheduler", "--fresh"]
         if self.listeners:
             lone = len(self.listeners) == 1
             for i, listener in enumerate(self.listeners):

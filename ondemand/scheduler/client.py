@@ -1,0 +1,268 @@
+"""A gateway process's link to the scheduler's owner: one connection per event loop, over
+which every request that needs a decision (an on-demand slot, a max_concurrency place, the
+site's on-demand figures) asks, and hears back its grant, its refusal or what it waits for.
+
+Invariants:
+- A request whose answer needs no decision never comes here (the dispatcher asks only for
+  on-demand deployments and limited requests).
+- What this process holds is the owner's to count: each grant is remembered here until it is
+  released, and said again to a new owner as this process connects (`hello`), so a restarted
+  owner counts the streams still running before it grants anything.
+- While the owner is away, requests that wait stay waiting, in their order, and are asked
+  again of the next owner; one that cannot reach an owner within MSHIP_SCHEDULER_WAIT_S gets
+  a retryable 503 (never a hang). Streams already granted run on: they need nothing of it.
+- A request that gives up (its client hung up) says so; a grant that crosses its cancel is
+  released at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from ondemand.count_sums import PROCESS
+from ondemand.scheduler import wire
+from openai_api import wait_status
+from openai_api.access import mark_waited
+from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from openai_api.concurrency import Claim
+    from openai_api.dispatch import WaitNotice
+
+log = logging.getLogger(__name__)
+RETRY_S = 0.1  # between attempts to reach the owner
+CONNECT_S = 2.0  # one attempt's bound
+
+
+def unavailable(why: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The site's scheduler does not answer ({why}); try again shortly.",
+        "scheduler_unavailable",
+        {"retry-after": "2"},
+    )
+
+
+def refusal(error: dict[str, Any]) -> GatewayError:
+    """The owner's refusal as this process raises it (its status, code and headers)."""
+    return GatewayError(
+        int(error.get("status", 503)),
+        str(error.get("message", "")),
+        str(error.get("code", "scheduler_error")),
+        {str(k): str(v) for k, v in dict(error.get("headers") or {}).items()},
+    )
+
+
+@dataclass
+class Ask:
+    """One request's question, waiting for its answer."""
+
+    id: str
+    message: dict[str, Any]
+    answer: asyncio.Future[dict[str, Any]]
+    notice: WaitNotice | None = None
+    figures: dict[str, Any] | None = None
+    sent: bool = False
+
+
+@dataclass
+class RemoteSlot:
+    """An on-demand slot the owner granted: released through the link that holds it."""
+
+    id: str
+    deployment_id: int
+    urls: tuple[str, ...]
+    link: Link = field(repr=False)
+    released: bool = False
+
+
+class Link:
+    def __init__(self, address: wire.Address) -> None:
+        self.address = address
+        self.writer: asyncio.StreamWriter | None = None
+        self.asks: dict[str, Ask] = {}  # in the order they were asked
+        self.held: dict[str, dict[str, Any]] = {}  # what a new owner is told we hold
+        self.ids = itertools.count(1)
+        self.down_since: float | None = time.monotonic()
+        self.up = asyncio.Event()
+        self.runner: asyncio.Task[None] | None = None
+
+    # --- asking ----------------------------------------------------------------------------
+
+    def new_ask(self, message: dict[str, Any], notice: WaitNotice | None = None) -> Ask:
+        ask_id = f"{next(self.ids)}"
+        future = asyncio.get_running_loop().create_future()
+        return Ask(ask_id, {**message, "id": ask_id}, future, notice)
+
+    async def answer(self, ask: Ask) -> dict[str, Any]:
+        """Send the question and wait for its answer (raises the owner's refusal)."""
+        self._run()
+        if self.down_since is not None and not self.up.is_set():
+            waited = time.monotonic() - self.down_since
+            if waited > settings.MSHIP_SCHEDULER_WAIT_S:
+                raise unavailable(f"unreachable for {waited:.0f} s")
+        self.asks[ask.id] = ask
+        self._send_ask(ask)
+        try:
+            answer = await ask.answer
+        except asyncio.CancelledError:
+            self._give_up(ask)
+            raise
+        finally:
+            self.asks.pop(ask.id, None)
+        if answer.get("waited"):
+            mark_waited(str(answer["waited"]))
+        if "error" in answer:
+            raise refusal(answer["error"])
+        return dict(answer["ok"]) if isinstance(answer["ok"], dict) else {}
+
+    def _send_ask(self, ask: Ask) -> None:
+        if self.writer is not None and self.up.is_set():
+            self._write(ask.message)
+            ask.sent = True
+
+    def _give_up(self, ask: Ask) -> None:
+        if ask.answer.done() and not ask.answer.cancelled() and "ok" in ask.answer.result():
+            self.release(ask.id)  # granted as it was cancelled: give it back
+        elif ask.sent:
+            self._write({"op": "cancel", "id": ask.id})
+
+    def hold(self, ask: Ask, what: dict[str, Any]) -> None:
+        self.held[ask.id] = what
+
+    def release(self, ask_id: str) -> None:
+        self.held.pop(ask_id, None)
+        self._write({"op": "release", "id": ask_id})
+
+    def _write(self, message: dict[str, Any]) -> None:
+        if self.writer is None or self.writer.is_closing():
+            return  # the next owner hears what is still held in our hello
+        self.writer.write(wire.encode(message))
+
+    # --- the connection --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self.runner is None or self.runner.done():
+            self.runner = asyncio.create_task(self._keep_connected())
+
+    async def _keep_connected(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(wire.open_link(self.address), CONNECT_S)
+            except (OSError, TimeoutError) as exc:
+                self._still_down(repr(exc))
+                await asyncio.sleep(RETRY_S)
+                continue
+            try:
+                await self._greet(reader, writer)
+                self.writer, self.down_since = writer, None
+                self.up.set()
+                for ask in list(self.asks.values()):  # in their order, to this owner
+                    ask.sent = False
+                    self._send_ask(ask)
+                await self._read(reader)
+                why = "the owner closed the link"
+            except (OSError, wire.WireError, TimeoutError) as exc:
+                why = repr(exc)
+            finally:
+                self.up.clear()
+                self.writer = None
+                writer.close()
+            log.warning("the link to the scheduler at %s ended: %s", self.address, why)
+            self.down_since = time.monotonic()
+            await asyncio.sleep(RETRY_S)
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        challenge = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
+        if challenge is None or not isinstance(challenge.get("nonce"), str):
+            raise wire.WireError("no challenge from the owner")
+        holding = [{"id": ask_id, **what} for ask_id, what in self.held.items()]
+        hello = {"op": "hello", "gateway": PROCESS, "holding": holding}
+        writer.write(wire.encode({**hello, "proof": wire.proof(challenge["nonce"])}))
+        welcome = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
+        if welcome is None or welcome.get("welcome") is not True:
+            raise wire.WireError(f"the owner refused this gateway: {welcome}")
+
+    def _still_down(self, why: str) -> None:
+        """Asks that waited too long for an owner are answered: retryable, not a hang."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        waited = time.monotonic() - self.down_since
+        if waited <= settings.MSHIP_SCHEDULER_WAIT_S:
+            return
+        for ask in list(self.asks.values()):
+            if not ask.answer.done():
+                ask.answer.set_exception(unavailable(f"unreachable for {waited:.0f} s: {why}"))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while (message := await wire.read(reader)) is not None:
+            ask = self.asks.get(str(message.get("id")))
+            event = message.get("ev")
+            if ask is None:
+                if "ok" in message and event is None:
+                    self.release(str(message.get("id")))  # its asker gave up meanwhile
+                continue
+            if event == "figures":
+                ask.figures = message.get("figures")
+            elif event == "queued" and ask.notice is not None:
+                ask.figures = message.get("figures")
+                ask.notice.on_queued(ask.figures)
+            elif event == "preparing" and ask.notice is not None:
+                ask.notice.on_preparing(str(message.get("doing", "")))
+            elif event is None and not ask.answer.done():
+                ask.answer.set_result(message)
+
+
+_links: dict[asyncio.AbstractEventLoop, Link] = {}
+
+
+def link() -> Link | None:
+    """This event loop's link to the site's scheduler; None where this process owns it."""
+    url = settings.MSHIP_SCHEDULER_URL
+    if not url:
+        return None
+    loop = asyncio.get_running_loop()
+    found = _links.get(loop)
+    if found is None or str(found.address) != str(wire.parse(url)):
+        found = _links[loop] = Link(wire.parse(url))
+        for other in [lp for lp in _links if lp.is_closed()]:
+            del _links[other]
+    return found
+
+
+async def slot(
+    to: Link, view: dict[str, Any], priority: int, notice: WaitNotice | None
+) -> RemoteSlot:
+    message = {"op": "slot", "view": view, "priority": priority, "notice": notice is not None}
+    ask = to.new_ask(message, notice)
+    wait_status.follow(lambda: ask.figures)  # a stream's keepalives say what the owner said
+    granted = await to.answer(ask)
+    urls = tuple(str(url) for url in granted["urls"])
+    to.hold(ask, {"kind": "slot", "deployment": view["id"], "urls": list(urls)})
+    return RemoteSlot(ask.id, int(view["id"]), urls, to)
+
+
+@contextlib.asynccontextmanager
+async def place(to: Link, claim: Claim) -> AsyncIterator[None]:
+    ask = to.new_ask({"op": "place", "claim": asdict(claim)})
+    wait_status.follow(lambda: ask.figures)
+    await to.answer(ask)
+    to.hold(ask, {"kind": "place", "claim": asdict(claim)})
+    try:
+        yield
+    finally:
+        to.release(ask.id)
+
+
+async def status(to: Link, deployment_id: int, view: dict[str, Any] | None) -> dict[str, Any]:
+    return await to.answer(to.new_ask({"op": "status", "deployment": deployment_id, "view": view}))

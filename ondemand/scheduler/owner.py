@@ -1,0 +1,287 @@
+"""The scheduler's owner: the one process of a site that holds the on-demand controller (slots,
+queue, make-room, backoff, leases) and the max_concurrency places, for every gateway process
+and host. `manage.py scheduler` runs it; `serve` starts it beside its workers.
+
+Each gateway connects once (ondemand/scheduler/client.py) and asks; each question runs here as
+its own task, in the one event loop the controller and the limits live in, so that they see
+every request of the site as one process's would. What a gateway holds is tied to its link:
+when the link ends (the process died, its host went away) every slot and place it held is
+released and every question it had waiting is dropped, at once.
+
+A new owner (a restart) grants nothing for MSHIP_SCHEDULER_REBUILD_S: the gateways reconnect
+within it and say what they hold, which is counted first; the leases and the engines' states
+are read from the database and the engines as they always are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from common.redis_errors import with_redis_errors
+from ondemand import registry
+from ondemand.scheduler import wire
+from ondemand.state import Slot, View
+from openai_api import access, wait_status
+from openai_api.catalog import catalog
+from openai_api.concurrency import Claim, limits
+from openai_api.errors import GatewayError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
+log = logging.getLogger(__name__)
+FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often when changed
+
+
+class Marks:
+    """Stands for a request's access record while a question runs here: the controller
+    marks on it why the request waited, and the answer carries that back."""
+
+    waited = ""
+
+
+def view_of(fields: dict[str, Any]) -> View:
+    """The asking gateway's view of a deployment, from its route table (no query)."""
+    return View(
+        id=int(fields["id"]),
+        name=str(fields["name"]),
+        state=str(fields["state"]),
+        on_demand=bool(fields["on_demand"]),
+        need_gib=0.0,
+        idle_timeout_s=float(fields["idle_timeout_s"]),
+        urls=tuple(str(url) for url in fields["urls"]),
+    )
+
+
+def refusal(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, GatewayError):
+        return {
+            "status": exc.status,
+            "message": exc.message,
+            "code": exc.code,
+            "headers": exc.headers,
+        }
+    if isinstance(exc, with_redis_errors(DatabaseError, OSError)):
+        return {
+            "status": 503,
+            "message": "The control plane's store is unavailable"
+            f" ({exc.__class__.__name__}); try again shortly.",
+            "code": "ondemand_unavailable",
+            "headers": {"retry-after": "5"},
+        }
+    log.exception("a scheduling question failed", exc_info=exc)
+    return {"status": 500, "message": "The scheduler failed.", "code": "scheduler_error"}
+
+
+class Notice:
+    """A waiting request's notice (openai_api/queued_notice.py), said over its link."""
+
+    def __init__(self, gateway: Gateway, ask_id: str) -> None:
+        self.gateway, self.ask_id = gateway, ask_id
+
+    def on_queued(self, figures: dict[str, Any] | None = None) -> None:
+        self.gateway.send({"id": self.ask_id, "ev": "queued", "figures": figures})
+
+    def on_preparing(self, doing: str) -> None:
+        self.gateway.send({"id": self.ask_id, "ev": "preparing", "doing": doing})
+
+
+class Gateway:
+    """One gateway process's link: its questions under way, and what it holds."""
+
+    def __init__(self, owner: Owner, writer: asyncio.StreamWriter, name: str) -> None:
+        self.owner, self.writer, self.name = owner, writer, name
+        self.asking: dict[str, asyncio.Task[None]] = {}
+        self.waits: dict[str, wait_status.WaitStatus] = {}
+        self.said: dict[str, dict[str, Any] | None] = {}
+        self.held: dict[str, Callable[[], None]] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.encode(message))
+
+    def adopt(self, holding: list[Any]) -> None:
+        """What the gateway held before it connected (to an owner that restarted since)."""
+        for item in holding:
+            if not isinstance(item, dict):
+                continue
+            held_id = str(item.get("id"))
+            if item.get("kind") == "slot":
+                ctl = registry.controller()
+                taken = ctl.adopt(int(item["deployment"]), tuple(item.get("urls") or ()))
+                self.held[held_id] = functools.partial(ctl.release, taken)
+            elif item.get("kind") == "place":
+                places = limits()
+                ticket = places.adopt(Claim(**item["claim"]))
+                self.held[held_id] = functools.partial(places.leave, ticket)
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op, ask_id = message.get("op"), str(message.get("id"))
+        if op in ("slot", "place", "status"):
+            work = {"slot": self.slot, "place": self.place, "status": self.status}[op]
+            self.asking[ask_id] = asyncio.create_task(self.answer(ask_id, work(ask_id, message)))
+        elif op == "cancel":
+            if (task := self.asking.pop(ask_id, None)) is not None:
+                task.cancel()
+            self.release(ask_id)
+        elif op == "release":
+            self.release(ask_id)
+        else:
+            raise wire.WireError(f"an unknown operation {op!r}")
+
+    def release(self, ask_id: str) -> None:
+        if (give_back := self.held.pop(ask_id, None)) is not None:
+            give_back()
+
+    async def answer(
+        self, ask_id: str, work: Coroutine[Any, Any, tuple[dict[str, Any], Callable[[], None]]]
+    ) -> None:
+        marks = Marks()
+        access.current.set(cast("access.RequestRecord", marks))
+        status = wait_status.WaitStatus()
+        wait_status.current.set(status)
+        self.waits[ask_id] = status
+        try:
+            await self.owner.rebuilt.wait()
+        except asyncio.CancelledError:
+            work.close()  # never begun
+            self._forget(ask_id)
+            return
+        try:
+            granted, give_back = await work
+        except asyncio.CancelledError:
+            return  # its asker gave up, or its link ended
+        except Exception as exc:
+            self.send({"id": ask_id, "error": refusal(exc), "waited": marks.waited})
+        else:
+            if self.asking.get(ask_id) is None:
+                give_back()  # cancelled as it was granted
+            else:
+                self.held[ask_id] = give_back
+                self.send({"id": ask_id, "ok": granted, "waited": marks.waited})
+        finally:
+            self._forget(ask_id)
+
+    def _forget(self, ask_id: str) -> None:
+        self.asking.pop(ask_id, None)
+        self.waits.pop(ask_id, None)
+        self.said.pop(ask_id, None)
+
+    async def slot(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        view = view_of(message["view"])
+        notice = Notice(self, ask_id) if message.get("notice") else None
+        priority = int(message.get("priority") or 0)
+        ctl = registry.controller()
+        slot: Slot = await registry.acquire_here(ctl, view, priority, notice)
+        return {"urls": list(slot.urls)}, functools.partial(ctl.release, slot)
+
+    async def place(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        places = limits()
+        ticket = await places.enter(Claim(**message["claim"]))
+        return {}, functools.partial(places.leave, ticket)
+
+    async def status(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        fields = message.get("view")
+        view = view_of(fields) if isinstance(fields, dict) else None
+        found = registry.status_here(registry.controller(), int(message["deployment"]), view)
+        return found, lambda: None
+
+    def say_figures(self) -> None:
+        for ask_id, status in list(self.waits.items()):
+            figures = status.figures()
+            if figures != self.said.get(ask_id):
+                self.said[ask_id] = figures
+                self.send({"id": ask_id, "ev": "figures", "figures": figures})
+
+    def close(self) -> None:
+        """The link ended: nothing it asked goes on, nothing it held stays held."""
+        for task in self.asking.values():
+            task.cancel()
+        self.asking.clear()
+        for give_back in self.held.values():
+            give_back()
+        self.held.clear()
+
+
+class Owner:
+    def __init__(self, rebuild_s: float) -> None:
+        self.rebuild_s = rebuild_s
+        self.rebuilt = asyncio.Event()
+        self.gateways: set[Gateway] = set()
+
+    async def run(self, addresses: list[wire.Address], ready: Callable[[], None]) -> None:
+        registry.controller()  # made in this loop, with its lease renewer
+        with contextlib.suppress(Exception):
+            await catalog.warm()  # its state changes wake the waiting requests
+        servers = []
+        for address in addresses:
+            if address.path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address.path)  # a dead owner's socket
+                server = await asyncio.start_unix_server(
+                    self.connected, address.path, limit=wire.MAX_LINE
+                )
+                os.chmod(address.path, 0o600)
+            else:
+                server = await asyncio.start_server(
+                    self.connected, address.host, address.port, limit=wire.MAX_LINE
+                )
+            servers.append(server)
+        ready()
+        asyncio.get_running_loop().call_later(self.rebuild_s, self.rebuilt.set)
+        while True:
+            await asyncio.sleep(FIGURES_EVERY_S)
+            for gateway in list(self.gateways):
+                gateway.say_figures()
+
+    async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        gateway: Gateway | None = None
+        try:
+            nonce = wire.fresh_nonce()
+            writer.write(wire.encode({"nonce": nonce}))
+            hello = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
+            if (
+                hello is None
+                or hello.get("op") != "hello"
+                or not wire.proves(nonce, hello.get("proof"))
+            ):
+                writer.write(wire.encode({"welcome": False}))
+                log.warning("refused a scheduler link that did not prove the site's key")
+                return
+            gateway = Gateway(self, writer, str(hello.get("gateway", "")))
+            gateway.adopt(list(hello.get("holding") or ()))
+            self.gateways.add(gateway)
+            writer.write(wire.encode({"welcome": True}))
+            while (message := await wire.read(reader)) is not None:
+                gateway.handle(message)
+        except (OSError, TimeoutError, wire.WireError, KeyError, TypeError, ValueError) as exc:
+            log.warning("a scheduler link ended: %r", exc)
+        finally:
+            if gateway is not None:
+                self.gateways.discard(gateway)
+                gateway.close()
+            writer.close()
+
+
+def addresses() -> list[wire.Address]:
+    """Where this owner listens: MSHIP_SCHEDULER_URL's socket, and MSHIP_SCHEDULER_LISTEN."""
+    found = []
+    if settings.MSHIP_SCHEDULER_URL:
+        found.append(wire.parse(settings.MSHIP_SCHEDULER_URL))
+    if settings.MSHIP_SCHEDULER_LISTEN:
+        found.append(wire.parse("tcp://" + settings.MSHIP_SCHEDULER_LISTEN))
+    return [a for n, a in enumerate(found) if a not in found[:n]]
