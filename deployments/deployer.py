@@ -2,7 +2,9 @@
 
 Its functions block (they launch processes and wait for health) and run in django-q workers,
 management commands and test threads, never in the event loop. Every start passes the fit
-check and the start-up gate; every state change is a conditional update with its event.
+check and claims its memory (the row marked starting with its GPUs) under the start-up gate,
+and waits for its engine's health outside it; every state change is a conditional update
+with its event.
 """
 
 from __future__ import annotations
@@ -163,14 +165,17 @@ def restart(
             placed = fit_or_refuse(deployment, actor)
             prior = deployment.state
             # An autoscaled deployment starts again from its initial count (replicas=0).
+            # Marked starting with its GPUs, it holds its memory for every later fit check:
+            # the claim is made, and the gate is let go before the engine's health wait, so
+            # that other starts and wakes need not wait behind this one's minutes.
             started = transition(
                 deployment, State.STARTING, expected=[prior], actor=actor, gpus=placed, replicas=0
             )
             if not started:
                 return deployment
-            if on_start is not None:
-                on_start()
-            return _bring_up(deployment, prior, actor, timeout)
+        if on_start is not None:
+            on_start()
+        return _bring_up(deployment, prior, actor, timeout)
     raise AssertionError("unreachable: the last try starts or returns")
 
 

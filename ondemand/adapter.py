@@ -121,10 +121,16 @@ def _budget() -> Budget:
     )
 
 
-def _restart(deployment_id: int) -> None:
+def _restart(deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
     # Audited only where this call started it: not when it already ran or was starting.
     started: list[bool] = []
-    row = deployer.restart(deployment_id, actor=ACTOR, on_start=lambda: started.append(True))
+
+    def on_start() -> None:
+        started.append(True)
+        if claimed is not None:
+            claimed()
+
+    row = deployer.restart(deployment_id, actor=ACTOR, on_start=on_start)
     if started:
         text = f"started for a request: {row.state}"
         audit.record("ondemand_start", row, actor=ACTOR, text=text)
@@ -205,8 +211,8 @@ class DjangoDeployer:
     async def views(self) -> list[View]:
         return await in_thread(_views)
 
-    async def restart(self, deployment_id: int) -> None:
-        await in_engine_thread(_restart, deployment_id)
+    async def restart(self, deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
+        await in_engine_thread(_restart, deployment_id, claimed)
 
     async def wake(self, deployment_id: int) -> None:
         await in_engine_thread(_wake, deployment_id)

@@ -16,7 +16,8 @@ from common import metrics, tracing
 from common.priority import label as class_label
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
-from ondemand import errors, policy
+from ondemand import attempts, errors, policy
+from ondemand.attempts import POLL_S
 from ondemand.clock import Clock, SystemClock
 from ondemand.make_room import RoomMaking
 from ondemand.policy import StartOutcome
@@ -34,8 +35,6 @@ from openai_api.access import mark_waited
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-
-POLL_S = 15.0  # a waiter looks again at least this often
 
 
 class Controller(RoomMaking):
@@ -198,7 +197,7 @@ class Controller(RoomMaking):
                 await self.clock.wait(changed, min(POLL_S, waiter.deadline - now))
                 return None
             mark_waited("start")
-        outcome = await self._await_attempt(waiter.attempt, changed, waiter.deadline - now)
+        outcome = await attempts.outcome(self.clock, waiter.attempt, changed, waiter.deadline - now)
         if outcome is None:
             return None  # still running: look again
         waiter.attempt = None
@@ -274,31 +273,6 @@ class Controller(RoomMaking):
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _await_attempt(
-        self, attempt: asyncio.Task[StartOutcome], changed: asyncio.Event, within_s: float
-    ) -> StartOutcome | None:
-        """The attempt's outcome once it ends; None when a change or the poll interval came
-        first. The attempt is shielded: a waiter that gives up never cancels it half-way."""
-        if not attempt.done():
-            finished: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(attempt))
-            woke: asyncio.Future[Any] = asyncio.ensure_future(
-                self.clock.wait(changed, min(POLL_S, within_s))
-            )
-            try:
-                await asyncio.wait({finished, woke}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woke.cancel()
-                if not finished.done():
-                    finished.cancel()
-                elif not finished.cancelled():
-                    finished.exception()  # read below from the attempt; marked as seen here
-            if not attempt.done():
-                return None
-        exc = attempt.exception()
-        if exc is not None:
-            raise exc
-        return attempt.result()
 
     async def _grant(self, view: View, entry: Entry) -> Slot | None:
         """A slot, once the lease covers the idle timeout that starts now; None when the
@@ -402,8 +376,9 @@ class Controller(RoomMaking):
             if not prepared:
                 return self._start_ended(view, await self.deployer.view(view.id))
         entry, stopped_a_victim, retried = self.entry(view.id), False, False
-        async with self.lock:
-            for _ in range(4):
+        for _ in range(4):
+            running: asyncio.Future[None] | None = None
+            async with self.lock:
                 current = await self.deployer.view(view.id)
                 if current is None:
                     return StartOutcome.STOPPED
@@ -422,7 +397,7 @@ class Controller(RoomMaking):
                             await self.deployer.wake(view.id)
                     elif current.state in STARTABLE_STATES:
                         with tracing.span("modelship.ondemand.launch"):
-                            await self.deployer.restart(view.id)
+                            running = await attempts.claimed(self.deployer, view.id)
                     elif current.state == State.STOPPING:
                         return StartOutcome.STOPPED
                     else:
@@ -434,21 +409,26 @@ class Controller(RoomMaking):
                         return StartOutcome.QUEUED
                     stopped_a_victim = True
                     continue
-                after = await self.deployer.view(view.id)
-                if after is not None and after.out_of_memory and not retried:
-                    # Out of memory: it claims what it showed it needs now; room is made for
-                    # that (a victim more, maybe) and it starts once more.
-                    retried = True
-                    metrics.out_of_memory_retries.labels(view.name).inc()
-                    continue
-                outcome = self._start_ended(view, after)
-                if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
-                    metrics.cold_starts.labels(view.name, outcome.value).inc()
-                    metrics.starts.labels(view.name, "retry" if retried else "request").inc()
-                if outcome == StartOutcome.READY:
-                    metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
-                return outcome
-            return StartOutcome.QUEUED
+            if running is not None:
+                # Its memory is claimed: the engine's health wait runs outside the lock, so
+                # that the site's other starts and wakes go on meanwhile.
+                with tracing.span("modelship.ondemand.health"):
+                    await running
+            after = await self.deployer.view(view.id)
+            if after is not None and after.out_of_memory and not retried:
+                # Out of memory: it claims what it showed it needs now; room is made for
+                # that (a victim more, maybe) and it starts once more.
+                retried = True
+                metrics.out_of_memory_retries.labels(view.name).inc()
+                continue
+            outcome = self._start_ended(view, after)
+            if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
+                metrics.cold_starts.labels(view.name, outcome.value).inc()
+                metrics.starts.labels(view.name, "retry" if retried else "request").inc()
+            if outcome == StartOutcome.READY:
+                metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
+            return outcome
+        return StartOutcome.QUEUED
 
     def _start_ended(self, view: View, after: View | None) -> StartOutcome:
         entry = self.entry(view.id)

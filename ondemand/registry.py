@@ -17,7 +17,7 @@ from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
 from ondemand.scheduler import client
 from ondemand.scheduler.client import RemoteSlot
-from ondemand.state import Slot, View
+from ondemand.state import Slot, View, describe
 from openai_api import wait_status
 from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
@@ -94,8 +94,8 @@ class ControllerSlots:
     async def status(self, route: Route) -> dict[str, Any] | None:
         to = client.link()
         if to is not None:
-            return await client.status(to, route.deployment_id, fields_of(route))
-        return status_here(controller(), route.deployment_id, view_of_route(route))
+            return await client.status(to, route.deployment_id, route.state)
+        return status_here(controller(), route.deployment_id, route.state)
 
 
 class SitePlaces:
@@ -126,8 +126,8 @@ async def acquire_here(
         return await ctl.acquire(deployment_id, on_queued=on_queued, hint=view, priority=priority)
 
 
-def status_here(ctl: Controller, deployment_id: int, view: View | None) -> dict[str, Any]:
-    found = ctl.status(view, deployment_id)
+def status_here(ctl: Controller, deployment_id: int, state: str | None) -> dict[str, Any]:
+    found = describe(ctl.entry(deployment_id), state)
     return {**found, "waiting": wait_figures.of(ctl, deployment_id)}
 
 

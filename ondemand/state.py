@@ -86,9 +86,9 @@ class Deployer(Protocol):
 
     async def views(self) -> list[View]: ...
 
-    async def restart(self, deployment_id: int) -> None:
+    async def restart(self, deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
         """Start it and return once the start has ended; InsufficientMemory when it does
-        not fit."""
+        not fit. `claimed` is called (from any thread) once it holds its memory."""
         ...
 
     async def wake(self, deployment_id: int) -> None: ...

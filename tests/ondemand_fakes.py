@@ -13,6 +13,8 @@ from deployments.memory import InsufficientMemory
 from ondemand.state import Budget, View
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.fake_clock import FakeClock
 
 HOLDING = ("starting", "ready", "stopping")
@@ -68,8 +70,8 @@ class FakeDeployer:
     async def views(self) -> list[View]:
         return list(self.rows.values())
 
-    async def restart(self, deployment_id: int) -> None:
-        await self._start(deployment_id)
+    async def restart(self, deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
+        await self._start(deployment_id, claimed)
 
     async def wake(self, deployment_id: int) -> None:
         await self._start(deployment_id)
@@ -82,13 +84,15 @@ class FakeDeployer:
             self.set_state(deployment_id, "failed")
         return held.result()
 
-    async def _start(self, deployment_id: int) -> None:
+    async def _start(self, deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
         view = self.rows[deployment_id]
         free = self.capacity - self.held()
         if view.need_gib > free:
             raise InsufficientMemory(view.name, view.need_gib, free, self.capacity)
         self.starts.append(view.name)
         self.set_state(deployment_id, "starting")
+        if claimed is not None:
+            claimed()
         gate = self.gates[deployment_id] = asyncio.get_running_loop().create_future()
         outcome = await gate
         if deployment_id in self.rows and self.rows[deployment_id].state == "starting":

@@ -327,19 +327,37 @@ async def test_it_starts_nothing_when_the_waiter_hung_up(
     controller: Controller, deployer: FakeDeployer
 ) -> None:
     deployer.add(1, "first", 2)
-    deployer.add(2, "second", 2)
-    first = acquiring(controller, 1)
-    await settle()  # the first start holds the controller lock
-    second = acquiring(controller, 2)
-    await settle()  # the second's attempt waits for the lock
-    assert controller.entry(2).attempt is not None
-    second.cancel()  # its only waiter hangs up
-    with contextlib.suppress(asyncio.CancelledError):
-        await second
-    deployer.finish(1)
-    await first
+    async with controller.lock:  # another start's claim is under way
+        first = acquiring(controller, 1)
+        await settle()  # its attempt waits for the lock
+        assert controller.entry(1).attempt is not None
+        first.cancel()  # its only waiter hangs up
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
     await settle()
-    assert deployer.starts == ["first"]  # the abandoned attempt started nothing
+    assert deployer.starts == []  # the abandoned attempt started nothing
+
+
+async def test_it_starts_a_second_model_while_the_first_waits_for_its_engine(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    """The lock covers a start's claim on memory, not its engine's health wait: a start (or a
+    wake) of another model goes on meanwhile, and ends first if its engine is quicker."""
+    deployer.add(1, "slow", 2)
+    deployer.add(2, "quick", 2)
+    deployer.add(3, "sleeper", 2, state="asleep")
+    slow = acquiring(controller, 1)
+    await settle()
+    quick = acquiring(controller, 2)
+    woken = acquiring(controller, 3)
+    await settle()
+    assert deployer.starts == ["slow", "quick", "sleeper"]  # all three at once
+    deployer.finish(3)
+    deployer.finish(2)
+    assert (await woken).deployment_id == 3 and (await quick).deployment_id == 2
+    assert not slow.done()  # still waiting for its engine
+    deployer.finish(1)
+    assert (await slow).deployment_id == 1
 
 
 async def test_it_starts_a_small_model_while_the_head_waits_for_memory_nobody_freed(

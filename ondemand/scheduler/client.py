@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -264,5 +266,44 @@ async def place(to: Link, claim: Claim) -> AsyncIterator[None]:
         to.release(ask.id)
 
 
-async def status(to: Link, deployment_id: int, view: dict[str, Any] | None) -> dict[str, Any]:
-    return await to.answer(to.new_ask({"op": "status", "deployment": deployment_id, "view": view}))
+async def status(to: Link, deployment_id: int, state: str) -> dict[str, Any]:
+    return await to.answer(
+        to.new_ask({"op": "status", "deployment": deployment_id, "state": state})
+    )
+
+
+def ask_blocking(message: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
+    """One question on a link of its own, from a thread with no event loop of ours (an /api
+    view): connect, prove, ask, close. Raises OSError or WireError where the owner does not
+    answer, and the owner's refusal as a GatewayError."""
+    address = wire.parse(settings.MSHIP_SCHEDULER_URL)
+    if address.path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        sock.connect(address.path)
+    else:
+        sock = socket.create_connection((address.host, address.port), timeout_s)
+    with sock, sock.makefile("rwb") as stream:
+
+        def said() -> dict[str, Any]:
+            line = stream.readline(wire.MAX_LINE)
+            if not line.endswith(b"\n"):
+                raise wire.WireError("the owner ended the link")
+            found = json.loads(line)
+            if not isinstance(found, dict):
+                raise wire.WireError("a message that is not a JSON object")
+            return found
+
+        nonce = str(said().get("nonce", ""))
+        hello = {"op": "hello", "gateway": f"{PROCESS}-once", "holding": []}
+        stream.write(wire.encode({**hello, "proof": wire.proof(nonce)}))
+        stream.flush()
+        if said().get("welcome") is not True:
+            raise wire.WireError("the owner refused this process")
+        stream.write(wire.encode({**message, "id": "1"}))
+        stream.flush()
+        while (answer := said()).get("id") != "1" or "ev" in answer:
+            continue
+    if "error" in answer:
+        raise refusal(answer["error"])
+    return dict(answer["ok"])

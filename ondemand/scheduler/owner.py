@@ -195,9 +195,9 @@ class Gateway:
     async def status(
         self, ask_id: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], Callable[[], None]]:
-        fields = message.get("view")
-        view = view_of(fields) if isinstance(fields, dict) else None
-        found = registry.status_here(registry.controller(), int(message["deployment"]), view)
+        state = message.get("state")
+        deployment_id = int(message["deployment"])
+        found = registry.status_here(registry.controller(), deployment_id, state and str(state))
         return found, lambda: None
 
     def say_figures(self) -> None:
