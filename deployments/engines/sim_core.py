@@ -71,6 +71,7 @@ class SimState:
     served_names: list[str]
     started_at: float = field(default_factory=time.time)
     running: int = 0
+    peak_running: int = 0  # the most requests it ran at once (tests read the limits by it)
     served: int = 0
     sleeping: bool = False
     sleep_level: int = 0  # the level of its last /sleep
@@ -160,6 +161,7 @@ class Inflight:
 
     async def __aenter__(self) -> Inflight:
         self.state.running += 1
+        self.state.peak_running = max(self.state.peak_running, self.state.running)
         # An access line per inference request, so an operator's log shows the traffic.
         print(f"{self.request.method} {self.request.path}", flush=True)
         if self.state.config.first_token_delay_s:

@@ -376,6 +376,7 @@ async def stats(request: web.Request) -> web.Response:
         {
             "served": state.served,
             "running": state.running,
+            "peak_running": state.peak_running,
             "pid": os.getpid(),
             "sleep_level": state.sleep_level,
         }

@@ -163,6 +163,8 @@ class Link:
                 reader, writer = await asyncio.wait_for(wire.open_link(self.address), CONNECT_S)
             except (OSError, TimeoutError) as exc:
                 self._still_down(repr(exc))
+                if not self.asks and not self.held:
+                    return  # nobody needs it now: the next question starts it again
                 await asyncio.sleep(RETRY_S)
                 continue
             try:
@@ -236,6 +238,8 @@ def link() -> Link | None:
     loop = asyncio.get_running_loop()
     found = _links.get(loop)
     if found is None or str(found.address) != str(wire.parse(url)):
+        if found is not None and found.runner is not None and not found.held:
+            found.runner.cancel()  # the site's scheduler moved: its old address is let go
         found = _links[loop] = Link(wire.parse(url))
         for other in [lp for lp in _links if lp.is_closed()]:
             del _links[other]

@@ -1,0 +1,377 @@
+"""One scheduler per site (ondemand/scheduler/): `serve --workers 4`, four gateway processes on
+one port as a real host runs them, obeys one queue, one set of limits and one memory budget.
+Each test reaches the workers from new connections, so the kernel spreads them; the engines'
+own counts say what ran. The owner and a worker are killed mid-load; a gateway that cannot
+reach the owner answers a retryable 503; a link without the site's key is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from deployments import deployer
+from deployments.api.tokens import issue_token
+from deployments.models import Deployment, DeploymentEvent, State
+from deployments.runtimes.process import free_port
+from ondemand.scheduler import wire
+from tests.conftest import REPO, answers, env_for_subprocess, sim, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+pytestmark = pytest.mark.usefixtures("engines")
+HI = [{"role": "user", "content": "hi"}]
+# A worker or the owner that dies sooner after its start stops Modelship (serve's rule):
+# the tests that kill one wait until both have lived longer.
+LIVED_S = 11.0
+
+
+@dataclass
+class Site:
+    url: str
+    serve: subprocess.Popen[bytes]
+    run_dir: Path
+    log: Path
+    began: float
+
+    @property
+    def socket(self) -> Path:
+        return self.run_dir / "scheduler.sock"
+
+    def children(self, pattern: str) -> list[int]:
+        found = subprocess.run(
+            ["pgrep", "-P", str(self.serve.pid), "-f", pattern], capture_output=True, text=True
+        )
+        return [int(pid) for pid in found.stdout.split()]
+
+    def lived(self) -> None:
+        time.sleep(max(0.0, self.began + LIVED_S - time.monotonic()))
+
+
+@pytest.fixture(scope="module")
+def four(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -> Iterator[Site]:
+    """`serve --workers 4` on the tests' database, for the module: 17 GiB of memory."""
+    folder = tmp_path_factory.mktemp("four")
+    # A Unix socket's path is short (108 bytes): pytest's folders can be longer.
+    run_dir = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))
+    port = free_port("127.0.0.1")
+    log = folder / "serve.log"
+    with django_db_blocker.unblock():
+        env = env_for_subprocess(
+            MSHIP_VAR_DIR=str(folder / "var"),
+            MSHIP_RUN_DIR=str(run_dir),
+            MSHIP_MEMORY_CAPACITY_GIB="17",
+            MSHIP_ROUTE_REFRESH_S="0.05",
+            MSHIP_SECRET_KEY=settings.SECRET_KEY,
+            MSHIP_SCHEDULER_REBUILD_S="1",
+            MSHIP_STOP_GRACE_S="2",
+        )
+        serve = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "4"],
+            cwd=REPO,
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        began = time.monotonic()
+        url = f"http://127.0.0.1:{port}"
+        site = Site(url, serve, run_dir, log, began)
+        try:
+            wait_until(lambda: answers(url + "/health") and site.socket.exists(), 120)
+            assert len(site.children("modelship_site.server")) == 4
+            yield site
+        finally:
+            serve.terminate()
+            serve.wait(60)
+
+
+def known(url: str, key: str) -> str:
+    headers = {"authorization": f"Bearer {key}"}
+    wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code != 401, 10)
+    return key
+
+
+def shown(url: str, key: str, name: str, state: str | None = None) -> None:
+    """Wait until every worker's route table has the deployment (in `state`)."""
+
+    def listed() -> bool:
+        for _ in range(8):  # new connections: the kernel spreads them over the workers
+            answer = httpx.get(
+                f"{url}/v1/models/{name}/status", headers={"authorization": f"Bearer {key}"}
+            )
+            if answer.status_code != 200 or (state and answer.json()["state"] != state):
+                return False
+        return True
+
+    wait_until(listed, 15)
+
+
+def ask(url: str, key: str, model: str, timeout: float = 120, **body: Any) -> tuple[int, float]:
+    """One chat request from a new connection: its status and seconds."""
+    began = time.monotonic()
+    with httpx.Client(timeout=timeout) as client:
+        answer = client.post(
+            url + "/v1/chat/completions",
+            json={"model": model, "messages": HI, **body},
+            headers={"authorization": f"Bearer {key}"},
+        )
+    return answer.status_code, time.monotonic() - began
+
+
+def streams(url: str, key: str, model: str, count: int, **body: Any) -> list[threading.Thread]:
+    """`count` streaming requests at once, each from its own connection; their statuses
+    (and whether each ended with [DONE]) go into `done` on the returned threads."""
+    done: list[tuple[int, bool]] = []
+
+    def one() -> None:
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
+                "POST",
+                url + "/v1/chat/completions",
+                json={"model": model, "messages": HI, "stream": True, **body},
+                headers={"authorization": f"Bearer {key}"},
+            ) as answer,
+        ):
+            lines = [line for line in answer.iter_lines() if line]
+            done.append((answer.status_code, bool(lines) and lines[-1] == "data: [DONE]"))
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.done = done  # type: ignore[attr-defined]
+        thread.start()
+    return threads
+
+
+def finished(threads: list[threading.Thread]) -> list[tuple[int, bool]]:
+    for thread in threads:
+        thread.join(180)
+    return list(threads[0].done)  # type: ignore[attr-defined]
+
+
+def engine_stats(deployment: Deployment) -> dict[str, Any]:
+    deployment.refresh_from_db()
+    return dict(httpx.get(deployment.engine_urls[0] + "/sim/stats").json())
+
+
+def started(make: Callable[..., Deployment], name: str, **fields: Any) -> Deployment:
+    deployment = make(name, **fields)
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY, deployment.state_reason
+    return deployment
+
+
+@pytest.mark.heavy
+def test_it_swaps_two_models_from_new_connections_within_a_start(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """Two 10 GiB models, 17 GiB: each request swaps one out for the other. Each process's
+    own make-room waited out another's lease (630 s by default): every swap now takes about
+    one engine start, whichever worker takes it."""
+    for name in ("left", "right"):
+        make_deployment(
+            name,
+            mode="on_demand",
+            idle_timeout_s=600,
+            memory_gib=10.0,
+            config=sim(startup_delay_s=1, reply=name),
+        )
+    key = known(four.url, api_key())
+    shown(four.url, key, "right")
+    first, cold_s = ask(four.url, key, "left")
+    assert first == 200
+    swaps = [ask(four.url, key, name) for name in ("right", "left") * 3]
+    assert [status for status, _ in swaps] == [200] * 6
+    # A swap is a stop and a start; two cores are shared with the suite's other worker.
+    assert max(seconds for _, seconds in swaps) < cold_s + 5, (cold_s, swaps)
+    made_room = DeploymentEvent.objects.filter(
+        kind=State.STOPPED, text__startswith="Put to sleep to make room"
+    )
+    assert made_room.count() == 6
+
+
+@pytest.mark.heavy
+def test_it_runs_no_more_than_max_concurrency_across_four_workers(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    capped = started(make_deployment, "capped", max_concurrency=2, config=sim(tokens_per_second=40))
+    key = known(four.url, api_key())
+    shown(four.url, key, "capped", "ready")
+    done = finished(streams(four.url, key, "capped", 12, max_tokens=20))
+    assert done == [(200, True)] * 12
+    stats = engine_stats(capped)
+    assert stats["served"] >= 12
+    assert stats["peak_running"] == 2  # each process alone let 2 in: 7 ran at once
+
+
+@pytest.mark.heavy
+def test_it_backs_off_a_failed_start_once_for_the_site(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    broken = make_deployment(
+        "broken", mode="on_demand", idle_timeout_s=600, config=sim(fail_at_start=True)
+    )
+    key = known(four.url, api_key())
+    shown(four.url, key, "broken")
+    answers_ = [ask(four.url, key, "broken")[0] for _ in range(8)]
+    assert answers_ == [503] * 8
+    starts = DeploymentEvent.objects.filter(deployment=broken, kind=State.STARTING)
+    assert starts.count() == 1  # per process, up to once in each of the four
+
+
+@pytest.mark.heavy
+def test_it_shows_the_sites_counts_on_the_api_whichever_process_answers(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    slow = make_deployment(
+        "slow", mode="on_demand", idle_timeout_s=600, config=sim(tokens_per_second=5)
+    )
+    key = known(four.url, api_key())
+    shown(four.url, key, "slow")
+    running = streams(four.url, key, "slow", 2, max_tokens=40)
+    token = issue_token(User.objects.create_superuser("ops", "ops@example.com", "pw-123456"))
+
+    def counted() -> bool:
+        for _ in range(6):  # new connections, spread over the workers
+            answer = httpx.get(
+                f"{four.url}/api/deployments/{slow.pk}/",
+                headers={"authorization": f"Token {token}"},
+            )
+            if answer.json()["ondemand"]["inflight"] != 2:
+                return False
+        return True
+
+    wait_until(counted, 30)
+    assert finished(running) == [(200, True)] * 2
+
+
+def worker_serving(site: Site, client: socket.socket) -> int:
+    """The worker whose socket is the server's end of the client's connection."""
+    mine = client.getsockname()[1]
+    server_port = client.getpeername()[1]
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1], fields[2]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == mine:
+            inodes.add(fields[9])
+    for pid in site.children("modelship_site.server"):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes:
+                    return pid
+    raise AssertionError("no worker holds the connection")
+
+
+@pytest.mark.heavy
+def test_it_frees_the_places_of_a_worker_that_died_at_once(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    started(make_deployment, "single", max_concurrency=1, config=sim(tokens_per_second=4))
+    key = known(four.url, api_key())
+    shown(four.url, key, "single", "ready")
+    four.lived()
+    held = socket.create_connection(("127.0.0.1", int(four.url.rsplit(":", 1)[1])))
+    body = json.dumps({"model": "single", "messages": HI, "stream": True, "max_tokens": 200})
+    held.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    assert held.recv(64).startswith(b"HTTP/1.1 200")  # its place is held: it streams
+    os.kill(worker_serving(four, held), signal.SIGKILL)
+    held.close()
+    status, seconds = ask(four.url, key, "single", max_tokens=2)
+    assert status == 200
+    assert seconds < 5 + 2  # freed with the dead worker's link, not at a timeout
+
+
+@pytest.mark.heavy
+def test_it_serves_the_queue_in_flight_and_after_the_owner_is_killed(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    single = started(make_deployment, "queued", max_concurrency=1, config=sim(tokens_per_second=20))
+    key = known(four.url, api_key())
+    shown(four.url, key, "queued", "ready")
+    four.lived()
+    (owner,) = four.children("manage.py scheduler")
+    running = streams(four.url, key, "queued", 4, max_tokens=20)
+    wait_until(lambda: engine_stats(single)["running"] == 1, 10)
+    os.kill(owner, signal.SIGKILL)
+    # The stream in flight completes; the three waiting are asked again of the new owner,
+    # which counts the one in flight first: still one at a time.
+    assert finished(running) == [(200, True)] * 4
+    assert engine_stats(single)["peak_running"] == 1
+    wait_until(lambda: len(four.children("manage.py scheduler")) == 1, 10)
+    assert four.children("manage.py scheduler") != [owner]
+
+
+@pytest.mark.heavy
+def test_it_refuses_a_link_that_does_not_prove_the_sites_key(four: Site) -> None:
+    async def welcome(proof_of: Callable[[str], str]) -> bool:
+        reader, writer = await asyncio.open_unix_connection(str(four.socket))
+        try:
+            challenge = await wire.read(reader)
+            assert challenge is not None
+            hello = {"op": "hello", "gateway": "t", "holding": []}
+            writer.write(wire.encode({**hello, "proof": proof_of(challenge["nonce"])}))
+            said = await wire.read(reader)
+            if said is None or not said.get("welcome"):
+                with contextlib.suppress(ConnectionError):  # closed: nothing is answered
+                    writer.write(wire.encode({"op": "status", "id": "1", "deployment": 1}))
+                    assert await wire.read(reader) is None
+                return False
+            return True
+        finally:
+            writer.close()
+
+    assert not asyncio.run(welcome(lambda nonce: "0" * 64))
+    assert not asyncio.run(welcome(lambda nonce: wire.proof("a nonce from before")))
+    assert asyncio.run(welcome(wire.proof))  # the site's SECRET_KEY, the fresh nonce
+
+
+def test_it_answers_a_retryable_503_when_no_scheduler_answers(
+    site: Any,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Callable[..., Deployment],
+    serving: Callable[..., Deployment],
+) -> None:
+    """The owner is away (restarting, or never started): a request that needs it waits
+    MSHIP_SCHEDULER_WAIT_S for it, then hears a 503 it may retry, never a hang; a request
+    that needs no decision is served as ever."""
+    site.MSHIP_SCHEDULER_URL = f"unix:{tempfile.mkdtemp(dir='/tmp')}/none.sock"
+    site.MSHIP_SCHEDULER_WAIT_S = 0.5
+    make_deployment("later", mode="on_demand", idle_timeout_s=600)
+    serving("free", config=sim(reply="free"))
+    serving("capped-here", max_concurrency=1)
+    key = api_key()
+    for model in ("later", "capped-here"):
+        answer = httpx.post(
+            gateway_url + "/v1/chat/completions",
+            json={"model": model, "messages": HI},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "scheduler_unavailable"
+        assert answer.headers["retry-after"] == "2"
+    status, _ = ask(gateway_url, key, "free")
+    assert status == 200
