@@ -63,7 +63,9 @@ class Route:
     # Its chat takes a forced function by name (Loader.names_forced_tool).
     names_forced_tool: bool = True
     priority: int = 0  # its class (common/priority.py)
-    max_concurrency: int | None = None  # requests at once, per gateway process
+    max_concurrency: int | None = None  # requests at once, on the site
+    # Its engine orders requests by a priority each carries (engine_dialect.with_priority).
+    engine_priority: bool = False
     # Each replica's GPU share, in the order of `urls` (openai_api/usage/gpu_share.py).
     gpu_shares: tuple[float, ...] = ()
     adapter: Adapter | None = None  # a LoRA adapter served from its base's engines
@@ -145,6 +147,7 @@ def route_of(d: Deployment) -> Route:
         names_forced_tool=loader.names_forced_tool if loader else True,
         priority=d.priority,
         max_concurrency=d.max_concurrency,
+        engine_priority=loader.schedules_by_priority(spec) if loader else False,
         gpu_shares=replica_shares(d.num_gpus, d.gpus, len(d.engine_urls or ())),
         loras=tuple(
             (str(h.get("url", "")), tuple(str(n) for n in h.get("adapters", ())))

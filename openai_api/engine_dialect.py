@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openai_api.auth import current_key
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
@@ -22,11 +23,25 @@ def forced_name(choice: dict[str, Any]) -> Any:
 def adapter_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
     """`body` as its route's engine takes it: a vLLM adapter by its name; for llama.cpp, a
     caller's own `lora` never passed on (a key for a base would reach every adapter loaded
-    in it). A llama.cpp adapter's own `lora` is set once its engine is known (`with_lora`)."""
+    in it). A llama.cpp adapter's own `lora` is set once its engine is known (`with_lora`).
+    And its class where the engine schedules by it (`with_priority`)."""
     if route.adapter is not None and route.adapter.runtime:
-        return {**body, "model": route.name}  # vLLM serves a loaded adapter by its name
-    if route.loader == "llama_server" and "lora" in body:
-        return {k: v for k, v in body.items() if k != "lora"}
+        body = {**body, "model": route.name}  # vLLM serves a loaded adapter by its name
+    elif route.loader == "llama_server" and "lora" in body:
+        body = {k: v for k, v in body.items() if k != "lora"}
+    return with_priority(route, body)
+
+
+def with_priority(route: Route, body: dict[str, Any]) -> dict[str, Any]:
+    """A caller's own `priority` never reaches an engine (it would jump the engine's queue
+    past the classes the site set); where the engine orders requests by priority (vLLM's
+    `scheduling_policy: priority`), the request's class goes instead: its key's plus its
+    deployment's (common/priority.py), said vLLM's way, where a lower number goes first."""
+    if route.engine_priority:
+        key = current_key.get()
+        return {**body, "priority": -(route.priority + (key.priority if key else 0))}
+    if "priority" in body:
+        return {k: v for k, v in body.items() if k != "priority"}
     return body
 
 

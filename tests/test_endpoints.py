@@ -11,7 +11,8 @@ import pytest
 
 from deployments.loaders import LOADERS, EngineSpec
 from ondemand import health_probe
-from openai_api.catalog import Route
+from openai_api.auth import current_key
+from openai_api.catalog import Key, Route
 from openai_api.endpoints import ENDPOINTS, ONDEMAND, PUBLIC, notice_eligible
 from openai_api.engine_dialect import chat_body
 from openai_api.engine_error_codes import normalized, openai_code
@@ -131,3 +132,24 @@ def test_it_makes_an_engines_numeric_error_code_a_word(
         assert rewritten is not None and json.loads(rewritten)["error"]["code"] == code
     else:
         assert rewritten is None
+
+
+def test_it_sends_the_requests_class_to_an_engine_that_schedules_by_it_never_the_callers() -> None:
+    """vLLM started with `scheduling_policy: priority` orders what it holds by each request's
+    `priority` (a lower number first): it gets the key's class plus the deployment's. A
+    caller's own `priority` reaches no engine (it would jump the site's classes)."""
+    asked: dict[str, Any] = {"messages": [], "priority": -100}
+    assert "priority" not in chat_body(ROUTE, asked)
+    vllm = replace(ROUTE, loader="vllm", engine_priority=True, priority=10)
+    assert chat_body(vllm, asked)["priority"] == -10  # no key: the deployment's class alone
+    low = Key(1, "batch", "p1", "", False, frozenset(), None, -20, None)
+    token = current_key.set(low)
+    try:
+        assert chat_body(vllm, asked)["priority"] == 10  # class 10 - 20: after the class-0 ones
+    finally:
+        current_key.reset(token)
+    loader = LOADERS["vllm"]
+    scheduled = EngineSpec(name="m", model="org/m", config={"scheduling_policy": "priority"})
+    assert loader.schedules_by_priority(scheduled)
+    assert not loader.schedules_by_priority(EngineSpec(name="m", model="org/m"))
+    assert not LOADERS["llama_server"].schedules_by_priority(scheduled)  # first come, first served

@@ -168,6 +168,12 @@ class Loader:
         400 naming the part where it does not)."""
         return False
 
+    def schedules_by_priority(self, spec: EngineSpec) -> bool:
+        """Its engine orders the requests it holds by a `priority` each carries (vLLM with
+        `scheduling_policy: priority`): the gateway then sends each request's class. Others
+        serve what they hold first come, first served (llama.cpp's slots)."""
+        return False
+
     def reads_files(self, spec: EngineSpec) -> bool:
         """Its chat takes file parts (OpenAI's `file`: a PDF as data). vLLM's and llama.cpp's
         refuse them, so none does unless its loader says so."""

@@ -135,6 +135,9 @@ class VllmLoader(Loader):
             options.setdefault("max_lora_rank", DEFAULT_MAX_LORA_RANK)
         return argv + cli_flags(options)
 
+    def schedules_by_priority(self, spec: EngineSpec) -> bool:
+        return str(spec.config.get("scheduling_policy", "")).strip().lower() == "priority"
+
     def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
         if not os.path.isdir(spec.model):
             return None  # a hub id: its size is not known before it is downloaded
