@@ -430,6 +430,9 @@ MSHIP_SCHEDULER_WAIT_S = env_float("MSHIP_SCHEDULER_WAIT_S", 10)
 # A new owner grants nothing this long after it starts: the gateways reconnect and say what
 # they hold first (their slots and places), so that no limit is passed meanwhile.
 MSHIP_SCHEDULER_REBUILD_S = env_float("MSHIP_SCHEDULER_REBUILD_S", 1.5)
+# Requests one key may have waiting at once, in the on-demand queue and for max_concurrency
+# places each (0: no cap): one key cannot fill a wait list that other keys share.
+MSHIP_MAX_WAITING_PER_KEY = env_int("MSHIP_MAX_WAITING_PER_KEY", 100)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)

@@ -32,6 +32,7 @@ from ondemand.state import (
     describe,
 )
 from openai_api.access import mark_waited
+from openai_api.concurrency import key_waits_too_much
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ class Controller(RoomMaking):
         *,
         queue_timeout_s: float = 900.0,
         max_queued: int = 1000,
+        max_waiting_per_key: int = 0,
         aging_s: float = 120.0,
         collation_s: float = 60.0,
         max_loaded: int = 0,
@@ -54,6 +56,7 @@ class Controller(RoomMaking):
         self.clock = clock or SystemClock()
         self.queue_timeout_s = queue_timeout_s
         self.max_queued = max_queued
+        self.max_waiting_per_key = max_waiting_per_key  # 0: no cap
         self.aging_s = aging_s  # a waiting request rises one class per this many seconds
         self.collation_s = collation_s
         self.max_loaded = max_loaded
@@ -95,6 +98,9 @@ class Controller(RoomMaking):
     def waiting_total(self) -> int:
         return sum(e.waiting for e in self.entries.values())
 
+    def waiting_of(self, key_id: int) -> int:
+        return sum(w.key_id == key_id for e in self.entries.values() for w in e.waiters.values())
+
     # --- slots -----------------------------------------------------------------------------
 
     async def acquire(
@@ -103,6 +109,7 @@ class Controller(RoomMaking):
         on_queued: Callable[[], Any] | None = None,
         hint: View | None = None,
         priority: int = 0,
+        key_id: int | None = None,
     ) -> Slot:
         """A slot on a ready deployment: at once, or after starting it, making room for it
         or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
@@ -124,6 +131,8 @@ class Controller(RoomMaking):
             changed, view = self.changed, None  # a stop was approved first: read it again
         if self.waiting_total() >= self.max_queued:
             raise errors.queue_full()
+        if key_id is not None and 0 < self.max_waiting_per_key <= self.waiting_of(key_id):
+            raise key_waits_too_much(self.max_waiting_per_key)
         if view is not None:
             entry.priority, entry.start_s = view.priority, view.start_s
         now = self.clock.now()
@@ -132,6 +141,7 @@ class Controller(RoomMaking):
             on_queued,
             priority=priority + entry.priority,
             arrived=now,
+            key_id=key_id,
         )
         entry.waiting += 1
         entry.waiters[id(waiter)] = waiter

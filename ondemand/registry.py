@@ -61,6 +61,7 @@ def configure(ctl: Controller) -> None:
     restart."""
     ctl.queue_timeout_s = settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S
     ctl.max_queued = settings.MSHIP_ONDEMAND_MAX_QUEUED
+    ctl.max_waiting_per_key = settings.MSHIP_MAX_WAITING_PER_KEY
     ctl.aging_s = settings.MSHIP_PRIORITY_AGING_S
     ctl.collation_s = settings.MSHIP_COLLATION_S
     ctl.max_loaded = settings.MSHIP_MAX_LOADED_MODELS
@@ -77,11 +78,13 @@ class ControllerSlots:
     is one of several (ondemand/scheduler/), else from this event loop's controller."""
 
     async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot | RemoteSlot:
-        priority = key.priority if (key := current_key.get()) else 0
+        key = current_key.get()
+        priority, key_id = (key.priority, key.id) if key else (0, None)
         to = client.link()
         if to is not None:
-            return await client.slot(to, fields_of(route), priority, notice)
-        return await acquire_here(controller(), view_of_route(route), priority, notice)
+            return await client.slot(to, fields_of(route), priority, key_id, notice)
+        view = view_of_route(route)
+        return await acquire_here(controller(), view, priority, key_id, notice)
 
     def release(self, slot: Slot | RemoteSlot) -> None:
         if isinstance(slot, RemoteSlot):
@@ -110,7 +113,7 @@ class SitePlaces:
 
 
 async def acquire_here(
-    ctl: Controller, view: View, priority: int, notice: WaitNotice | None
+    ctl: Controller, view: View, priority: int, key_id: int | None, notice: WaitNotice | None
 ) -> Slot:
     """A slot from this process's controller (the owner's, or a lone gateway's)."""
     deployment_id = view.id
@@ -123,7 +126,9 @@ async def acquire_here(
     wait_status.follow(figures)  # a stream's keepalives say its place, step and estimate
     # A start that installs or pulls first (minutes) is told to the request meanwhile.
     with preparing.listening(deployment_id, on_preparing):
-        return await ctl.acquire(deployment_id, on_queued=on_queued, hint=view, priority=priority)
+        return await ctl.acquire(
+            deployment_id, on_queued=on_queued, hint=view, priority=priority, key_id=key_id
+        )
 
 
 def status_here(ctl: Controller, deployment_id: int, state: str | None) -> dict[str, Any]:

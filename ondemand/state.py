@@ -201,6 +201,7 @@ class Waiter:
     queued_at: float | None = None  # wall time it first queued
     priority: int = 0  # its key's class plus its deployment's
     arrived: float = 0.0  # clock time it began to wait, for aging
+    key_id: int | None = None  # whose: a key may hold at most max_waiting_per_key places
 
 
 @dataclass

@@ -105,6 +105,18 @@ def turn(
     return min(admissible, key=order)
 
 
+def key_waits_too_much(cap: int) -> GatewayError:
+    """One key's share of a wait list is full: the other keys' requests still wait their
+    turn (the on-demand queue says the same: ondemand/errors.py)."""
+    return GatewayError(
+        429,
+        f"This API key has {cap} requests waiting already, the most one key may"
+        " (MSHIP_MAX_WAITING_PER_KEY). Try again shortly.",
+        "too_many_waiting_requests",
+        {"retry-after": "5"},
+    )
+
+
 def too_many(claim: Claim, keys_own: bool) -> GatewayError:
     if keys_own and claim.key_id is not None:
         said = f"This API key has {claim.key_cap} requests in flight, the most it may."
@@ -210,6 +222,10 @@ class Limits:
         full = same >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
         if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
             raise too_many(claim, keys_own)
+        per_key = int(settings.MSHIP_MAX_WAITING_PER_KEY)
+        mine = sum(t.key_id == ticket.key_id for t in self.waiting)
+        if ticket.key_id is not None and 0 < per_key <= mine:
+            raise key_waits_too_much(per_key)
         if ticket.key_id not in self.turns:
             # Joins the round just ahead of the waiting keys (the next turn is its own), not
             # at nought, where a late burst would go before all of them.

@@ -261,3 +261,25 @@ async def test_it_lets_a_request_that_fits_go_while_others_wait_elsewhere(
     assert "model-1 has 1 requests in flight" in refused.value.message
     for task in requests.tasks.values():
         task.cancel()
+
+
+async def test_it_caps_one_keys_waiting_requests_so_another_key_still_waits_its_turn(
+    requests: Requests, settings: Any
+) -> None:
+    settings.MSHIP_MAX_WAITING_PER_KEY = 2
+    chat, burst, single = route(cap=1), key(1), key(2)
+    for n in range(3):  # one holds the place, two wait: the key's share
+        requests.send(f"burst-{n}", chat, burst)
+    await settle()
+    with pytest.raises(GatewayError) as refused:
+        async with requests.limits.held(chat, burst):
+            pass
+    answer = refused.value
+    assert (answer.status, answer.code) == (429, "too_many_waiting_requests")
+    assert answer.headers == {"retry-after": "5"}
+    requests.send("single", chat, single)  # another key still queues
+    await settle()
+    await requests.finish("burst-0")
+    assert requests.served == ["burst-0", "single"]
+    for name in ("single", "burst-1", "burst-2"):
+        await requests.finish(name)

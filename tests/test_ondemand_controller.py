@@ -584,3 +584,19 @@ async def test_it_counts_a_stop_under_way_as_room_being_made(
     assert deployer.starts == ["new"]
     deployer.finish(3)
     controller.release(await waiter)
+
+
+async def test_it_caps_one_keys_waiting_requests_in_the_on_demand_queue(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    controller.max_waiting_per_key = 2
+    deployer.add(1, "cold", 2)
+    waiting = [acquiring(controller, 1, key_id=7) for _ in range(2)]
+    await settle()
+    assert await code_of(acquiring(controller, 1, key_id=7)) == "too_many_waiting_requests"
+    other = acquiring(controller, 1, key_id=8)  # another key's request still waits
+    await settle()
+    deployer.finish(1)
+    slots = [await task for task in [*waiting, other]]
+    assert [slot.deployment_id for slot in slots] == [1, 1, 1]
+    assert deployer.starts == ["cold"]

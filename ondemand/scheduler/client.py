@@ -247,9 +247,10 @@ def link() -> Link | None:
 
 
 async def slot(
-    to: Link, view: dict[str, Any], priority: int, notice: WaitNotice | None
+    to: Link, view: dict[str, Any], priority: int, key_id: int | None, notice: WaitNotice | None
 ) -> RemoteSlot:
-    message = {"op": "slot", "view": view, "priority": priority, "notice": notice is not None}
+    message = {"op": "slot", "view": view, "priority": priority, "key": key_id}
+    message["notice"] = notice is not None
     ask = to.new_ask(message, notice)
     wait_status.follow(lambda: ask.figures)  # a stream's keepalives say what the owner said
     granted = await to.answer(ask)

@@ -181,8 +181,11 @@ class Gateway:
         view = view_of(message["view"])
         notice = Notice(self, ask_id) if message.get("notice") else None
         priority = int(message.get("priority") or 0)
+        key = message.get("key")
         ctl = registry.controller()
-        slot: Slot = await registry.acquire_here(ctl, view, priority, notice)
+        slot: Slot = await registry.acquire_here(
+            ctl, view, priority, None if key is None else int(key), notice
+        )
         return {"urls": list(slot.urls)}, functools.partial(ctl.release, slot)
 
     async def place(
