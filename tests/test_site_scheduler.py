@@ -25,6 +25,7 @@ import httpx
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connection
 
 from deployments import deployer
 from deployments.api.tokens import issue_token
@@ -375,3 +376,82 @@ def test_it_answers_a_retryable_503_when_no_scheduler_answers(
         assert answer.headers["retry-after"] == "2"
     status, _ = ask(gateway_url, key, "free")
     assert status == 200
+
+
+def start_serve(folder: Path, port: int, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), *args],
+        cwd=REPO,
+        env=env_for_subprocess(
+            MSHIP_VAR_DIR=str(folder / "var"),
+            MSHIP_ROUTE_REFRESH_S="0.05",
+            MSHIP_SECRET_KEY=settings.SECRET_KEY,
+            MSHIP_MEMORY_CAPACITY_GIB="8",
+            **env,
+        ),
+        stdout=(folder / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="several hosts share the site's PostgreSQL"
+)
+def test_it_holds_the_limits_and_starts_once_across_gateway_hosts(
+    tmp_path: Path, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """The engine host's serve lets other hosts' gateways in (MSHIP_SCHEDULER_LISTEN); two
+    --gateway-only hosts ask its scheduler over TCP, proving the site's key."""
+    listen = free_port("127.0.0.1")
+    ports = [free_port("127.0.0.1") for _ in range(3)]
+    hosts: list[subprocess.Popen[bytes]] = []
+    try:
+        for n, port in enumerate(ports):
+            folder = tmp_path / f"host-{n}"
+            folder.mkdir()
+            if n == 0:
+                run_dir = tempfile.mkdtemp(prefix="ms-", dir="/tmp")
+                hosts.append(
+                    start_serve(
+                        folder,
+                        port,
+                        MSHIP_RUN_DIR=run_dir,
+                        MSHIP_SCHEDULER_LISTEN=f"127.0.0.1:{listen}",
+                    )
+                )
+            else:
+                hosts.append(
+                    start_serve(
+                        folder,
+                        port,
+                        "--gateway-only",
+                        MSHIP_RUN_DIR=str(folder / "run"),
+                        MSHIP_SCHEDULER_URL=f"tcp://127.0.0.1:{listen}",
+                    )
+                )
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        wait_until(lambda: all(answers(url + "/health") for url in urls), 120)
+        capped = started(
+            make_deployment, "capped", max_concurrency=2, config=sim(tokens_per_second=40)
+        )
+        lazy = make_deployment("lazy", mode="on_demand", idle_timeout_s=600, config=sim())
+        key = api_key()
+        for url in urls:
+            shown(url, known(url, key), "capped", "ready")
+            shown(url, key, "lazy")
+        running = [streams(url, key, "capped", 4, max_tokens=20) for url in urls]
+        done = [answer for threads in running for answer in finished(threads)]
+        assert done == [(200, True)] * 12
+        assert engine_stats(capped)["peak_running"] == 2
+        bursts = [threading.Thread(target=ask, args=(url, key, "lazy")) for url in urls * 3]
+        for thread in bursts:
+            thread.start()
+        for thread in bursts:
+            thread.join(120)
+        starts = DeploymentEvent.objects.filter(deployment=lazy, kind=State.STARTING)
+        assert starts.count() == 1
+    finally:
+        for host in hosts:
+            host.terminate()
+        for host in hosts:
+            host.wait(60)

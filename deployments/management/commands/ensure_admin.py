@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+from django.db import IntegrityError, transaction
 from django.utils.crypto import get_random_string
 
 from common.secret_files import write_secret
@@ -42,8 +43,13 @@ def ensure_admin(username: str = "admin") -> AdminLogin:
     password = None
     if not users.objects.filter(is_superuser=True).exists():
         password = get_random_string(20)
-        users.objects.create_superuser(username, f"{username}@localhost", password)
-        write_secret(password_file(), password)
+        try:
+            with transaction.atomic():
+                users.objects.create_superuser(username, f"{username}@localhost", password)
+        except IntegrityError:
+            password = None  # another host's serve, starting at the same moment, made it
+        else:
+            write_secret(password_file(), password)
     admin = users.objects.filter(username=username, is_superuser=True).first()
     token = None
     if admin is not None and not ApiToken.objects.filter(user=admin).exists():
