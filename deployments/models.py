@@ -178,7 +178,7 @@ class Deployment(Versioned):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Per gateway process: more wait (the higher class first; within a class the"
+        help_text="On the whole site: more wait (the higher class first; within a class the"
         " keys take turns) or get 429, as MSHIP_CONCURRENCY_OVERFLOW says; empty: no limit.",
     )
     # None: no mode switch is waiting for a start (the API shows null).

@@ -29,3 +29,4 @@ class OndemandConfig(AppConfig):
         hooks.reports.litellm_site_status = litellm.status_now
         dispatcher.on_demand = registry.ControllerSlots()
         dispatcher.places = registry.SitePlaces()
+        dispatcher.site = registry.SiteChoices()

@@ -112,6 +112,21 @@ class SitePlaces:
         return limits().held(route, key)
 
 
+class SiteChoices:
+    """The replica choice and vLLM adapters' residency for the /v1 dispatcher: the site's
+    scheduler's where this process is one of several (None: this process's own)."""
+
+    def replica(
+        self, urls: tuple[str, ...], deployment: str
+    ) -> AbstractAsyncContextManager[str] | None:
+        to = client.link()
+        return None if to is None else client.replica(to, urls, deployment)
+
+    def adapter(self, route: Route, url: str) -> AbstractAsyncContextManager[None] | None:
+        to = client.link()
+        return None if to is None else client.adapter(to, route, url)
+
+
 async def acquire_here(
     ctl: Controller, view: View, priority: int, key_id: int | None, notice: WaitNotice | None
 ) -> Slot:

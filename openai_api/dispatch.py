@@ -67,6 +67,17 @@ class Places(Protocol):
     def held(self, route: Route, key: Key | None) -> AbstractAsyncContextManager[None]: ...
 
 
+class SiteState(Protocol):
+    """The site's scheduler's replica choice and adapter residency, where this process is
+    one of several (the on-demand app registers it at start-up); None: this process's own."""
+
+    def replica(
+        self, urls: tuple[str, ...], deployment: str
+    ) -> AbstractAsyncContextManager[str] | None: ...
+
+    def adapter(self, route: Route, url: str) -> AbstractAsyncContextManager[None] | None: ...
+
+
 class Replica:
     """Holds one of `urls` while the block runs: the only one, or the one the router picks
     (openai_api/routing/). A class rather than a generator: it is on every request's path,
@@ -102,6 +113,7 @@ class Dispatcher:
         self.router = Router(self.outstanding)
         self.on_demand: OnDemandSlots | None = None
         self.places: Places | None = None
+        self.site: SiteState | None = None
 
     def slot(
         self, route: Route, notice: WaitNotice | None = None
@@ -119,13 +131,19 @@ class Dispatcher:
             return self.with_adapter(route, held)
         return held
 
-    @staticmethod
     @asynccontextmanager
     async def with_adapter(
-        route: Route, held: AbstractAsyncContextManager[str]
+        self, route: Route, held: AbstractAsyncContextManager[str]
     ) -> AsyncIterator[str]:
-        """A vLLM adapter's slot: its replica, with the adapter loaded in it."""
+        """A vLLM adapter's slot: its replica, with the adapter loaded in it (by the site's
+        scheduler where this process is one of several: no process unloads an adapter
+        another is using)."""
         async with held as url:
+            remote = self.site.adapter(route, url) if self.site is not None else None
+            if remote is not None:
+                async with remote:
+                    yield url
+                return
             await runtime_adapters.ensure(route, url)
             try:
                 yield url
@@ -162,7 +180,15 @@ class Dispatcher:
                 "model_not_ready",
             )
 
-    def replica(self, urls: tuple[str, ...], deployment: str) -> Replica:
+    def replica(
+        self, urls: tuple[str, ...], deployment: str
+    ) -> Replica | AbstractAsyncContextManager[str]:
+        """One of `urls` held while the block runs: chosen by the site's scheduler where
+        there are several and this process is one of several, else here."""
+        if len(urls) > 1 and self.site is not None:
+            remote = self.site.replica(urls, deployment)
+            if remote is not None:
+                return remote
         return Replica(self.router, urls, deployment)
 
     @asynccontextmanager

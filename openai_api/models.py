@@ -56,7 +56,7 @@ class ApiKey(Budgeted, Versioned):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Per gateway process, over every model: more wait or get 429, as"
+        help_text="On the whole site, over every model: more wait or get 429, as"
         " MSHIP_CONCURRENCY_OVERFLOW says; empty: no limit.",
     )
     team = models.ForeignKey(

@@ -81,6 +81,15 @@ class RuntimeAdapters:
             self.release(route, base_url)
             raise
 
+    def adopt(self, route: Route, base_url: str) -> None:
+        """An adapter a gateway was using before this process owned the residency (it
+        says so as it connects): counted in use, checked against the engine's list at the
+        next request."""
+        replica = self.replicas.setdefault(base_url, Replica())
+        replica.idle_s[route.name] = route.idle_timeout_s
+        replica.inflight[route.name] = replica.inflight.get(route.name, 0) + 1
+        replica.touch(route.name)
+
     def release(self, route: Route, base_url: str) -> None:
         replica = self.replicas.get(base_url)
         if replica is not None and replica.inflight.get(route.name):

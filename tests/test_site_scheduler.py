@@ -264,6 +264,23 @@ def test_it_shows_the_sites_counts_on_the_api_whichever_process_answers(
     assert finished(running) == [(200, True)] * 2
 
 
+@pytest.mark.heavy
+def test_it_weighs_the_sites_outstanding_requests_when_it_picks_a_replica(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """One prompt, two replicas: its prefix's replica takes it until the load bound, counted
+    over every worker's requests, spills one to the other (each worker counting its own
+    sent all four to the first)."""
+    pair = started(make_deployment, "pair", num_replicas=2, config=sim(tokens_per_second=10))
+    key = known(four.url, api_key())
+    shown(four.url, key, "pair", "ready")
+    held = streams(four.url, key, "pair", 4, max_tokens=30)
+    assert finished(held) == [(200, True)] * 4
+    pair.refresh_from_db()
+    peaks = sorted(httpx.get(url + "/sim/stats").json()["peak_running"] for url in pair.engine_urls)
+    assert peaks == [1, 3]
+
+
 def worker_serving(site: Site, client: socket.socket) -> int:
     """The worker whose socket is the server's end of the client's connection."""
     mine = client.getsockname()[1]

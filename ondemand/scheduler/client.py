@@ -31,13 +31,15 @@ from django.conf import settings
 
 from ondemand.count_sums import PROCESS
 from ondemand.scheduler import wire
-from openai_api import wait_status
+from openai_api import access, wait_status
 from openai_api.access import mark_waited
 from openai_api.errors import GatewayError
+from openai_api.routing import hints
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from openai_api.catalog import Route
     from openai_api.concurrency import Claim
     from openai_api.dispatch import WaitNotice
 
@@ -228,12 +230,14 @@ class Link:
 
 
 _links: dict[asyncio.AbstractEventLoop, Link] = {}
+# Set in the owner's own process: it decides where gateways ask (never asks itself).
+owner_here = False
 
 
 def link() -> Link | None:
     """This event loop's link to the site's scheduler; None where this process owns it."""
     url = settings.MSHIP_SCHEDULER_URL
-    if not url:
+    if not url or owner_here:
         return None
     loop = asyncio.get_running_loop()
     found = _links.get(loop)
@@ -265,6 +269,42 @@ async def place(to: Link, claim: Claim) -> AsyncIterator[None]:
     wait_status.follow(lambda: ask.figures)
     await to.answer(ask)
     to.hold(ask, {"kind": "place", "claim": asdict(claim)})
+    try:
+        yield
+    finally:
+        to.release(ask.id)
+
+
+@contextlib.asynccontextmanager
+async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIterator[str]:
+    """One of several replicas, chosen by the owner over the site's outstanding requests
+    (openai_api/routing/), for this request's hint; held until the block ends."""
+    hint = hints.current.get()
+    asked: dict[str, Any] = {"op": "replica", "urls": list(urls), "deployment": deployment}
+    asked["hint"] = None if hint is None else asdict(hint)
+    ask = to.new_ask(asked)
+    chosen = await to.answer(ask)
+    url = str(chosen["url"])
+    record = access.current.get()
+    if record is not None and url in urls:
+        record.replica, record.routed_by = urls.index(url), str(chosen.get("routed_by", ""))
+    to.hold(ask, {"kind": "replica", "url": url})
+    try:
+        yield url
+    finally:
+        to.release(ask.id)
+
+
+@contextlib.asynccontextmanager
+async def adapter(to: Link, route: Route, url: str) -> AsyncIterator[None]:
+    """A vLLM adapter loaded into the engine at `url` by the owner, counted in use there
+    until the block ends: no process unloads it while any uses it."""
+    assert route.adapter is not None
+    about = {"name": route.name, "idle_timeout_s": route.idle_timeout_s}
+    about["adapter"] = asdict(route.adapter)
+    ask = to.new_ask({"op": "adapter", "route": about, "url": url})
+    await to.answer(ask)
+    to.hold(ask, {"kind": "adapter", "route": about, "url": url})
     try:
         yield
     finally:

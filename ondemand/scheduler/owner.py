@@ -27,12 +27,16 @@ from django.db import DatabaseError
 
 from common.redis_errors import with_redis_errors
 from ondemand import registry
-from ondemand.scheduler import wire
+from ondemand.scheduler import client, wire
 from ondemand.state import Slot, View
 from openai_api import access, wait_status
-from openai_api.catalog import catalog
+from openai_api.catalog import Adapter, Route, catalog
 from openai_api.concurrency import Claim, limits
+from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
+from openai_api.routing import hints
+from openai_api.routing.hints import Hint
+from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -43,9 +47,30 @@ FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often w
 
 class Marks:
     """Stands for a request's access record while a question runs here: the controller
-    marks on it why the request waited, and the answer carries that back."""
+    marks on it why the request waited, the router which replica it chose and why, and the
+    answer carries that back."""
 
     waited = ""
+    replica: int | None = None
+    routed_by = ""
+
+
+def adapter_route(about: dict[str, Any]) -> Route:
+    """An adapter's route as runtime_adapters reads it: its name, idle timeout and files."""
+    return Route(
+        deployment_id=0,
+        name=str(about["name"]),
+        aliases=(),
+        loader="vllm",
+        usecase="generate",
+        endpoints=frozenset(),
+        state="ready",
+        on_demand=False,
+        urls=(),
+        created=0,
+        idle_timeout_s=float(about["idle_timeout_s"]),
+        adapter=Adapter(**about["adapter"]),
+    )
 
 
 def view_of(fields: dict[str, Any]) -> View:
@@ -122,11 +147,26 @@ class Gateway:
                 places = limits()
                 ticket = places.adopt(Claim(**item["claim"]))
                 self.held[held_id] = functools.partial(places.leave, ticket)
+            elif item.get("kind") == "replica":
+                url = str(item["url"])
+                outstanding = dispatcher.router.outstanding
+                outstanding[url] = outstanding.get(url, 0) + 1
+                self.held[held_id] = functools.partial(given_back, url)
+            elif item.get("kind") == "adapter":
+                route, url = adapter_route(item["route"]), str(item["url"])
+                runtime_adapters.adopt(route, url)
+                self.held[held_id] = functools.partial(runtime_adapters.release, route, url)
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))
-        if op in ("slot", "place", "status"):
-            work = {"slot": self.slot, "place": self.place, "status": self.status}[op]
+        if op in ("slot", "place", "status", "replica", "adapter"):
+            work = {
+                "slot": self.slot,
+                "place": self.place,
+                "status": self.status,
+                "replica": self.replica,
+                "adapter": self.adapter,
+            }[op]
             self.asking[ask_id] = asyncio.create_task(self.answer(ask_id, work(ask_id, message)))
         elif op == "cancel":
             if (task := self.asking.pop(ask_id, None)) is not None:
@@ -195,6 +235,24 @@ class Gateway:
         ticket = await places.enter(Claim(**message["claim"]))
         return {}, functools.partial(places.leave, ticket)
 
+    async def replica(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        urls = tuple(str(url) for url in message["urls"])
+        hint = message.get("hint")
+        hints.current.set(Hint(**hint) if isinstance(hint, dict) else None)
+        marks = cast("Marks", access.current.get())
+        url = await dispatcher.replica(urls, str(message["deployment"])).__aenter__()
+        chosen = {"url": url, "routed_by": marks.routed_by}
+        return chosen, functools.partial(given_back, url)
+
+    async def adapter(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        route, url = adapter_route(message["route"]), str(message["url"])
+        await runtime_adapters.ensure(route, url)
+        return {}, functools.partial(runtime_adapters.release, route, url)
+
     async def status(
         self, ask_id: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], Callable[[], None]]:
@@ -227,6 +285,7 @@ class Owner:
         self.gateways: set[Gateway] = set()
 
     async def run(self, addresses: list[wire.Address], ready: Callable[[], None]) -> None:
+        client.owner_here = True  # its own decisions are made here, not asked of itself
         registry.controller()  # made in this loop, with its lease renewer
         with contextlib.suppress(Exception):
             await catalog.warm()  # its state changes wake the waiting requests
@@ -278,6 +337,11 @@ class Owner:
                 self.gateways.discard(gateway)
                 gateway.close()
             writer.close()
+
+
+def given_back(url: str) -> None:
+    """A replica's outstanding request ended (the dispatcher's Replica, on the owner's side)."""
+    dispatcher.router.outstanding[url] -= 1
 
 
 def addresses() -> list[wire.Address]:
