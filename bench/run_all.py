@@ -71,6 +71,12 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ["route_table_checks.py", "--checks", "20", "--rounds", "1"],
     ),
     (
+        "A decision (a max_concurrency place, an on-demand slot, a replica of two) in the"
+        " gateway's own process against a hop to the site's scheduler process",
+        ["scheduler_hop.py"],
+        ["scheduler_hop.py", "--requests", "100", "--rounds", "1"],
+    ),
+    (
         "One gateway process against two (`serve --workers 2`), the same machine's cores",
         ["gateway.py", "--seconds", "4", "--servers", "modelship,modelship-w2"],
         None,  # the smoke run above serves both

@@ -13,7 +13,7 @@ from django.utils import timezone
 from deployments import tasks
 from deployments.deployer import handles_of, stop
 from deployments.fingerprint import deployment_fingerprint
-from deployments.gate import start_gate
+from deployments.gate import no_start_under_way
 from deployments.launch import stop_handles
 from deployments.models import Deployment, Mode, State
 from deployments.runtimes import EngineUnreachable, engine_key, get_runtime, names
@@ -31,8 +31,9 @@ SHUTDOWN_REASON = "Modelship shut down"
 def adopt_all() -> dict[str, list[str]]:
     """Settle every deployment against what really runs; returns names by outcome.
 
-    It holds the start-up gate, so no start is half-way while it looks: a row still marked
-    starting belongs to a start that died with its process. A deployment whose runtime does
+    It holds the start-up gate and waits for the starts under way (gate.no_start_under_way),
+    so no start is half-way while it looks: a row still marked starting belongs to a start
+    that died with its process. A deployment whose runtime does
     not answer (the Docker Engine is down) is left exactly as it was.
     """
     outcome: dict[str, list[str]] = {
@@ -42,7 +43,7 @@ def adopt_all() -> dict[str, list[str]]:
         "orphans_removed": [],
         "unreachable": [],
     }
-    with start_gate():
+    with no_start_under_way():
         # A start that was preparing when its process died prepares no more.
         Deployment.objects.exclude(start_phase="").update(start_phase="")
         for deployment in Deployment.objects.all():

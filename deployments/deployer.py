@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from deployments import engine_envs, out_of_memory, sleep_tiers
 from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
-from deployments.gate import start_gate
+from deployments.gate import bringing_up, start_gate
 from deployments.health_wait import StartFailed, handles_of, wait_healthy
 from deployments.launch import launch_all, needs_of, prepare, prepare_start, stop_handles
 from deployments.loaders import EngineSpec, get_loader
@@ -147,6 +148,7 @@ def restart(
     if deployment.state not in STARTABLE_STATES or deployment.adapter_of_id is not None:
         return deployment  # an adapter runs in its base's engine
     fit_or_refuse(deployment, actor)  # nothing is pulled or installed for a start that cannot fit
+    up = ExitStack()
     for attempt in range(PREPARE_TRIES):
         prepared = prepare(deployment_id, actor=actor)
         if prepared is None:
@@ -173,9 +175,11 @@ def restart(
             )
             if not started:
                 return deployment
-        if on_start is not None:
-            on_start()
-        return _bring_up(deployment, prior, actor, timeout)
+            up.enter_context(bringing_up())  # before the gate goes: adoption waits for it
+        with up:
+            if on_start is not None:
+                on_start()
+            return _bring_up(deployment, prior, actor, timeout)
     raise AssertionError("unreachable: the last try starts or returns")
 
 

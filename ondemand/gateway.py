@@ -103,8 +103,11 @@ async def handle(exchange: Exchange) -> None:
         return await model(exchange, route, method, upstream_path)
     content_type = exchange.headers.get("content-type", "")
     streaming, data = await parsed(_peek, content_type, body)
-    if data is None and route.loader == "llama_server" and body.strip():
-        # llama.cpp reads any body as JSON: one not read here would pass a `lora` unchecked.
+    form = content_type.startswith("multipart/form-data")
+    reads_any = route.loader == "llama_server" or (route.engine_priority and not form)
+    if data is None and reads_any and body.strip():
+        # llama.cpp reads any body as JSON: one not read here would pass a `lora` unchecked;
+        # so does vLLM, which would take a caller's own `priority` (engine_dialect).
         data = json_value(body)
         data = data if isinstance(data, dict) else None
         if data is None:

@@ -41,12 +41,14 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         "prefix_routing",
         "flame",
         "route_table_checks",
+        "scheduler_hop",
     )
     for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 14
+    assert report.count("(exit 0,") == 15
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures
     assert "| whose code (own samples) |" in report  # the gateway beside the yardstick
     assert "kept " in report and "new connection each check" in report  # the route table
+    assert "added p50 by the hop" in report  # the site scheduler's hop

@@ -54,6 +54,9 @@ def unreachable(exc: Exception) -> EngineUnreachable:
     return EngineUnreachable(f"the Docker Engine is unreachable: {exc}")
 
 
+NETWORK_LOCK = threading.Lock()  # one process's launches make the network once
+
+
 class DockerRuntime:
     name = "docker"
 
@@ -98,13 +101,22 @@ class DockerRuntime:
             return None
 
     def network(self) -> Any:
+        """The engines' network, made by the first launch that needs it: launches run side
+        by side (the start gate covers claims), so two may find it missing at once."""
         name = settings.MSHIP_DOCKER_NETWORK
-        try:
-            return self._call(self.client.networks.get, name)
-        except docker.errors.NotFound:
-            return self._call(
-                self.client.networks.create, name, driver="bridge", labels={label("site"): "*"}
-            )
+        with NETWORK_LOCK:
+            try:
+                return self._call(self.client.networks.get, name)
+            except docker.errors.NotFound:
+                pass
+            try:
+                return self._call(
+                    self.client.networks.create, name, driver="bridge", labels={label("site"): "*"}
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # made meanwhile by another process of the host
+                    raise
+                return self._call(self.client.networks.get, name)
 
     def prepare(self, image: str, progress: Callable[[str], None] | None = None) -> None:
         """The image, pulled unless the daemon has it, its progress told to `progress`."""

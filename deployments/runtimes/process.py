@@ -112,6 +112,32 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+PORT_HELD_S = 900.0  # an engine binds its port once loaded: at most the start timeout
+
+
+def engine_port(host: str) -> int:
+    """A free port no other start of this host was handed in the last PORT_HELD_S: engines
+    start side by side (the start gate covers claims, not health waits) and one that binds
+    its port late (vLLM, once its weights are loaded) must not find it taken by another
+    engine that was given it meanwhile. Each port handed out is a file in MSHIP_RUN_DIR,
+    made exclusively, so two processes of the host never take the same."""
+    folder = Path(settings.MSHIP_RUN_DIR) / "ports"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # handed out long ago: its engine bound it or is gone
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - old.stat().st_mtime > PORT_HELD_S:
+                old.unlink()
+    for _ in range(64):
+        port = free_port(host)
+        taken = folder / str(port)
+        try:
+            os.close(os.open(taken, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue  # handed to a start still loading: another
+        return port
+    return free_port(host)
+
+
 def proc_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks) of a pid, or None when there is none."""
     try:
@@ -133,7 +159,7 @@ class ProcessRuntime:
 
     def launch(self, launch: Launch) -> Handle:
         host = settings.MSHIP_ENGINE_HOST
-        port = free_port(host)
+        port = engine_port(host)
         argv = [part.replace("{host}", host).replace("{port}", str(port)) for part in launch.argv]
         log = log_path(launch.name, launch.replica)
         log.parent.mkdir(parents=True, exist_ok=True)

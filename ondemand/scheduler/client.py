@@ -33,8 +33,10 @@ from ondemand.count_sums import PROCESS
 from ondemand.scheduler import wire
 from openai_api import access, wait_status
 from openai_api.access import mark_waited
+from openai_api.dispatch import Replica, dispatcher
 from openai_api.errors import GatewayError
 from openai_api.routing import hints
+from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -44,7 +46,8 @@ if TYPE_CHECKING:
     from openai_api.dispatch import WaitNotice
 
 log = logging.getLogger(__name__)
-RETRY_S = 0.1  # between attempts to reach the owner
+RETRY_S = 0.1  # between attempts to reach the owner, doubled up to MAX_RETRY_S
+MAX_RETRY_S = 1.0
 CONNECT_S = 2.0  # one attempt's bound
 
 
@@ -58,12 +61,15 @@ def unavailable(why: str) -> GatewayError:
 
 
 def refusal(error: dict[str, Any]) -> GatewayError:
-    """The owner's refusal as this process raises it (its status, code and headers)."""
+    """The owner's refusal as this process raises it (its status, code and Retry-After)."""
+    status = error.get("status")
+    headers = dict(error.get("headers") or {})
+    retry = {"retry-after": str(headers["retry-after"])[:8]} if "retry-after" in headers else {}
     return GatewayError(
-        int(error.get("status", 503)),
-        str(error.get("message", "")),
-        str(error.get("code", "scheduler_error")),
-        {str(k): str(v) for k, v in dict(error.get("headers") or {}).items()},
+        status if isinstance(status, int) and 400 <= status < 600 else 503,
+        str(error.get("message", ""))[:2000],
+        str(error.get("code", "scheduler_error"))[:64],
+        retry,
     )
 
 
@@ -136,7 +142,9 @@ class Link:
             ask.sent = True
 
     def _give_up(self, ask: Ask) -> None:
-        if ask.answer.done() and not ask.answer.cancelled() and "ok" in ask.answer.result():
+        answer = ask.answer
+        granted = answer.done() and not answer.cancelled() and answer.exception() is None
+        if granted and "ok" in answer.result():
             self.release(ask.id)  # granted as it was cancelled: give it back
         elif ask.sent:
             self._write({"op": "cancel", "id": ask.id})
@@ -160,44 +168,55 @@ class Link:
             self.runner = asyncio.create_task(self._keep_connected())
 
     async def _keep_connected(self) -> None:
+        delay = RETRY_S
         while True:
             try:
                 reader, writer = await asyncio.wait_for(wire.open_link(self.address), CONNECT_S)
             except (OSError, TimeoutError) as exc:
-                self._still_down(repr(exc))
-                if not self.asks and not self.held:
-                    return  # nobody needs it now: the next question starts it again
-                await asyncio.sleep(RETRY_S)
-                continue
-            try:
-                await self._greet(reader, writer)
-                self.writer, self.down_since = writer, None
-                self.up.set()
-                for ask in list(self.asks.values()):  # in their order, to this owner
-                    ask.sent = False
-                    self._send_ask(ask)
-                await self._read(reader)
-                why = "the owner closed the link"
-            except (OSError, wire.WireError, TimeoutError) as exc:
                 why = repr(exc)
-            finally:
-                self.up.clear()
-                self.writer = None
-                writer.close()
-            log.warning("the link to the scheduler at %s ended: %s", self.address, why)
-            self.down_since = time.monotonic()
-            await asyncio.sleep(RETRY_S)
+            else:
+                try:
+                    announced = await self._greet(reader, writer)
+                    self.writer, self.down_since, delay = writer, None, RETRY_S
+                    self.up.set()
+                    for gone in announced - self.held.keys():
+                        self._write({"op": "release", "id": gone})  # ended as we greeted
+                    for ask in list(self.asks.values()):  # in their order, to this owner
+                        ask.sent = False
+                        self._send_ask(ask)
+                    await self._read(reader)
+                    why = "the owner closed the link"
+                except (OSError, wire.WireError, TimeoutError) as exc:
+                    why = repr(exc)
+                finally:
+                    self.up.clear()
+                    self.writer = None
+                    writer.close()
+            if self.down_since is None:  # said once an outage, not at every try
+                log.warning("the link to the scheduler at %s is down: %s", self.address, why)
+            self._still_down(why)
+            if not self.asks and not self.held:
+                return  # nobody needs it now: the next question starts it again
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
 
-    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> set[str]:
+        """Both sides prove the site's key (wire.py); the owner hears what we hold. Returns
+        the holdings announced (one released meanwhile is released again once up)."""
         challenge = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
-        if challenge is None or not isinstance(challenge.get("nonce"), str):
+        owners = None if challenge is None else challenge.get("nonce")
+        if not isinstance(owners, str):
             raise wire.WireError("no challenge from the owner")
+        mine = wire.fresh_nonce()
         holding = [{"id": ask_id, **what} for ask_id, what in self.held.items()]
-        hello = {"op": "hello", "gateway": PROCESS, "holding": holding}
-        writer.write(wire.encode({**hello, "proof": wire.proof(challenge["nonce"])}))
+        hello = {"op": "hello", "gateway": PROCESS, "holding": holding, "nonce": mine}
+        writer.write(wire.encode({**hello, "proof": wire.proof("gateway", owners, mine)}))
         welcome = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
         if welcome is None or welcome.get("welcome") is not True:
             raise wire.WireError(f"the owner refused this gateway: {welcome}")
+        if not wire.proves("owner", owners, mine, welcome.get("proof")):
+            raise wire.WireError("the scheduler's address answers without the site's key")
+        return {str(item["id"]) for item in holding}
 
     def _still_down(self, why: str) -> None:
         """Asks that waited too long for an owner are answered: retryable, not a hang."""
@@ -283,10 +302,22 @@ async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIter
     asked: dict[str, Any] = {"op": "replica", "urls": list(urls), "deployment": deployment}
     asked["hint"] = None if hint is None else asdict(hint)
     ask = to.new_ask(asked)
-    chosen = await to.answer(ask)
-    url = str(chosen["url"])
+    try:
+        chosen = await to.answer(ask)
+    except GatewayError as exc:
+        if exc.code != "scheduler_unavailable":
+            raise
+        # No owner now: this process's own counts choose, rather than a 503 for a request
+        # that any replica can serve.
+        async with Replica(dispatcher.router, urls, deployment) as url:
+            yield url
+        return
+    url = str(chosen.get("url"))
+    if url not in urls:
+        to.release(ask.id)
+        raise unavailable("it chose a replica the route does not have")
     record = access.current.get()
-    if record is not None and url in urls:
+    if record is not None:
         record.replica, record.routed_by = urls.index(url), str(chosen.get("routed_by", ""))
     to.hold(ask, {"kind": "replica", "url": url})
     try:
@@ -303,7 +334,18 @@ async def adapter(to: Link, route: Route, url: str) -> AsyncIterator[None]:
     about = {"name": route.name, "idle_timeout_s": route.idle_timeout_s}
     about["adapter"] = asdict(route.adapter)
     ask = to.new_ask({"op": "adapter", "route": about, "url": url})
-    await to.answer(ask)
+    try:
+        await to.answer(ask)
+    except GatewayError as exc:
+        if exc.code != "scheduler_unavailable":
+            raise
+        # No owner now: loaded by this process's own account, rather than a 503.
+        await runtime_adapters.ensure(route, url)
+        try:
+            yield
+        finally:
+            runtime_adapters.release(route, url)
+        return
     to.hold(ask, {"kind": "adapter", "route": about, "url": url})
     try:
         yield
@@ -339,12 +381,15 @@ def ask_blocking(message: dict[str, Any], timeout_s: float = 5.0) -> dict[str, A
                 raise wire.WireError("a message that is not a JSON object")
             return found
 
-        nonce = str(said().get("nonce", ""))
-        hello = {"op": "hello", "gateway": f"{PROCESS}-once", "holding": []}
-        stream.write(wire.encode({**hello, "proof": wire.proof(nonce)}))
+        owners, mine = str(said().get("nonce", "")), wire.fresh_nonce()
+        hello = {"op": "hello", "gateway": f"{PROCESS}-once", "holding": [], "nonce": mine}
+        stream.write(wire.encode({**hello, "proof": wire.proof("gateway", owners, mine)}))
         stream.flush()
-        if said().get("welcome") is not True:
+        welcome = said()
+        if welcome.get("welcome") is not True:
             raise wire.WireError("the owner refused this process")
+        if not wire.proves("owner", owners, mine, welcome.get("proof")):
+            raise wire.WireError("the scheduler's address answers without the site's key")
         stream.write(wire.encode({**message, "id": "1"}))
         stream.flush()
         while (answer := said()).get("id") != "1" or "ev" in answer:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often when changed
+MAX_GREETING = 64  # links at once that have not proved the site's key
+MAX_ASKING = 100_000  # questions under way on one link (a gateway's requests waiting)
 
 
 class Marks:
@@ -145,7 +148,7 @@ class Gateway:
                 self.held[held_id] = functools.partial(ctl.release, taken)
             elif item.get("kind") == "place":
                 places = limits()
-                ticket = places.adopt(Claim(**item["claim"]))
+                ticket = places.adopt(claim_of(item["claim"]))
                 self.held[held_id] = functools.partial(places.leave, ticket)
             elif item.get("kind") == "replica":
                 url = str(item["url"])
@@ -158,8 +161,12 @@ class Gateway:
                 self.held[held_id] = functools.partial(runtime_adapters.release, route, url)
 
     def handle(self, message: dict[str, Any]) -> None:
-        op, ask_id = message.get("op"), str(message.get("id"))
+        op, ask_id = message.get("op"), str(message.get("id"))[:32]
         if op in ("slot", "place", "status", "replica", "adapter"):
+            if ask_id in self.asking or ask_id in self.held:
+                raise wire.WireError(f"a question id in use: {ask_id!r}")
+            if len(self.asking) >= MAX_ASKING:
+                raise wire.WireError("too many questions under way on one link")
             work = {
                 "slot": self.slot,
                 "place": self.place,
@@ -205,7 +212,8 @@ class Gateway:
             if self.asking.get(ask_id) is None:
                 give_back()  # cancelled as it was granted
             else:
-                self.held[ask_id] = give_back
+                if give_back is not nothing:  # a status holds nothing to give back
+                    self.held[ask_id] = give_back
                 self.send({"id": ask_id, "ok": granted, "waited": marks.waited})
         finally:
             self._forget(ask_id)
@@ -232,7 +240,7 @@ class Gateway:
         self, ask_id: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], Callable[[], None]]:
         places = limits()
-        ticket = await places.enter(Claim(**message["claim"]))
+        ticket = await places.enter(claim_of(message["claim"]))
         return {}, functools.partial(places.leave, ticket)
 
     async def replica(
@@ -259,7 +267,7 @@ class Gateway:
         state = message.get("state")
         deployment_id = int(message["deployment"])
         found = registry.status_here(registry.controller(), deployment_id, state and str(state))
-        return found, lambda: None
+        return found, nothing
 
     def say_figures(self) -> None:
         for ask_id, status in list(self.waits.items()):
@@ -274,7 +282,10 @@ class Gateway:
             task.cancel()
         self.asking.clear()
         for give_back in self.held.values():
-            give_back()
+            try:
+                give_back()
+            except Exception:  # the rest are given back all the same
+                log.exception("giving back what %s held failed", self.name)
         self.held.clear()
 
 
@@ -283,6 +294,7 @@ class Owner:
         self.rebuild_s = rebuild_s
         self.rebuilt = asyncio.Event()
         self.gateways: set[Gateway] = set()
+        self.greeting = 0  # links that have not proved the key yet
 
     async def run(self, addresses: list[wire.Address], ready: Callable[[], None]) -> None:
         client.owner_here = True  # its own decisions are made here, not asked of itself
@@ -292,12 +304,16 @@ class Owner:
         servers = []
         for address in addresses:
             if address.path:
+                self.only_owner(address.path)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(address.path)  # a dead owner's socket
-                server = await asyncio.start_unix_server(
-                    self.connected, address.path, limit=wire.MAX_LINE
-                )
-                os.chmod(address.path, 0o600)
+                umask = os.umask(0o177)  # the socket is made 0600, never wider for a moment
+                try:
+                    server = await asyncio.start_unix_server(
+                        self.connected, address.path, limit=wire.MAX_LINE
+                    )
+                finally:
+                    os.umask(umask)
             else:
                 server = await asyncio.start_server(
                     self.connected, address.host, address.port, limit=wire.MAX_LINE
@@ -308,26 +324,40 @@ class Owner:
         while True:
             await asyncio.sleep(FIGURES_EVERY_S)
             for gateway in list(self.gateways):
-                gateway.say_figures()
+                try:
+                    gateway.say_figures()
+                except Exception:  # one gateway's figures never end the owner
+                    log.exception("the figures of %s's waiting requests failed", gateway.name)
+
+    def only_owner(self, path: str) -> None:
+        """One owner per socket: a second one (started by hand beside serve's) stops rather
+        than take the socket over and grant apart from the first. The lock is held for the
+        process's life; the kernel drops it when the process dies."""
+        self.lock = open(path + ".lock", "w")  # noqa: SIM115 - held until the process ends
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OSError(f"another scheduler owns {path}") from None
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         gateway: Gateway | None = None
         try:
-            nonce = wire.fresh_nonce()
-            writer.write(wire.encode({"nonce": nonce}))
-            hello = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
-            if (
-                hello is None
-                or hello.get("op") != "hello"
-                or not wire.proves(nonce, hello.get("proof"))
-            ):
+            if self.greeting >= MAX_GREETING:
+                return  # a flood of links that never prove anything: refused at once
+            self.greeting += 1
+            try:
+                hello, nonce = await self.hello(reader, writer)
+            finally:
+                self.greeting -= 1
+            if hello is None:
                 writer.write(wire.encode({"welcome": False}))
                 log.warning("refused a scheduler link that did not prove the site's key")
                 return
-            gateway = Gateway(self, writer, str(hello.get("gateway", "")))
+            gateway = Gateway(self, writer, str(hello.get("gateway", ""))[:80])
             gateway.adopt(list(hello.get("holding") or ()))
             self.gateways.add(gateway)
-            writer.write(wire.encode({"welcome": True}))
+            said = wire.proof("owner", nonce, str(hello["nonce"]))
+            writer.write(wire.encode({"welcome": True, "proof": said}))
             while (message := await wire.read(reader)) is not None:
                 gateway.handle(message)
         except (OSError, TimeoutError, wire.WireError, KeyError, TypeError, ValueError) as exc:
@@ -337,6 +367,38 @@ class Owner:
                 self.gateways.discard(gateway)
                 gateway.close()
             writer.close()
+
+    async def hello(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The gateway's hello where it proves the site's key (wire.py), else None."""
+        nonce = wire.fresh_nonce()
+        writer.write(wire.encode({"nonce": nonce}))
+        hello = await asyncio.wait_for(wire.read(reader), wire.HANDSHAKE_S)
+        if hello is None or hello.get("op") != "hello":
+            return None, nonce
+        if not wire.proves("gateway", nonce, hello.get("nonce"), hello.get("proof")):
+            return None, nonce
+        return hello, nonce
+
+
+def nothing() -> None:
+    """What a status question holds."""
+
+
+def claim_of(fields: Any) -> Claim:
+    """A place's claim as a gateway said it, checked: whole numbers where numbers go (a wrong
+    type would fail later, in the owner's loop, not in this link's)."""
+    if not isinstance(fields, dict):
+        raise wire.WireError("a claim that is not an object")
+    claim = Claim(**fields)
+    numbers = (claim.deployment_id, claim.priority)
+    maybe = (claim.deployment_cap, claim.key_id, claim.key_cap)
+    if not all(type(n) is int for n in numbers) or not isinstance(claim.deployment, str):
+        raise wire.WireError("a claim with a field of the wrong type")
+    if not all(n is None or (type(n) is int and n >= 0) for n in maybe):
+        raise wire.WireError("a claim with a field of the wrong type")
+    return claim
 
 
 def given_back(url: str) -> None:

@@ -1,11 +1,14 @@
 """What the gateways and the scheduler's owner say to each other: one JSON object a line over
 a stream (a Unix socket on the host, TCP from a `--gateway-only` host), after a handshake.
 
-The handshake proves the gateway knows the site's secret without sending it: the owner sends
-a fresh nonce, the gateway answers HMAC-SHA256(key, nonce), where the key is derived from
-SECRET_KEY (which every process of a site shares already: sessions and signed values need
-it). A peer that fails it is closed before anything it sends is read as an operation. The
-stream is not encrypted: a TCP link belongs on the site's private network (README).
+The handshake proves each side knows the site's secret without sending it: the owner sends a
+fresh nonce, the gateway answers with its own nonce and HMAC-SHA256(key, "gateway" + both),
+the owner answers HMAC-SHA256(key, "owner" + both); the key is derived from SECRET_KEY (which
+every process of a site shares already: sessions and signed values need it). Each proof
+covers both nonces and names its side, so neither can be replayed or reflected: a process
+that took the owner's address while it restarted learns nothing it can use and is refused.
+A peer that fails is closed before anything it sends is read as an operation. The stream is
+not encrypted: a TCP link belongs on the site's private network (README).
 
 Lines are bounded (MAX_LINE): a peer cannot make the other side buffer without end.
 """
@@ -17,6 +20,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,16 +65,20 @@ def site_key() -> bytes:
     return hmac.new(settings.SECRET_KEY.encode(), b"modelship-scheduler", hashlib.sha256).digest()
 
 
-def proof(nonce: str) -> str:
-    return hmac.new(site_key(), nonce.encode(), hashlib.sha256).hexdigest()
+def proof(side: str, owners: str, gateways: str) -> str:
+    """`side` ("gateway" or "owner") proves it knows the key for this pair of nonces."""
+    said = f"{side}\n{owners}\n{gateways}".encode()
+    return hmac.new(site_key(), said, hashlib.sha256).hexdigest()
 
 
 def fresh_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def proves(nonce: str, answer: object) -> bool:
-    return isinstance(answer, str) and hmac.compare_digest(proof(nonce), answer)
+def proves(side: str, owners: str, gateways: object, answer: object) -> bool:
+    if not isinstance(gateways, str) or not isinstance(answer, str) or len(gateways) > 64:
+        return False
+    return hmac.compare_digest(proof(side, owners, gateways), answer)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -100,4 +108,17 @@ async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 async def open_link(address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     if address.path:
         return await asyncio.open_unix_connection(address.path, limit=MAX_LINE)
-    return await asyncio.open_connection(address.host, address.port, limit=MAX_LINE)
+    reader, writer = await asyncio.open_connection(address.host, address.port, limit=MAX_LINE)
+    keep_alive(writer.get_extra_info("socket"))
+    return reader, writer
+
+
+def keep_alive(sock: socket.socket | None) -> None:
+    """A TCP link whose other host vanished (no reset) is found dead in about 20 s, not the
+    kernel's 2 hours: what the gateway held is freed, what it asked is asked again."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

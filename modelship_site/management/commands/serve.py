@@ -230,8 +230,9 @@ class Command(BaseCommand):
                     " the engine host's MSHIP_SCHEDULER_LISTEN)"
                 )
             return ""
-        if options["workers"] <= 1 and not settings.MSHIP_SCHEDULER_LISTEN:
-            return ""
+        named = settings.MSHIP_SCHEDULER_URL or settings.MSHIP_SCHEDULER_LISTEN
+        if options["workers"] <= 1 and not named:
+            return ""  # the lone worker owns the scheduling
         run_dir = Path(settings.MSHIP_RUN_DIR)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         url = settings.MSHIP_SCHEDULER_URL or f"unix:{run_dir / 'scheduler.sock'}"
