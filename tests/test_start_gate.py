@@ -1,4 +1,4 @@
-"""The start-up gate: one engine start at a time on a host (a file lock), and on PostgreSQL
+"""The start-up gate: one start's claim on memory at a time on a host (a file lock), and on PostgreSQL
 across the site's hosts too (an advisory lock), dropped when its holder dies. An engine
 environment's install happens outside it: another model starts meanwhile, and the requests
 waiting for the install are told."""
@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 
 from deployments import deployer, engine_envs, launch
+from deployments.adoption import adopt_all
 from deployments.gate import start_gate
 from deployments.models import Deployment, State
 from tests.conftest import REPO, env_for_subprocess, in_thread, wait_until
@@ -222,3 +223,62 @@ def test_it_starts_on_the_environment_of_the_configuration_it_starts(
     assert painter.state == State.READY, painter.state_reason
     assert held_install.builds == 2  # held, then other
     assert engine_envs.ready("other")
+
+
+def both_starting(first: Deployment, second: Deployment) -> bool:
+    states = dict(
+        Deployment.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "state")
+    )
+    return states == {first.pk: State.STARTING, second.pk: State.STARTING}
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_waits_for_two_engines_at_once_and_lets_one_of_two_claim_the_last_room(
+    make_deployment: Any, site: Any
+) -> None:
+    """The gate covers a start's claim on memory, not its engine's health wait: two models
+    of 3 GiB on 8 GiB are starting at the same moment; then two of 5 GiB race for the room
+    left, and one passes the fit check while the other is refused."""
+    slow = {"startup_delay_s": 3}
+    first, second = make_deployment("first", config=slow), make_deployment("second", config=slow)
+    for deployment in (first, second):
+        deployment.memory_gib = 3.0
+        deployment.save(update_fields=["memory_gib"])
+    starts = [in_thread(deployer.restart, d.pk) for d in (first, second)]
+    wait_until(lambda: both_starting(first, second), 10)
+    for start in starts:
+        start.join(60)
+    assert {d.state for d in Deployment.objects.filter(pk__in=[first.pk, second.pk])} == {
+        State.READY
+    }
+    deployer.stop(first.pk)
+    deployer.stop(second.pk)
+    racers = [make_deployment(f"racer-{n}", memory_gib=5.0, config=slow) for n in range(2)]
+    refused: list[Exception] = []
+
+    def race(pk: int) -> None:
+        try:
+            deployer.restart(pk)
+        except deployer.InsufficientMemory as exc:
+            refused.append(exc)
+
+    threads = [in_thread(race, r.pk) for r in racers]
+    for thread in threads:
+        thread.join(60)
+    states = sorted(
+        Deployment.objects.filter(name__startswith="racer").values_list("state", flat=True)
+    )
+    assert len(refused) == 1 and states == sorted([State.READY, State.PLANNED])
+
+
+@pytest.mark.usefixtures("engines")
+def test_it_has_adoption_wait_for_a_start_under_way(make_deployment: Any, site: Any) -> None:
+    """A row marked starting whose engine is still loading is no interrupted start: adoption
+    (serve's start, adopt_engines) waits for it instead of stopping it."""
+    loading = make_deployment("loading", config={"startup_delay_s": 2})
+    start = in_thread(deployer.restart, loading.pk)
+    wait_until(lambda: Deployment.objects.get(pk=loading.pk).state == State.STARTING, 10)
+    outcome = adopt_all()
+    start.join(60)
+    assert loading.name not in outcome["stopped"]
+    assert Deployment.objects.get(pk=loading.pk).state == State.READY
