@@ -1,7 +1,7 @@
-"""The start-up gate: one start's claim on memory at a time on a host (a file lock), and on PostgreSQL
-across the site's hosts too (an advisory lock), dropped when its holder dies. An engine
-environment's install happens outside it: another model starts meanwhile, and the requests
-waiting for the install are told."""
+"""The start-up gate: one start's claim on memory at a time on a host (a file lock), and on
+PostgreSQL across the site's hosts too (an advisory lock), dropped when its holder dies.
+Engines load side by side, outside it; so does an engine environment's install: another
+model starts meanwhile, and the requests waiting for the install are told."""
 
 from __future__ import annotations
 
