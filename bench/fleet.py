@@ -182,7 +182,7 @@ class Fleet:
         except placement.NoRoom as exc:
             raise InsufficientMemory(model.name, model.need_gib, 0.0, 0.0) from exc
 
-    async def restart(self, deployment_id: int) -> None:
+    async def restart(self, deployment_id: int, claimed: Any = None) -> None:
         model = self.models[deployment_id]
         self.figures.decisions += 1
         count = model.scaling.initial if model.scaling else model.demand.replicas
@@ -190,6 +190,8 @@ class Fleet:
         gib = model.demand.gib or 0.0
         model.replicas = [[(i, gib) for i in devices] for devices in placed]
         model.state = "starting"
+        if claimed is not None:
+            claimed()  # its memory is held: the controller's lock is let go
         self.figures.cold_starts += 1
         await self.clock.sleep(model.start_s)
         if model.state == "starting":

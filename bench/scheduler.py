@@ -143,13 +143,15 @@ class Host:
     def loaded(self) -> list[Model]:
         return [m for m in self.models.values() if m.state in ("starting", "ready")]
 
-    async def load(self, model: Model) -> None:
+    async def load(self, model: Model, claimed: Any = None) -> None:
         device = self.place(model)
         if device is None:
             raise InsufficientMemory(model.name, model.gib, 0.0, 2 * GPU_GIB)
         self.account()
         model.state, model.device = "starting", device
         self.figures.starts += 1
+        if claimed is not None:
+            claimed()  # placed: the controller's lock is let go while it loads
         await self.clock.sleep(model.start_s)
         self.account()
         if model.state == "starting":
@@ -240,8 +242,8 @@ class HostDeployer:
     async def views(self) -> list[View]:
         return [self.view_of(m) for m in self.host.models.values()]
 
-    async def restart(self, deployment_id: int) -> None:
-        await self.host.load(self.host.models[deployment_id])
+    async def restart(self, deployment_id: int, claimed: Any = None) -> None:
+        await self.host.load(self.host.models[deployment_id], claimed)
 
     async def wake(self, deployment_id: int) -> None:
         await self.host.wake(self.host.models[deployment_id])

@@ -416,23 +416,6 @@ MSHIP_SLEEP_MAX_S = env_float("MSHIP_SLEEP_MAX_S", 3600)
 # The baseline (ondemand/baseline.py): the on-demand deployments marked preload are started
 # again, where they fit, once the host has been idle this long (0: only when serve starts).
 MSHIP_BASELINE_AFTER_S = env_float("MSHIP_BASELINE_AFTER_S", 1800)
-# The site's one scheduler (ondemand/scheduler/): where its owner listens, for the gateway
-# processes to ask ("unix:/path" or "tcp://host:port"; empty: this process owns the
-# scheduling itself, as a lone gateway does). `serve` sets it for its workers when it runs
-# more than one, or when MSHIP_SCHEDULER_LISTEN is set; a --gateway-only host sets it to the
-# engine host's MSHIP_SCHEDULER_LISTEN.
-MSHIP_SCHEDULER_URL = env_str("MSHIP_SCHEDULER_URL", "")
-# Where the owner `serve` runs also listens for --gateway-only hosts (host:port; empty: none).
-MSHIP_SCHEDULER_LISTEN = env_str("MSHIP_SCHEDULER_LISTEN", "")
-# How long a gateway waits for an owner that does not answer (restarting) before a request
-# that needs it gets a retryable 503 scheduler_unavailable.
-MSHIP_SCHEDULER_WAIT_S = env_float("MSHIP_SCHEDULER_WAIT_S", 10)
-# A new owner grants nothing this long after it starts: the gateways reconnect and say what
-# they hold first (their slots and places), so that no limit is passed meanwhile.
-MSHIP_SCHEDULER_REBUILD_S = env_float("MSHIP_SCHEDULER_REBUILD_S", 1.5)
-# Requests one key may have waiting at once, in the on-demand queue and for max_concurrency
-# places each (0: no cap): one key cannot fill a wait list that other keys share.
-MSHIP_MAX_WAITING_PER_KEY = env_int("MSHIP_MAX_WAITING_PER_KEY", 100)
 # Threads of the gateway that run on-demand starts, wakes and stops (each may wait for an
 # engine up to the start timeout), apart from the threads every other read uses.
 MSHIP_ONDEMAND_START_THREADS = env_int("MSHIP_ONDEMAND_START_THREADS", 8)
@@ -498,5 +481,6 @@ MSHIP_PLUGINS = env_list("MSHIP_PLUGINS", [])
 MSHIP_RUN_DIR = env_path("MSHIP_RUN_DIR", str(VAR_DIR / "run"))
 
 from modelship_site.settings_routing import *  # noqa: E402, F403 - the replica choice
+from modelship_site.settings_scheduler import *  # noqa: E402, F403 - the site's scheduler
 from modelship_site.settings_store import *  # noqa: E402, F403 - the model store
 from modelship_site.settings_usage import *  # noqa: E402, F403 - usage and budgets
