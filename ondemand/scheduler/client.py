@@ -196,7 +196,10 @@ class Link:
                 log.warning("the link to the scheduler at %s is down: %s", self.address, why)
             self._still_down(why)
             if not self.asks and not self.held:
-                return  # nobody needs it now: the next question starts it again
+                # Nobody needs it now: the next question starts it again, and waits for it
+                # anew (an outage long over is not held against it).
+                self.down_since = None
+                return
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_S)
 
