@@ -37,7 +37,11 @@ T = TypeVar("T")
 
 
 def _closing(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run in a worker thread: the thread's database connection is closed after."""
+    """Run in a worker thread: the thread's database connection is closed after, and one
+    that other work left open on the thread is checked first (the server may have dropped it
+    since: a restart, pg_terminate_backend), so that the read does not fail on it."""
+    if connection.connection is not None and not connection.is_usable():
+        connection.close()
     try:
         return fn(*args, **kwargs)
     finally:

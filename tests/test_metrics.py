@@ -166,8 +166,16 @@ def test_it_logs_a_streamed_answer_with_its_bytes_and_nothing_when_off(
 
     assert line["time"].endswith("+00:00") and line["waited"] is None
 
+    def listed() -> float:
+        scraped = parse(httpx.get(gateway_url + "/metrics").text)
+        return total(scraped, "modelship_requests_total", endpoint="models")
+
     site.MSHIP_ACCESS_LOG = "off"
+    before = listed()
     client.models.list(extra_headers={"x-request-id": "req-unlogged"})
+    # A request's line is decided just after its last byte went out, where it is counted:
+    # the setting goes back once the request has ended, not once its client has the answer.
+    wait_until(lambda: listed() > before, 10)
     site.MSHIP_ACCESS_LOG = "json"
     client.models.list(extra_headers={"x-request-id": "req-logged"})
     wait_until(lambda: any(line["request_id"] == "req-logged" for line in access_lines), 10)

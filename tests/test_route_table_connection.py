@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -13,6 +14,7 @@ from django.db import connection, connections
 from django.db.backends.signals import connection_created
 
 from common.db_thread import DatabaseThread
+from ondemand.adapter import _closing
 from openai_api.catalog import catalog
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
@@ -133,3 +135,24 @@ async def test_it_skips_a_read_whose_caller_gave_up(transactional_db: None) -> N
     assert await kept.run(lambda: 2) == 2  # the thread went past the given-up read
     assert ran == [] and given_up.cancelled()
     kept.release()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a server that drops connections")
+def test_it_reads_for_the_controller_on_a_thread_whose_connection_the_server_dropped(
+    transactional_db: None,
+) -> None:
+    """Other work may leave a pool thread's connection open; the server drops it (a restart,
+    pg_terminate_backend); the on-demand controller's next read on that thread checks it
+    first and opens another, instead of answering 503 ondemand_unavailable."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(ApiKey.objects.exists).result()  # left open on the thread
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        assert pool.submit(_closing, ApiKey.objects.count).result() == ApiKey.objects.count()
+    finally:
+        pool.submit(connections.close_all).result()
+        pool.shutdown()
