@@ -19,6 +19,7 @@ class OndemandConfig(AppConfig):
             tasks,
         )
         from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
+        from openai_api.usage import gpu_time  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
         hooks.register(hooks.state_changed, live.publish_state_change)
@@ -30,3 +31,4 @@ class OndemandConfig(AppConfig):
         dispatcher.on_demand = registry.ControllerSlots()
         dispatcher.places = registry.SitePlaces()
         dispatcher.site = registry.SiteChoices()
+        gpu_time.site = registry.SiteMeter()

@@ -127,6 +127,15 @@ class SiteChoices:
         return None if to is None else client.adapter(to, route, url)
 
 
+class SiteMeter:
+    """GPU time divided by the site's scheduler where this process is one of several
+    (openai_api/usage/gpu_time.py; None: this process's own meter)."""
+
+    def begin(self, url: str, share: float) -> client.GpuShare | None:
+        to = client.link()
+        return None if to is None else client.GpuShare(to, url, share)
+
+
 async def acquire_here(
     ctl: Controller, view: View, priority: int, key_id: int | None, notice: WaitNotice | None
 ) -> Slot:

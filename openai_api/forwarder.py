@@ -29,6 +29,7 @@ from openai_api.catalog import catalog
 from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
+from openai_api.usage import gpu_time
 from openai_api.usage.gpu_time import meter
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Watched(Protocol):
 
     receive: Receive
     on_stream: Callable[[], None] | None
+    finished: bool  # the answer's last byte went out
 
 
 HOP_BY_HOP = {
@@ -215,7 +217,7 @@ class Using:
     """`Forwarder.using`'s block, as a class: an async generator's context manager cost the
     gateway's every request a generator and its frames."""
 
-    __slots__ = ("base_url", "forwarder", "span", "ticket")
+    __slots__ = ("base_url", "forwarder", "on_site", "span", "ticket")
 
     def __init__(self, forwarder: Forwarder, base_url: str) -> None:
         self.forwarder, self.base_url = forwarder, base_url
@@ -225,7 +227,9 @@ class Using:
         self.span = tracing.client_span("modelship.engine")
         self.span.__enter__()
         forwarder.active[base_url] = forwarder.active.get(base_url, 0) + 1
-        self.ticket = meter.begin(base_url, catalog.snapshot)
+        self.ticket = ticket = meter.begin(base_url, catalog.snapshot)
+        share = ticket[0].share
+        self.on_site = gpu_time.site.begin(base_url, share) if share and gpu_time.site else None
         try:
             return forwarder.session(base_url)
         except BaseException:
@@ -241,11 +245,15 @@ class Using:
         try:
             self.span.__exit__(kind, error, trace)
         finally:
-            spent = meter.end(self.ticket)
-            record = access.current.get()
-            if record is not None:
-                record.gpu_seconds += spent
-            await self.forwarder.done_with(self.base_url)
+            try:
+                spent = meter.end(self.ticket)
+                if self.on_site is not None:
+                    spent = await self.on_site.spent(spent)
+                record = access.current.get()
+                if record is not None:
+                    record.gpu_seconds += spent
+            finally:
+                await self.forwarder.done_with(self.base_url)
 
 
 class Forwarder:
@@ -457,6 +465,8 @@ class cancel_on_hangup:
     async def watch(self) -> None:
         while (await self.exchange.receive())["type"] != "http.disconnect":
             pass
+        if self.exchange.finished:
+            return  # it had its whole answer: what is left (its accounting) runs on
         self.gone = True
         self.task.cancel()
 

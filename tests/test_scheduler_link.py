@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ondemand.scheduler import owner as owner_module
 from ondemand.scheduler import wire
-from ondemand.scheduler.client import Link, place
+from ondemand.scheduler.client import GpuShare, Link, place
+from ondemand.scheduler.owner import Gateway, Owner
 from openai_api.concurrency import Claim
 from openai_api.errors import GatewayError
+from openai_api.usage.gpu_time import GpuMeter
 
 CLAIM = Claim(1, "model", 1, None, None, 0)
 
@@ -68,6 +72,8 @@ class StandIn:
                 elif message["op"] == "release":
                     self.released.append(message["id"])
                     self.heard.set()
+                elif message["op"] == "gpu_end":  # the site's division of its GPU time
+                    writer.write(wire.encode({"id": message["id"], "ok": {"spent": 0.25}}))
 
 
 @pytest.fixture
@@ -115,3 +121,91 @@ async def test_it_refuses_an_address_that_answers_without_the_sites_key(
     assert refused.value.headers == {"retry-after": "2"}
     assert impostor.hellos  # it was asked, and its answer was not taken
     await impostor.stop()
+
+
+async def test_it_charges_the_owners_division_of_gpu_time_else_its_own(socket_path: Path) -> None:
+    """A request's GPU-seconds are the owner's figure (divided among the site's requests);
+    where the link is down when it ends, this process's own, never nothing."""
+    owner = StandIn(socket_path)
+    await owner.start()
+    link = Link(wire.parse(f"unix:{socket_path}"))
+    share = GpuShare(link, "http://engine", 1.0)
+    await owner.until(lambda: owner.hellos)
+    await asyncio.wait_for(link.up.wait(), 5)
+    assert await share.spent(9.0) == 0.25
+    cut = GpuShare(link, "http://engine", 1.0)
+    await owner.stop()
+    await asyncio.sleep(0.05)  # the link sees its owner go
+    assert await cut.spent(2.0) == 2.0
+
+
+class Written:
+    """The owner's end of a link: what it said."""
+
+    def __init__(self) -> None:
+        self.said: list[dict[str, Any]] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.said.append(json.loads(data))
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_divides_a_replicas_gpu_time_among_every_gateways_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two gateways' requests on one GPU: each pays half while both run, and the sum is
+    the time the GPU served. A request the owner adopted from a restart (it saw only part
+    of it) is charged by its own process; one whose gateway dies stops counting."""
+    clock = Clock()
+    monkeypatch.setattr(owner_module, "meter", GpuMeter(clock))
+    site = Owner(rebuild_s=0)
+    one, two = Written(), Written()
+    first = Gateway(site, one, "one")  # type: ignore[arg-type]
+    second = Gateway(site, two, "two")  # type: ignore[arg-type]
+    first.handle({"op": "gpu", "id": "1", "url": "http://engine", "share": 1.0})
+    clock.now = 2.0
+    second.handle({"op": "gpu", "id": "1", "url": "http://engine", "share": 1.0})
+    clock.now = 4.0
+    first.handle({"op": "gpu_end", "id": "1"})
+    clock.now = 6.0
+    second.handle({"op": "gpu_end", "id": "1"})
+    assert one.said == [{"id": "1", "ok": {"spent": pytest.approx(3.0)}}]
+    assert two.said == [{"id": "1", "ok": {"spent": pytest.approx(3.0)}}]
+    second.adopt([{"kind": "gpu", "id": "2", "url": "http://engine", "share": 1.0}])
+    second.handle({"op": "gpu", "id": "3", "url": "http://engine", "share": 1.0})
+    clock.now = 8.0
+    second.handle({"op": "gpu_end", "id": "2"})
+    second.handle({"op": "gpu_end", "id": "9"})  # never begun here
+    assert two.said[1:] == [{"id": "2", "ok": {"spent": None}}, {"id": "9", "ok": {"spent": None}}]
+    first.handle({"op": "gpu", "id": "4", "url": "http://engine", "share": 1.0})
+    second.close()  # its process died: request 3 no longer shares the GPU
+    clock.now = 10.0
+    first.handle({"op": "gpu_end", "id": "4"})
+    assert one.said[-1] == {"id": "4", "ok": {"spent": pytest.approx(2.0)}}
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        {"url": "http://engine", "share": -1},
+        {"url": "http://engine", "share": 1e9},
+        {"url": "http://engine", "share": True},
+        {"url": "http://engine", "share": "1"},
+        {"url": 7, "share": 1.0},
+        {"url": "x" * 5000, "share": 1.0},
+    ],
+)
+def test_it_refuses_a_gpu_share_out_of_bounds(said: dict[str, Any]) -> None:
+    gateway = Gateway(Owner(rebuild_s=0), Written(), "g")  # type: ignore[arg-type]
+    with pytest.raises(wire.WireError):
+        gateway.handle({"op": "gpu", "id": "1", **said})
+    assert not gateway.held and not gateway.metered

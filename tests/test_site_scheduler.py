@@ -26,12 +26,15 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import Sum
 
 from deployments import deployer
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from ondemand.scheduler import wire
+from openai_api.models import ApiKey
+from openai_api.usage.models import UsageMinute
 from tests.conftest import REPO, answers, env_for_subprocess, sim, wait_until
 
 if TYPE_CHECKING:
@@ -83,6 +86,7 @@ def four(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -
             MSHIP_SECRET_KEY=settings.SECRET_KEY,
             MSHIP_SCHEDULER_REBUILD_S="1",
             MSHIP_STOP_GRACE_S="2",
+            MSHIP_USAGE_FLUSH_S="0.2",
         )
         serve = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "4"],
@@ -280,6 +284,63 @@ def test_it_weighs_the_sites_outstanding_requests_when_it_picks_a_replica(
     peaks = sorted(httpx.get(url + "/sim/stats").json()["peak_running"] for url in pair.engine_urls)
     # By the bound over the site's counts: 3 and 1, or 2 and 2 where one ended first.
     assert peaks in ([1, 3], [2, 2]), peaks
+
+
+@pytest.mark.heavy
+def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """A long answer from one model on one connection; the other model, which needs its
+    memory, asked on others (any worker): it waits for the answer to end, then swaps in.
+    A process judging by its own slots stopped the engine under the other's stream."""
+    for name, rate in (("long", 10), ("other", 100)):
+        make_deployment(
+            name,
+            mode="on_demand",
+            idle_timeout_s=600,
+            memory_gib=10.0,
+            config=sim(startup_delay_s=0.2, tokens_per_second=rate),
+        )
+    key = known(four.url, api_key())
+    shown(four.url, key, "other")
+    assert ask(four.url, key, "long", max_tokens=1)[0] == 200  # loaded: no start in the way
+    answer = streams(four.url, key, "long", 1, max_tokens=40)  # four seconds of tokens
+    long = Deployment.objects.get(name="long")
+    wait_until(lambda: engine_stats(long)["running"] == 1, 10)
+    asked = [ask(four.url, key, "other", max_tokens=2) for _ in range(3)]
+    assert [status for status, _ in asked] == [200] * 3
+    assert finished(answer) == [(200, True)]  # whole: its engine ran to its last token
+    stopped = DeploymentEvent.objects.filter(
+        deployment=long, kind=State.STOPPED, text__startswith="Put to sleep to make room"
+    )
+    assert stopped.count() == 1  # once its answer ended, not before
+
+
+@pytest.mark.heavy
+def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """Eight streams at once on one GPU, from new connections spread over the workers: each
+    process divided the GPU's time among its own requests, so the sum reached up to four
+    times what the GPU served; the owner's one meter divides among the site's."""
+    gpu = started(make_deployment, "gpu", num_gpus=1, config=sim(tokens_per_second=20))
+    secret = known(four.url, api_key("metered"))
+    shown(four.url, secret, "gpu", "ready")
+    key = ApiKey.objects.get(name="metered")
+    began = time.monotonic()
+    done = finished(streams(four.url, secret, "gpu", 8, max_tokens=40))  # 2 s each
+    served_s = time.monotonic() - began
+    assert done == [(200, True)] * 8
+
+    def used() -> dict[str, Any]:
+        return UsageMinute.objects.filter(key_id=key.pk, deployment="gpu").aggregate(
+            requests=Sum("requests"), gpu_seconds=Sum("gpu_seconds")
+        )
+
+    wait_until(lambda: used()["requests"] == 8, 10)
+    assert engine_stats(gpu)["peak_running"] == 8
+    # The GPU was held for at most the clients' window, and by a stream for at least one's.
+    assert 1.5 < used()["gpu_seconds"] <= served_s, (used(), served_s)
 
 
 async def proven(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.1  # between attempts to reach the owner, doubled up to MAX_RETRY_S
 MAX_RETRY_S = 1.0
 CONNECT_S = 2.0  # one attempt's bound
+GPU_END_S = 2.0  # the owner's figure for a request's GPU time, else this process's
 
 
 def unavailable(why: str) -> GatewayError:
@@ -354,6 +355,41 @@ async def adapter(to: Link, route: Route, url: str) -> AsyncIterator[None]:
         yield
     finally:
         to.release(ask.id)
+
+
+class GpuShare:
+    """A request's part of a replica's GPU time, divided by the owner's one meter among the
+    site's requests (openai_api/usage/gpu_time.py). Its start is said without waiting; its
+    end asks for the figure, after the answer's last byte went out."""
+
+    __slots__ = ("id", "link")
+
+    def __init__(self, to: Link, url: str, share: float) -> None:
+        self.link, self.id = to, f"{next(to.ids)}"
+        to.held[self.id] = {"kind": "gpu", "url": url, "share": share}
+        to._run()
+        to._write({"op": "gpu", "id": self.id, "url": url, "share": share})
+
+    async def spent(self, here: float) -> float:
+        to = self.link
+        to.held.pop(self.id, None)
+        if to.writer is None or not to.up.is_set():
+            return here  # the owner that counted it is gone with its link
+        ask = Ask(
+            self.id, {"op": "gpu_end", "id": self.id}, asyncio.get_running_loop().create_future()
+        )
+        to.asks[self.id] = ask
+        to._send_ask(ask)
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(ask.answer), GPU_END_S)
+        except TimeoutError:
+            return here
+        finally:
+            to.asks.pop(self.id, None)
+        spent = (answer.get("ok") or {}).get("spent")
+        if isinstance(spent, int | float) and not isinstance(spent, bool) and spent >= 0:
+            return float(spent)
+        return here
 
 
 async def status(to: Link, deployment_id: int, state: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from openai_api.errors import GatewayError
 from openai_api.routing import hints
 from openai_api.routing.hints import Hint
 from openai_api.runtime_adapters import runtime_adapters
+from openai_api.usage.gpu_time import GpuMeter, Ticket
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often when changed
 MAX_GREETING = 64  # links at once that have not proved the site's key
 MAX_ASKING = 100_000  # questions under way on one link (a gateway's requests waiting)
+MAX_SHARE = 1024.0  # GPUs one replica may hold, as a gateway says it (a bound, not a rule)
+# The site's GPU time, divided among every gateway's requests on each replica.
+meter = GpuMeter()
 
 
 class Marks:
@@ -130,7 +134,10 @@ class Gateway:
         self.asking: dict[str, asyncio.Task[None]] = {}
         self.waits: dict[str, wait_status.WaitStatus] = {}
         self.said: dict[str, dict[str, Any] | None] = {}
-        self.held: dict[str, Callable[[], None]] = {}
+        self.held: dict[str, Callable[[], object]] = {}
+        # GPU time under way: its ticket on the site's meter, and whether it began before
+        # this owner did (adopted: its own process's figure is charged, not a part of one).
+        self.metered: dict[str, tuple[Ticket, bool]] = {}
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -159,6 +166,33 @@ class Gateway:
                 route, url = adapter_route(item["route"]), str(item["url"])
                 runtime_adapters.adopt(route, url)
                 self.held[held_id] = functools.partial(runtime_adapters.release, route, url)
+            elif item.get("kind") == "gpu":
+                self.meter_from(held_id, item, adopted=True)
+
+    def meter_from(self, held_id: str, said: dict[str, Any], adopted: bool = False) -> None:
+        """A request began on a replica with a GPU share: counted in its division until it
+        ends (or its link does)."""
+        url, share = said.get("url"), said.get("share")
+        if not isinstance(url, str) or len(url) > 2048:
+            raise wire.WireError("a GPU share without an engine address")
+        if not isinstance(share, int | float) or isinstance(share, bool):
+            raise wire.WireError("a GPU share that is not a number")
+        if not 0 <= share <= MAX_SHARE:
+            raise wire.WireError("a GPU share out of bounds")
+        if held_id in self.held or len(self.metered) >= MAX_ASKING:
+            raise wire.WireError(f"a GPU share's id in use, or too many: {held_id!r}")
+        ticket = meter.begin(url, share=float(share))
+        self.metered[held_id] = (ticket, adopted)
+        self.held[held_id] = functools.partial(self.unmetered, held_id)
+
+    def unmetered(self, held_id: str) -> float | None:
+        """The request's GPU-seconds by the site's division (None: it began before this
+        owner, which saw only part of it)."""
+        found = self.metered.pop(held_id, None)
+        if found is None:
+            return None
+        spent = meter.end(found[0])
+        return None if found[1] else spent
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))[:32]
@@ -181,6 +215,11 @@ class Gateway:
             self.release(ask_id)
         elif op == "release":
             self.release(ask_id)
+        elif op == "gpu":
+            self.meter_from(ask_id, message)
+        elif op == "gpu_end":
+            self.held.pop(ask_id, None)
+            self.send({"id": ask_id, "ok": {"spent": self.unmetered(ask_id)}})
         else:
             raise wire.WireError(f"an unknown operation {op!r}")
 
