@@ -37,6 +37,12 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ["scheduler.py", "--hours", "0.5"],
     ),
     (
+        "The same trace through the site's scheduler: 4 gateway processes against one,"
+        " time compressed (the real owner, link and controller)",
+        ["scheduler_site.py"],
+        ["scheduler_site.py", "--hours", "0.25", "--speed", "240", "--gateways", "2"],
+    ),
+    (
         "The /v1 gateway against the engine and the yardstick under wrk: `make run`'s server"
         " (access log on), the same with the log off, and `make run`'s own `serve`",
         [

@@ -155,7 +155,10 @@ class Host:
         await self.clock.sleep(model.start_s)
         self.account()
         if model.state == "starting":
+            # Idle from its start on, not from its last use before it (the reaper must not
+            # take it between its start and its first grant, on a clock that runs for real).
             model.state, model.ready_at = "ready", self.clock.now()
+            model.last_used = model.ready_at
 
     def unload(self, model: Model) -> None:
         self.account()
@@ -185,7 +188,10 @@ class Host:
         await self.clock.sleep(1.0 + model.gib / rate)
         self.account()
         if model.state == "starting":
+            # Idle from its start on, not from its last use before it (the reaper must not
+            # take it between its start and its first grant, on a clock that runs for real).
             model.state, model.ready_at = "ready", self.clock.now()
+            model.last_used = model.ready_at
 
     def begin(self, model: Model) -> None:
         self.account()

@@ -19,6 +19,7 @@ class OndemandConfig(AppConfig):
             tasks,
         )
         from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
+        from openai_api.rate_limits import rate_limiter  # noqa: PLC0415 - apps loaded
         from openai_api.usage import gpu_time  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
@@ -32,3 +33,4 @@ class OndemandConfig(AppConfig):
         dispatcher.places = registry.SitePlaces()
         dispatcher.site = registry.SiteChoices()
         gpu_time.site = registry.SiteMeter()
+        rate_limiter.site = registry.SiteWindows()

@@ -22,6 +22,7 @@ from openai_api import wait_status
 from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
 from openai_api.concurrency import Claim, limits
+from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -125,6 +126,22 @@ class SiteChoices:
     def adapter(self, route: Route, url: str) -> AbstractAsyncContextManager[None] | None:
         to = client.link()
         return None if to is None else client.adapter(to, route, url)
+
+
+class SiteWindows:
+    """Requests per minute per key, counted by the site's scheduler where this process is one
+    of several and no Redis holds them (openai_api/rate_limits.py)."""
+
+    async def admit(self, key_id: int, limit: int) -> bool:
+        to = client.link()
+        if to is None:
+            return False
+        try:
+            return await client.admitted(to, key_id, limit)
+        except GatewayError as exc:
+            if exc.code == "scheduler_unavailable":
+                return False  # this process's own window meanwhile: no request fails for it
+            raise
 
 
 class SiteMeter:

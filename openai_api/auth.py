@@ -141,15 +141,34 @@ class RateLimiter:
 
     def check(self, key: Key) -> None:
         limit = key.requests_per_minute or settings.MSHIP_DEFAULT_RPM
-        if not limit:
-            return
+        if limit:
+            self.admit(key.id, limit)
+
+    def admit(self, key_id: int, limit: int) -> int:
+        """One arrival of the key, or 429 when `limit` arrived in the last minute. Returns
+        the arrivals in the window, this one included."""
         now = time.monotonic()
-        window = self.arrivals.setdefault(key.id, deque())
-        while window and now - window[0] >= 60.0:
-            window.popleft()
+        window = self.window(key_id, now)
         if len(window) >= limit:
             raise too_many(limit, max(1, math.ceil(60.0 - (now - window[0]))))
         window.append(now)
+        return len(window)
+
+    def note(self, key_id: int, limit: int) -> int:
+        """An arrival let in elsewhere (another process, on its own): counted, never refused;
+        the window keeps at most `limit`. Returns the arrivals in the window."""
+        now = time.monotonic()
+        window = self.window(key_id, now)
+        window.append(now)
+        while len(window) > limit:
+            window.popleft()
+        return len(window)
+
+    def window(self, key_id: int, now: float) -> deque[float]:
+        window = self.arrivals.setdefault(key_id, deque())
+        while window and now - window[0] >= 60.0:
+            window.popleft()
+        return window
 
 
 class LastUsed:

@@ -2,8 +2,10 @@
 
 Where REDIS_URL is set, the window is a sorted set in Redis that one script trims, counts
 and adds to atomically, on Redis's clock, so every process behind the load balancer counts
-the same arrivals. Without Redis, or while Redis does not answer, each process keeps its own
-window (auth.RateLimiter): a limit still holds per process, and no request fails for it.
+the same arrivals. Without Redis, where this process is one of several, the site's scheduler
+keeps the window (ondemand/scheduler/: one question, as one Redis script would be); a lone
+process keeps its own (auth.RateLimiter). While neither Redis nor the scheduler answers, each
+process keeps its own window: a limit still holds per process, and no request fails for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import math
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 
@@ -25,6 +27,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WARN_EVERY_S = 60.0
+
+
+class SiteWindows(Protocol):
+    """The site scheduler's windows, where this process is one of several (the on-demand app
+    registers them at start-up; this package imports nothing of it)."""
+
+    async def admit(self, key_id: int, limit: int) -> bool:
+        """Raises 429 past the limit; False where this process keeps its own window."""
+        ...
+
 
 # KEYS[1]: the key's window. ARGV: limit, a unique member. Returns {1, 0} when admitted,
 # else {0, ms until the oldest arrival leaves the window}.
@@ -47,6 +59,7 @@ class SharedRateLimiter:
         self.local = RateLimiter()
         self.scripts: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
         self.warned_at = float("-inf")
+        self.site: SiteWindows | None = None
 
     def _script(self) -> Any:
         """This loop's script handle (a Redis client belongs to the loop that made it)."""
@@ -64,6 +77,8 @@ class SharedRateLimiter:
         if not limit:
             return
         if not settings.REDIS_URL:
+            if self.site is not None and await self.site.admit(key.id, limit):
+                return None
             return self.local.check(key)
         try:
             admitted, wait_ms = await self._script()(

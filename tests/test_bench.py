@@ -42,10 +42,11 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
         "flame",
         "route_table_checks",
         "scheduler_hop",
+        "scheduler_site",
     )
     for script in (*scripts, "fleet"):
         assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 15
+    assert report.count("(exit 0,") == 16
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures

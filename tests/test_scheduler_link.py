@@ -18,6 +18,7 @@ from ondemand.scheduler import owner as owner_module
 from ondemand.scheduler import wire
 from ondemand.scheduler.client import GpuShare, Link, place
 from ondemand.scheduler.owner import Gateway, Owner
+from openai_api.auth import RateLimiter
 from openai_api.concurrency import Claim
 from openai_api.errors import GatewayError
 from openai_api.usage.gpu_time import GpuMeter
@@ -209,3 +210,38 @@ def test_it_refuses_a_gpu_share_out_of_bounds(said: dict[str, Any]) -> None:
     with pytest.raises(wire.WireError):
         gateway.handle({"op": "gpu", "id": "1", **said})
     assert not gateway.held and not gateway.metered
+
+
+async def test_it_tells_every_gateway_when_a_key_nears_its_rate_limit_and_when_it_cools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Arrivals let in by the gateways are told of; at half the limit every gateway hears
+    the key is hot (they ask for each arrival from then on, and past the limit it is 429);
+    once its window is below 40% again, that it is cool."""
+    windows = RateLimiter()
+    monkeypatch.setattr(owner_module, "windows", windows)
+    site = Owner(rebuild_s=0)
+    site.rebuilt.set()
+    one, two = Written(), Written()
+    first = Gateway(site, one, "one")  # type: ignore[arg-type]
+    second = Gateway(site, two, "two")  # type: ignore[arg-type]
+    site.gateways |= {first, second}
+    for n in range(49):
+        (first if n % 2 else second).handle({"op": "rpm_note", "key": 7, "limit": 100})
+    assert one.said == two.said == []
+    first.handle({"op": "rpm_note", "key": 7, "limit": 100})
+    assert one.said == two.said == [{"ev": "rpm", "hot": [7]}]
+    for n in range(51):
+        second.handle({"op": "rpm", "id": str(n), "key": 7, "limit": 100})
+    await asyncio.sleep(0.01)
+    answers = [m for m in two.said if "id" in m]
+    assert [("ok" in m) for m in answers] == [True] * 50 + [False]
+    assert answers[-1]["error"]["status"] == 429
+    window = windows.arrivals[7]
+    for _ in range(62):
+        window.popleft()  # a minute on: 38 arrivals left in the window, 39 with the next
+    second.handle({"op": "rpm", "id": "last", "key": 7, "limit": 100})
+    await asyncio.sleep(0.01)
+    assert one.said[-1] == {"ev": "rpm", "cool": [7]}
+    with pytest.raises(wire.WireError):
+        first.handle({"op": "rpm_note", "key": "7", "limit": 100})

@@ -343,6 +343,24 @@ def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
     assert 1.5 < used()["gpu_seconds"] <= served_s, (used(), served_s)
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("limit", [5, 100])
+def test_it_holds_a_keys_requests_per_minute_for_the_site(
+    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment], limit: int
+) -> None:
+    """`limit` requests a minute, ten more asked from new connections over the four workers:
+    `limit` served, ten refused (each process counting its own let up to four times the limit
+    through where no Redis holds the window). A key of 100 is let in by each worker and told
+    of until half its window is used, then asked of the scheduler each time."""
+    name = f"rated-{limit}"
+    started(make_deployment, name, config=sim())
+    key = api_key(name, requests_per_minute=limit)
+    # Seen with a later key of no limit: every worker's table holds the limited one too.
+    shown(four.url, known(four.url, api_key(f"unlimited-{limit}")), name, "ready")
+    statuses = [ask(four.url, key, name, max_tokens=1)[0] for _ in range(limit + 10)]
+    assert sorted(statuses) == [200] * limit + [429] * 10
+
+
 async def proven(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A link to the owner that proved the site's key, as a gateway's does."""
     reader, writer = await asyncio.open_unix_connection(str(path))

@@ -50,6 +50,12 @@ RETRY_S = 0.1  # between attempts to reach the owner, doubled up to MAX_RETRY_S
 MAX_RETRY_S = 1.0
 CONNECT_S = 2.0  # one attempt's bound
 GPU_END_S = 2.0  # the owner's figure for a request's GPU time, else this process's
+# Rate limits: a key's arrivals are let in here and told of after, without waiting, while
+# its window is below HOT_SHARE of its limit (the owner says when it crosses, and when it is
+# back below COOL_SHARE); near it, and for a limit of ALWAYS_ASK_RPM or less, each is asked.
+HOT_SHARE = 0.5
+COOL_SHARE = 0.4
+ALWAYS_ASK_RPM = 60
 
 
 def unavailable(why: str) -> GatewayError:
@@ -107,6 +113,7 @@ class Link:
         self.down_since: float | None = time.monotonic()
         self.up = asyncio.Event()
         self.runner: asyncio.Task[None] | None = None
+        self.hot: set[int] = set()  # keys near their rate limit, as the owner said
 
     # --- asking ----------------------------------------------------------------------------
 
@@ -177,6 +184,7 @@ class Link:
                 why = repr(exc)
             else:
                 try:
+                    self.hot.clear()  # the new owner says which keys are near their limit
                     announced = await self._greet(reader, writer)
                     self.writer, self.down_since, delay = writer, None, RETRY_S
                     self.up.set()
@@ -235,8 +243,12 @@ class Link:
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while (message := await wire.read(reader)) is not None:
-            ask = self.asks.get(str(message.get("id")))
             event = message.get("ev")
+            if event == "rpm" and "id" not in message:
+                self.hot |= {k for k in message.get("hot", ()) if type(k) is int}
+                self.hot -= {k for k in message.get("cool", ()) if type(k) is int}
+                continue
+            ask = self.asks.get(str(message.get("id")))
             if ask is None:
                 if "ok" in message and event is None:
                     self.release(str(message.get("id")))  # its asker gave up meanwhile
@@ -390,6 +402,20 @@ class GpuShare:
         if isinstance(spent, int | float) and not isinstance(spent, bool) and spent >= 0:
             return float(spent)
         return here
+
+
+async def admitted(to: Link, key_id: int, limit: int) -> bool:
+    """One arrival of the key in the site's window (429 past its limit): asked where the key
+    is near its limit, else let in and told of. False: the link is not up, this process's
+    own window decides."""
+    to._run()
+    if not to.up.is_set():
+        return False
+    if limit > ALWAYS_ASK_RPM and key_id not in to.hot:
+        to._write({"op": "rpm_note", "key": key_id, "limit": limit})
+        return True
+    await to.answer(to.new_ask({"op": "rpm", "key": key_id, "limit": limit}))
+    return True
 
 
 async def status(to: Link, deployment_id: int, state: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from ondemand import registry
 from ondemand.scheduler import client, wire
 from ondemand.state import Slot, View
 from openai_api import access, wait_status
+from openai_api.auth import RateLimiter
 from openai_api.catalog import Adapter, Route, catalog
 from openai_api.concurrency import Claim, limits
 from openai_api.dispatch import dispatcher
@@ -48,8 +49,11 @@ FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often w
 MAX_GREETING = 64  # links at once that have not proved the site's key
 MAX_ASKING = 100_000  # questions under way on one link (a gateway's requests waiting)
 MAX_SHARE = 1024.0  # GPUs one replica may hold, as a gateway says it (a bound, not a rule)
+MAX_RPM = 10**6  # a key's requests per minute, as a gateway says it (its window's bound)
 # The site's GPU time, divided among every gateway's requests on each replica.
 meter = GpuMeter()
+# The site's requests per minute per key, where no Redis holds them (openai_api/rate_limits).
+windows = RateLimiter()
 
 
 class Marks:
@@ -196,7 +200,7 @@ class Gateway:
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))[:32]
-        if op in ("slot", "place", "status", "replica", "adapter"):
+        if op in ("slot", "place", "status", "replica", "adapter", "rpm"):
             if ask_id in self.asking or ask_id in self.held:
                 raise wire.WireError(f"a question id in use: {ask_id!r}")
             if len(self.asking) >= MAX_ASKING:
@@ -207,6 +211,7 @@ class Gateway:
                 "status": self.status,
                 "replica": self.replica,
                 "adapter": self.adapter,
+                "rpm": self.rpm,
             }[op]
             self.asking[ask_id] = asyncio.create_task(self.answer(ask_id, work(ask_id, message)))
         elif op == "cancel":
@@ -217,6 +222,9 @@ class Gateway:
             self.release(ask_id)
         elif op == "gpu":
             self.meter_from(ask_id, message)
+        elif op == "rpm_note":
+            key, limit = rated(message)
+            self.owner.counted(key, limit, windows.note(key, limit))
         elif op == "gpu_end":
             self.held.pop(ask_id, None)
             self.send({"id": ask_id, "ok": {"spent": self.unmetered(ask_id)}})
@@ -300,6 +308,13 @@ class Gateway:
         await runtime_adapters.ensure(route, url)
         return {}, functools.partial(runtime_adapters.release, route, url)
 
+    async def rpm(
+        self, ask_id: str, message: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        key, limit = rated(message)
+        self.owner.counted(key, limit, windows.admit(key, limit))
+        return {}, nothing
+
     async def status(
         self, ask_id: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], Callable[[], None]]:
@@ -334,6 +349,23 @@ class Owner:
         self.rebuilt = asyncio.Event()
         self.gateways: set[Gateway] = set()
         self.greeting = 0  # links that have not proved the key yet
+        self.hot: set[int] = set()  # keys near their rate limit: each arrival is asked
+
+    def counted(self, key: int, limit: int, arrivals: int) -> None:
+        """A key's window after an arrival: the gateways hear when it comes near its limit
+        (they ask for each arrival from then on) and when it is well below again (they
+        let arrivals in and tell of them after, without waiting)."""
+        if arrivals >= limit * client.HOT_SHARE:
+            if key not in self.hot:
+                self.hot.add(key)
+                self.tell({"ev": "rpm", "hot": [key]})
+        elif key in self.hot and arrivals < limit * client.COOL_SHARE:
+            self.hot.discard(key)
+            self.tell({"ev": "rpm", "cool": [key]})
+
+    def tell(self, message: dict[str, Any]) -> None:
+        for gateway in self.gateways:
+            gateway.send(message)
 
     async def run(self, addresses: list[wire.Address], ready: Callable[[], None]) -> None:
         client.owner_here = True  # its own decisions are made here, not asked of itself
@@ -397,6 +429,7 @@ class Owner:
             self.gateways.add(gateway)
             said = wire.proof("owner", nonce, str(hello["nonce"]))
             writer.write(wire.encode({"welcome": True, "proof": said}))
+            writer.write(wire.encode({"ev": "rpm", "hot": sorted(self.hot)}))
             while (message := await wire.read(reader)) is not None:
                 gateway.handle(message)
         except (OSError, TimeoutError, wire.WireError, KeyError, TypeError, ValueError) as exc:
@@ -419,6 +452,14 @@ class Owner:
         if not wire.proves("gateway", nonce, hello.get("nonce"), hello.get("proof")):
             return None, nonce
         return hello, nonce
+
+
+def rated(message: dict[str, Any]) -> tuple[int, int]:
+    """A rate-limited arrival's key and limit as a gateway said them, checked."""
+    key, limit = message.get("key"), message.get("limit")
+    if type(key) is not int or type(limit) is not int or not 0 < limit <= MAX_RPM:
+        raise wire.WireError("a rate limit's key or limit of the wrong type")
+    return key, limit
 
 
 def nothing() -> None:
