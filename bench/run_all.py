@@ -40,7 +40,7 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         "The same trace through the site's scheduler: 4 gateway processes against one,"
         " time compressed (the real owner, link and controller)",
         ["scheduler_site.py"],
-        ["scheduler_site.py", "--hours", "0.25", "--speed", "240", "--gateways", "2"],
+        ["scheduler_site.py", "--hours", "0.1", "--speed", "360", "--gateways", "2"],
     ),
     (
         "The /v1 gateway against the engine and the yardstick under wrk: `make run`'s server"

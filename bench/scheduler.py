@@ -155,10 +155,7 @@ class Host:
         await self.clock.sleep(model.start_s)
         self.account()
         if model.state == "starting":
-            # Idle from its start on, not from its last use before it (the reaper must not
-            # take it between its start and its first grant, on a clock that runs for real).
             model.state, model.ready_at = "ready", self.clock.now()
-            model.last_used = model.ready_at
 
     def unload(self, model: Model) -> None:
         self.account()
@@ -188,10 +185,7 @@ class Host:
         await self.clock.sleep(1.0 + model.gib / rate)
         self.account()
         if model.state == "starting":
-            # Idle from its start on, not from its last use before it (the reaper must not
-            # take it between its start and its first grant, on a clock that runs for real).
             model.state, model.ready_at = "ready", self.clock.now()
-            model.last_used = model.ready_at
 
     def begin(self, model: Model) -> None:
         self.account()
@@ -209,7 +203,10 @@ class Host:
             await self.clock.sleep(15)
             now = self.clock.now()
             for m in self.models.values():
-                if m.state == "ready" and not m.inflight and now - m.last_used >= IDLE_TIMEOUT_S:
+                # Idle since its last use or its start, whichever is later: on a clock that
+                # runs for real the reaper can come between a start and its first grant.
+                idle_s = now - max(m.last_used, m.ready_at)
+                if m.state == "ready" and not m.inflight and idle_s >= IDLE_TIMEOUT_S:
                     self.put_away(m)
                 elif m.state == "asleep" and now - m.asleep_at >= SLEEP_MAX_S:
                     self.unload(m)

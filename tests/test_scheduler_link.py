@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from ondemand.scheduler import client as client_module
 from ondemand.scheduler import owner as owner_module
 from ondemand.scheduler import wire
 from ondemand.scheduler.client import GpuShare, Link, place
@@ -21,6 +23,8 @@ from ondemand.scheduler.owner import Gateway, Owner
 from openai_api.auth import RateLimiter
 from openai_api.concurrency import Claim
 from openai_api.errors import GatewayError
+from openai_api.forwarder import forwarder
+from openai_api.runtime_adapters import RuntimeAdapters
 from openai_api.usage.gpu_time import GpuMeter
 
 CLAIM = Claim(1, "model", 1, None, None, 0)
@@ -124,7 +128,9 @@ async def test_it_refuses_an_address_that_answers_without_the_sites_key(
     await impostor.stop()
 
 
-async def test_it_charges_the_owners_division_of_gpu_time_else_its_own(socket_path: Path) -> None:
+async def test_it_charges_the_owners_division_of_gpu_time_else_its_own(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A request's GPU-seconds are the owner's figure (divided among the site's requests);
     where the link is down when it ends, this process's own, never nothing."""
     owner = StandIn(socket_path)
@@ -136,7 +142,9 @@ async def test_it_charges_the_owners_division_of_gpu_time_else_its_own(socket_pa
     assert await share.spent(9.0) == 0.25
     cut = GpuShare(link, "http://engine", 1.0)
     await owner.stop()
-    await asyncio.sleep(0.05)  # the link sees its owner go
+    # Whether the link has seen its owner go yet (its own figure at once) or asks the dead
+    # one (its own figure once GPU_END_S passed): never nothing.
+    monkeypatch.setattr(client_module, "GPU_END_S", 0.2)
     assert await cut.spent(2.0) == 2.0
 
 
@@ -145,12 +153,22 @@ class Written:
 
     def __init__(self) -> None:
         self.said: list[dict[str, Any]] = []
+        self.heard = asyncio.Event()
 
     def is_closing(self) -> bool:
         return False
 
     def write(self, data: bytes) -> None:
         self.said.append(json.loads(data))
+        self.heard.set()
+
+
+async def heard(said: Written, done: Any) -> None:
+    """Until `done(said.said)` holds: what the owner said on that link."""
+    async with asyncio.timeout(5):
+        while not done(said.said):
+            said.heard.clear()
+            await said.heard.wait()
 
 
 class Clock:
@@ -233,7 +251,7 @@ async def test_it_tells_every_gateway_when_a_key_nears_its_rate_limit_and_when_i
     assert one.said == two.said == [{"ev": "rpm", "hot": [7]}]
     for n in range(51):
         second.handle({"op": "rpm", "id": str(n), "key": 7, "limit": 100})
-    await asyncio.sleep(0.01)
+    await heard(two, lambda said: len([m for m in said if "id" in m]) == 51)
     answers = [m for m in two.said if "id" in m]
     assert [("ok" in m) for m in answers] == [True] * 50 + [False]
     assert answers[-1]["error"]["status"] == 429
@@ -241,7 +259,81 @@ async def test_it_tells_every_gateway_when_a_key_nears_its_rate_limit_and_when_i
     for _ in range(62):
         window.popleft()  # a minute on: 38 arrivals left in the window, 39 with the next
     second.handle({"op": "rpm", "id": "last", "key": 7, "limit": 100})
-    await asyncio.sleep(0.01)
+    await heard(one, lambda said: len(said) == 2)
     assert one.said[-1] == {"ev": "rpm", "cool": [7]}
-    with pytest.raises(wire.WireError):
-        first.handle({"op": "rpm_note", "key": "7", "limit": 100})
+    first.handle({"op": "rpm_note", "key": 8, "limit": 10**9})  # a key made unlimited
+    assert len(windows.arrivals[8]) == 1
+    for wrong in ({"key": "7", "limit": 100}, {"key": 7, "limit": 0}, {"key": 7, "limit": 1.5}):
+        with pytest.raises(wire.WireError):
+            first.handle({"op": "rpm_note", **wrong})
+
+
+class LoraEngine:
+    """A stand-in vLLM engine's adapter endpoints: what it holds, and every unload."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+        self.unloaded: list[str] = []
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": n, "parent": "base", "root": p} for n, p in self.held.items()]
+        return web.json_response({"data": [{"id": "base"}, *data]})
+
+    async def load(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.held[body["lora_name"]] = body["lora_path"]
+        return web.Response(text="ok")
+
+    async def unload(self, request: web.Request) -> web.Response:
+        name = (await request.json())["lora_name"]
+        self.held.pop(name, None)
+        self.unloaded.append(name)
+        return web.Response(text="ok")
+
+
+async def test_it_never_unloads_an_adapter_another_gateway_is_using(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One slot (max_loras 1): gateway one's request uses adapter `a`; gateway two's asks for
+    `b` on the same replica: `b` is loaded beside it, `a` is not taken from under the
+    request (each process judging by its own requests unloaded it). Once neither is used,
+    the least recently used makes room for `c`."""
+    engine = LoraEngine()
+    app = web.Application()
+    app.router.add_get("/v1/models", engine.models)
+    app.router.add_post("/v1/load_lora_adapter", engine.load)
+    app.router.add_post("/v1/unload_lora_adapter", engine.unload)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site_ = web.TCPSite(runner, "127.0.0.1", 0)
+    await site_.start()
+    url = f"http://127.0.0.1:{site_._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    monkeypatch.setattr(owner_module, "runtime_adapters", RuntimeAdapters())
+    site = Owner(rebuild_s=0)
+    site.rebuilt.set()
+    one, two = Written(), Written()
+    first = Gateway(site, one, "one")  # type: ignore[arg-type]
+    second = Gateway(site, two, "two")  # type: ignore[arg-type]
+
+    def asked(name: str) -> dict[str, Any]:
+        adapter = {"base": "base", "runtime": True, "path": f"/loras/{name}", "slots": 1}
+        route = {"name": name, "idle_timeout_s": 600, "adapter": adapter}
+        return {"op": "adapter", "id": name, "route": route, "url": url}
+
+    async def answered(said: Written, name: str) -> None:
+        await heard(said, lambda messages: any(m.get("id") == name for m in messages))
+
+    try:
+        first.handle(asked("a"))
+        await answered(one, "a")
+        second.handle(asked("b"))
+        await answered(two, "b")
+        assert set(engine.held) == {"a", "b"} and engine.unloaded == []
+        first.handle({"op": "release", "id": "a"})
+        second.handle({"op": "release", "id": "b"})
+        first.handle(asked("c"))
+        await answered(one, "c")
+        assert "c" in engine.held and engine.unloaded and engine.unloaded[0] in ("a", "b")
+    finally:
+        await forwarder.retire(set())
+        await runner.cleanup()

@@ -1,7 +1,8 @@
 """One scheduler per site (ondemand/scheduler/): `serve --workers 4`, four gateway processes on
-one port as a real host runs them, obeys one queue, one set of limits and one memory budget.
-Each test reaches the workers from new connections, so the kernel spreads them; the engines'
-own counts say what ran. The owner and a worker are killed mid-load; a gateway that cannot
+one port as a real host runs them, obeys one queue, one set of limits and one memory budget,
+as `serve --workers 1` does (each test of the site's behaviour runs against both). Each test
+reaches the workers from new connections, so the kernel spreads them; the engines' own
+counts say what ran. The owner and a worker are killed mid-load; a gateway that cannot
 reach the owner answers a retryable 503; a link without the site's key is refused."""
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Site:
     run_dir: Path
     log: Path
     began: float
+    workers: int
 
     @property
     def socket(self) -> Path:
@@ -69,10 +71,18 @@ class Site:
         time.sleep(max(0.0, self.began + LIVED_S - time.monotonic()))
 
 
-@pytest.fixture(scope="module")
-def four(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -> Iterator[Site]:
-    """`serve --workers 4` on the tests' database, for the module: 17 GiB of memory."""
-    folder = tmp_path_factory.mktemp("four")
+@pytest.fixture(scope="module", params=[4, 1], ids=["workers-4", "workers-1"])
+def served(
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    django_db_blocker: Any,
+    tmp_path_factory: Any,
+) -> Iterator[Site]:
+    """`serve --workers 4` on the tests' database, for the module: 17 GiB of memory; then
+    the same tests against `serve --workers 1` (a lone worker is its own scheduler: the
+    behaviour is the site's either way). Tests of the scheduler's own process skip it."""
+    workers: int = request.param
+    folder = tmp_path_factory.mktemp(f"workers-{workers}")
     # A Unix socket's path is short (108 bytes): pytest's folders can be longer.
     run_dir = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))
     port = free_port("127.0.0.1")
@@ -89,7 +99,7 @@ def four(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -
             MSHIP_USAGE_FLUSH_S="0.2",
         )
         serve = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "4"],
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers)],
             cwd=REPO,
             env=env,
             stdout=log.open("wb"),
@@ -97,14 +107,27 @@ def four(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -
         )
         began = time.monotonic()
         url = f"http://127.0.0.1:{port}"
-        site = Site(url, serve, run_dir, log, began)
+        site = Site(url, serve, run_dir, log, began, workers)
+
+        def up() -> bool:
+            return answers(url + "/health") and (workers == 1 or site.socket.exists())
+
         try:
-            wait_until(lambda: answers(url + "/health") and site.socket.exists(), 120)
-            assert len(site.children("modelship_site.server")) == 4
+            wait_until(up, 120)
+            if workers > 1:
+                assert len(site.children("modelship_site.server")) == workers
             yield site
         finally:
             serve.terminate()
             serve.wait(60)
+
+
+@pytest.fixture
+def four(served: Site) -> Site:
+    """The site of several workers, for the tests of the scheduler's own process."""
+    if served.workers == 1:
+        pytest.skip("a lone worker has no scheduler process, link or socket")
+    return served
 
 
 def known(url: str, key: str) -> str:
@@ -186,7 +209,7 @@ def started(make: Callable[..., Deployment], name: str, **fields: Any) -> Deploy
 
 @pytest.mark.heavy
 def test_it_swaps_two_models_from_new_connections_within_a_start(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     """Two 10 GiB models, 17 GiB: each request swaps one out for the other. Each process's
     own make-room waited out another's lease (630 s by default): every swap now takes about
@@ -199,11 +222,11 @@ def test_it_swaps_two_models_from_new_connections_within_a_start(
             memory_gib=10.0,
             config=sim(startup_delay_s=1, reply=name),
         )
-    key = known(four.url, api_key())
-    shown(four.url, key, "right")
-    first, cold_s = ask(four.url, key, "left")
+    key = known(served.url, api_key())
+    shown(served.url, key, "right")
+    first, cold_s = ask(served.url, key, "left")
     assert first == 200
-    swaps = [ask(four.url, key, name) for name in ("right", "left") * 3]
+    swaps = [ask(served.url, key, name) for name in ("right", "left") * 3]
     assert [status for status, _ in swaps] == [200] * 6
     # A swap is a stop and a start; two cores are shared with the suite's other worker.
     assert max(seconds for _, seconds in swaps) < cold_s + 5, (cold_s, swaps)
@@ -214,13 +237,13 @@ def test_it_swaps_two_models_from_new_connections_within_a_start(
 
 
 @pytest.mark.heavy
-def test_it_runs_no_more_than_max_concurrency_across_four_workers(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+def test_it_runs_no_more_than_max_concurrency_across_the_workers(
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     capped = started(make_deployment, "capped", max_concurrency=2, config=sim(tokens_per_second=40))
-    key = known(four.url, api_key())
-    shown(four.url, key, "capped", "ready")
-    done = finished(streams(four.url, key, "capped", 12, max_tokens=20))
+    key = known(served.url, api_key())
+    shown(served.url, key, "capped", "ready")
+    done = finished(streams(served.url, key, "capped", 12, max_tokens=20))
     assert done == [(200, True)] * 12
     stats = engine_stats(capped)
     assert stats["served"] >= 12
@@ -229,35 +252,35 @@ def test_it_runs_no_more_than_max_concurrency_across_four_workers(
 
 @pytest.mark.heavy
 def test_it_backs_off_a_failed_start_once_for_the_site(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     broken = make_deployment(
         "broken", mode="on_demand", idle_timeout_s=600, config=sim(fail_at_start=True)
     )
-    key = known(four.url, api_key())
-    shown(four.url, key, "broken")
-    answers_ = [ask(four.url, key, "broken")[0] for _ in range(8)]
+    key = known(served.url, api_key())
+    shown(served.url, key, "broken")
+    answers_ = [ask(served.url, key, "broken")[0] for _ in range(8)]
     assert answers_ == [503] * 8
     starts = DeploymentEvent.objects.filter(deployment=broken, kind=State.STARTING)
-    assert starts.count() == 1  # per process, up to once in each of the four
+    assert starts.count() == 1  # per process, up to once in each of the served
 
 
 @pytest.mark.heavy
 def test_it_shows_the_sites_counts_on_the_api_whichever_process_answers(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     slow = make_deployment(
         "slow", mode="on_demand", idle_timeout_s=600, config=sim(tokens_per_second=5)
     )
-    key = known(four.url, api_key())
-    shown(four.url, key, "slow")
-    running = streams(four.url, key, "slow", 2, max_tokens=40)
+    key = known(served.url, api_key())
+    shown(served.url, key, "slow")
+    running = streams(served.url, key, "slow", 2, max_tokens=40)
     token = issue_token(User.objects.create_superuser("ops", "ops@example.com", "pw-123456"))
 
     def counted() -> bool:
         for _ in range(6):  # new connections, spread over the workers
             answer = httpx.get(
-                f"{four.url}/api/deployments/{slow.pk}/",
+                f"{served.url}/api/deployments/{slow.pk}/",
                 headers={"authorization": f"Token {token}"},
             )
             if answer.json()["ondemand"]["inflight"] != 2:
@@ -270,15 +293,15 @@ def test_it_shows_the_sites_counts_on_the_api_whichever_process_answers(
 
 @pytest.mark.heavy
 def test_it_weighs_the_sites_outstanding_requests_when_it_picks_a_replica(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     """One prompt, two replicas: its prefix's replica takes it until the load bound, counted
     over every worker's requests, spills to the other (each worker counting its own sent
-    all four to the first)."""
+    all served to the first)."""
     pair = started(make_deployment, "pair", num_replicas=2, config=sim(tokens_per_second=10))
-    key = known(four.url, api_key())
-    shown(four.url, key, "pair", "ready")
-    held = streams(four.url, key, "pair", 4, max_tokens=30)
+    key = known(served.url, api_key())
+    shown(served.url, key, "pair", "ready")
+    held = streams(served.url, key, "pair", 4, max_tokens=30)
     assert finished(held) == [(200, True)] * 4
     pair.refresh_from_db()
     peaks = sorted(httpx.get(url + "/sim/stats").json()["peak_running"] for url in pair.engine_urls)
@@ -288,7 +311,7 @@ def test_it_weighs_the_sites_outstanding_requests_when_it_picks_a_replica(
 
 @pytest.mark.heavy
 def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     """A long answer from one model on one connection; the other model, which needs its
     memory, asked on others (any worker): it waits for the answer to end, then swaps in.
@@ -301,13 +324,13 @@ def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
             memory_gib=10.0,
             config=sim(startup_delay_s=0.2, tokens_per_second=rate),
         )
-    key = known(four.url, api_key())
-    shown(four.url, key, "other")
-    assert ask(four.url, key, "long", max_tokens=1)[0] == 200  # loaded: no start in the way
-    answer = streams(four.url, key, "long", 1, max_tokens=40)  # four seconds of tokens
+    key = known(served.url, api_key())
+    shown(served.url, key, "other")
+    assert ask(served.url, key, "long", max_tokens=1)[0] == 200  # loaded: no start in the way
+    answer = streams(served.url, key, "long", 1, max_tokens=40)  # served seconds of tokens
     long = Deployment.objects.get(name="long")
     wait_until(lambda: engine_stats(long)["running"] == 1, 10)
-    asked = [ask(four.url, key, "other", max_tokens=2) for _ in range(3)]
+    asked = [ask(served.url, key, "other", max_tokens=2) for _ in range(3)]
     assert [status for status, _ in asked] == [200] * 3
     assert finished(answer) == [(200, True)]  # whole: its engine ran to its last token
     stopped = DeploymentEvent.objects.filter(
@@ -318,17 +341,17 @@ def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
 
 @pytest.mark.heavy
 def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     """Eight streams at once on one GPU, from new connections spread over the workers: each
-    process divided the GPU's time among its own requests, so the sum reached up to four
+    process divided the GPU's time among its own requests, so the sum reached up to served
     times what the GPU served; the owner's one meter divides among the site's."""
     gpu = started(make_deployment, "gpu", num_gpus=1, config=sim(tokens_per_second=20))
-    secret = known(four.url, api_key("metered"))
-    shown(four.url, secret, "gpu", "ready")
+    secret = known(served.url, api_key("metered"))
+    shown(served.url, secret, "gpu", "ready")
     key = ApiKey.objects.get(name="metered")
     began = time.monotonic()
-    done = finished(streams(four.url, secret, "gpu", 8, max_tokens=40))  # 2 s each
+    done = finished(streams(served.url, secret, "gpu", 8, max_tokens=40))  # 2 s each
     served_s = time.monotonic() - began
     assert done == [(200, True)] * 8
 
@@ -346,18 +369,21 @@ def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
 @pytest.mark.heavy
 @pytest.mark.parametrize("limit", [5, 100])
 def test_it_holds_a_keys_requests_per_minute_for_the_site(
-    four: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment], limit: int
+    served: Site,
+    api_key: Callable[..., str],
+    make_deployment: Callable[..., Deployment],
+    limit: int,
 ) -> None:
-    """`limit` requests a minute, ten more asked from new connections over the four workers:
-    `limit` served, ten refused (each process counting its own let up to four times the limit
+    """`limit` requests a minute, ten more asked from new connections over the workers:
+    `limit` served, ten refused (each process counting its own let up to served times the limit
     through where no Redis holds the window). A key of 100 is let in by each worker and told
     of until half its window is used, then asked of the scheduler each time."""
     name = f"rated-{limit}"
     started(make_deployment, name, config=sim())
     key = api_key(name, requests_per_minute=limit)
     # Seen with a later key of no limit: every worker's table holds the limited one too.
-    shown(four.url, known(four.url, api_key(f"unlimited-{limit}")), name, "ready")
-    statuses = [ask(four.url, key, name, max_tokens=1)[0] for _ in range(limit + 10)]
+    shown(served.url, known(served.url, api_key(f"unlimited-{limit}")), name, "ready")
+    statuses = [ask(served.url, key, name, max_tokens=1)[0] for _ in range(limit + 10)]
     assert sorted(statuses) == [200] * limit + [429] * 10
 
 
@@ -369,6 +395,7 @@ async def proven(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
     hello = {"op": "hello", "gateway": "test", "holding": [], "nonce": mine}
     writer.write(wire.encode({**hello, "proof": wire.proof("gateway", owners, mine)}))
     assert (await wire.read(reader) or {}).get("welcome") is True
+    assert (await wire.read(reader) or {}).get("ev") == "rpm"  # the keys near their limit
     return reader, writer
 
 
@@ -473,6 +500,7 @@ def test_it_refuses_a_link_that_does_not_prove_the_sites_key(four: Site) -> None
                 return None
             # The owner proves the key too, over both nonces.
             assert wire.proves("owner", challenge["nonce"], mine, said["proof"])
+            assert (await wire.read(reader) or {}).get("ev") == "rpm"  # keys near their limit
             writer.write(wire.encode({"op": "status", "id": "1", "deployment": 1}))
             return await wire.read(reader)
         finally:
