@@ -203,8 +203,7 @@ class Host:
             await self.clock.sleep(15)
             now = self.clock.now()
             for m in self.models.values():
-                # Idle since its last use or its start, whichever is later: on a clock that
-                # runs for real the reaper can come between a start and its first grant.
+                # From its start too: on a real clock a sweep can come before its first grant.
                 idle_s = now - max(m.last_used, m.ready_at)
                 if m.state == "ready" and not m.inflight and idle_s >= IDLE_TIMEOUT_S:
                     self.put_away(m)

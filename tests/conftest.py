@@ -44,7 +44,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "tests.parallel_env" not in sys.mod
         "run the suite on several workers with -p tests.parallel_env (each its own site): make test"
     )
 # Fixtures every test file may use: the in-process gateway and a key, the Docker Engine, a
-# served Modelship, a local Ray cluster.
+# served Modelship, a local Ray cluster, a site of several gateway processes.
 pytest_plugins = [
     "tests.gateway_support",
     "tests.docker_support",
@@ -52,6 +52,7 @@ pytest_plugins = [
     "tests.live_support",
     "tests.store_support",
     "tests.ray_support",
+    "tests.site_support",
 ]
 
 

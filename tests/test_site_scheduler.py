@@ -18,8 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -29,7 +27,6 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import Sum
 
-from deployments import deployer
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
@@ -37,174 +34,26 @@ from ondemand.scheduler import wire
 from openai_api.models import ApiKey
 from openai_api.usage.models import UsageMinute
 from tests.conftest import REPO, answers, env_for_subprocess, sim, wait_until
+from tests.site_support import (
+    HI,
+    Site,
+    ask,
+    engine_stats,
+    finished,
+    known,
+    proven,
+    shown,
+    started,
+    streams,
+    ten_gib_on_demand,
+    worker_serving,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
-HI = [{"role": "user", "content": "hi"}]
-# A worker or the owner that dies sooner after its start stops Modelship (serve's rule):
-# the tests that kill one wait until both have lived longer.
-LIVED_S = 11.0
-
-
-@dataclass
-class Site:
-    url: str
-    serve: subprocess.Popen[bytes]
-    run_dir: Path
-    log: Path
-    began: float
-    workers: int
-
-    @property
-    def socket(self) -> Path:
-        return self.run_dir / "scheduler.sock"
-
-    def children(self, pattern: str) -> list[int]:
-        found = subprocess.run(
-            ["pgrep", "-P", str(self.serve.pid), "-f", pattern], capture_output=True, text=True
-        )
-        return [int(pid) for pid in found.stdout.split()]
-
-    def lived(self) -> None:
-        time.sleep(max(0.0, self.began + LIVED_S - time.monotonic()))
-
-
-@pytest.fixture(scope="module", params=[4, 1], ids=["workers-4", "workers-1"])
-def served(
-    request: pytest.FixtureRequest,
-    django_db_setup: None,
-    django_db_blocker: Any,
-    tmp_path_factory: Any,
-) -> Iterator[Site]:
-    """`serve --workers 4` on the tests' database, for the module: 17 GiB of memory; then
-    the same tests against `serve --workers 1` (a lone worker is its own scheduler: the
-    behaviour is the site's either way). Tests of the scheduler's own process skip it."""
-    workers: int = request.param
-    folder = tmp_path_factory.mktemp(f"workers-{workers}")
-    # A Unix socket's path is short (108 bytes): pytest's folders can be longer.
-    run_dir = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))
-    port = free_port("127.0.0.1")
-    log = folder / "serve.log"
-    with django_db_blocker.unblock():
-        env = env_for_subprocess(
-            MSHIP_VAR_DIR=str(folder / "var"),
-            MSHIP_RUN_DIR=str(run_dir),
-            MSHIP_MEMORY_CAPACITY_GIB="17",
-            MSHIP_ROUTE_REFRESH_S="0.05",
-            MSHIP_SECRET_KEY=settings.SECRET_KEY,
-            MSHIP_SCHEDULER_REBUILD_S="1",
-            MSHIP_STOP_GRACE_S="2",
-            MSHIP_USAGE_FLUSH_S="0.2",
-        )
-        serve = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers)],
-            cwd=REPO,
-            env=env,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        began = time.monotonic()
-        url = f"http://127.0.0.1:{port}"
-        site = Site(url, serve, run_dir, log, began, workers)
-
-        def up() -> bool:
-            return answers(url + "/health") and (workers == 1 or site.socket.exists())
-
-        try:
-            wait_until(up, 120)
-            if workers > 1:
-                assert len(site.children("modelship_site.server")) == workers
-            yield site
-        finally:
-            serve.terminate()
-            serve.wait(60)
-
-
-@pytest.fixture
-def four(served: Site) -> Site:
-    """The site of several workers, for the tests of the scheduler's own process."""
-    if served.workers == 1:
-        pytest.skip("a lone worker has no scheduler process, link or socket")
-    return served
-
-
-def known(url: str, key: str) -> str:
-    headers = {"authorization": f"Bearer {key}"}
-    wait_until(lambda: httpx.get(url + "/v1/models", headers=headers).status_code != 401, 10)
-    return key
-
-
-def shown(url: str, key: str, name: str, state: str | None = None) -> None:
-    """Wait until every worker's route table has the deployment (in `state`)."""
-
-    def listed() -> bool:
-        for _ in range(8):  # new connections: the kernel spreads them over the workers
-            answer = httpx.get(
-                f"{url}/v1/models/{name}/status", headers={"authorization": f"Bearer {key}"}
-            )
-            if answer.status_code != 200 or (state and answer.json()["state"] != state):
-                return False
-        return True
-
-    wait_until(listed, 15)
-
-
-def ask(url: str, key: str, model: str, timeout: float = 120, **body: Any) -> tuple[int, float]:
-    """One chat request from a new connection: its status and seconds."""
-    began = time.monotonic()
-    with httpx.Client(timeout=timeout) as client:
-        answer = client.post(
-            url + "/v1/chat/completions",
-            json={"model": model, "messages": HI, **body},
-            headers={"authorization": f"Bearer {key}"},
-        )
-    return answer.status_code, time.monotonic() - began
-
-
-def streams(url: str, key: str, model: str, count: int, **body: Any) -> list[threading.Thread]:
-    """`count` streaming requests at once, each from its own connection; their statuses
-    (and whether each ended with [DONE]) go into `done` on the returned threads."""
-    done: list[tuple[int, bool]] = []
-
-    def one() -> None:
-        with (
-            httpx.Client(timeout=120) as client,
-            client.stream(
-                "POST",
-                url + "/v1/chat/completions",
-                json={"model": model, "messages": HI, "stream": True, **body},
-                headers={"authorization": f"Bearer {key}"},
-            ) as answer,
-        ):
-            lines = [line for line in answer.iter_lines() if line]
-            done.append((answer.status_code, bool(lines) and lines[-1] == "data: [DONE]"))
-
-    threads = [threading.Thread(target=one) for _ in range(count)]
-    for thread in threads:
-        thread.done = done  # type: ignore[attr-defined]
-        thread.start()
-    return threads
-
-
-def finished(threads: list[threading.Thread]) -> list[tuple[int, bool]]:
-    for thread in threads:
-        thread.join(180)
-    return list(threads[0].done)  # type: ignore[attr-defined]
-
-
-def engine_stats(deployment: Deployment) -> dict[str, Any]:
-    deployment.refresh_from_db()
-    return dict(httpx.get(deployment.engine_urls[0] + "/sim/stats").json())
-
-
-def started(make: Callable[..., Deployment], name: str, **fields: Any) -> Deployment:
-    deployment = make(name, **fields)
-    deployer.restart(deployment.pk)
-    deployment.refresh_from_db()
-    assert deployment.state == State.READY, deployment.state_reason
-    return deployment
 
 
 @pytest.mark.heavy
@@ -214,14 +63,9 @@ def test_it_swaps_two_models_from_new_connections_within_a_start(
     """Two 10 GiB models, 17 GiB: each request swaps one out for the other. Each process's
     own make-room waited out another's lease (630 s by default): every swap now takes about
     one engine start, whichever worker takes it."""
-    for name in ("left", "right"):
-        make_deployment(
-            name,
-            mode="on_demand",
-            idle_timeout_s=600,
-            memory_gib=10.0,
-            config=sim(startup_delay_s=1, reply=name),
-        )
+    ten_gib_on_demand(
+        make_deployment, {name: sim(startup_delay_s=1, reply=name) for name in ("left", "right")}
+    )
     key = known(served.url, api_key())
     shown(served.url, key, "right")
     first, cold_s = ask(served.url, key, "left")
@@ -262,7 +106,7 @@ def test_it_backs_off_a_failed_start_once_for_the_site(
     answers_ = [ask(served.url, key, "broken")[0] for _ in range(8)]
     assert answers_ == [503] * 8
     starts = DeploymentEvent.objects.filter(deployment=broken, kind=State.STARTING)
-    assert starts.count() == 1  # per process, up to once in each of the served
+    assert starts.count() == 1  # per process, up to once in each of the four
 
 
 @pytest.mark.heavy
@@ -297,7 +141,7 @@ def test_it_weighs_the_sites_outstanding_requests_when_it_picks_a_replica(
 ) -> None:
     """One prompt, two replicas: its prefix's replica takes it until the load bound, counted
     over every worker's requests, spills to the other (each worker counting its own sent
-    all served to the first)."""
+    all four to the first)."""
     pair = started(make_deployment, "pair", num_replicas=2, config=sim(tokens_per_second=10))
     key = known(served.url, api_key())
     shown(served.url, key, "pair", "ready")
@@ -316,18 +160,15 @@ def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
     """A long answer from one model on one connection; the other model, which needs its
     memory, asked on others (any worker): it waits for the answer to end, then swaps in.
     A process judging by its own slots stopped the engine under the other's stream."""
-    for name, rate in (("long", 10), ("other", 100)):
-        make_deployment(
-            name,
-            mode="on_demand",
-            idle_timeout_s=600,
-            memory_gib=10.0,
-            config=sim(startup_delay_s=0.2, tokens_per_second=rate),
-        )
+    rates = {"long": 10, "other": 100}
+    ten_gib_on_demand(
+        make_deployment,
+        {name: sim(startup_delay_s=0.2, tokens_per_second=rate) for name, rate in rates.items()},
+    )
     key = known(served.url, api_key())
     shown(served.url, key, "other")
     assert ask(served.url, key, "long", max_tokens=1)[0] == 200  # loaded: no start in the way
-    answer = streams(served.url, key, "long", 1, max_tokens=40)  # served seconds of tokens
+    answer = streams(served.url, key, "long", 1, max_tokens=40)  # four seconds of tokens
     long = Deployment.objects.get(name="long")
     wait_until(lambda: engine_stats(long)["running"] == 1, 10)
     asked = [ask(served.url, key, "other", max_tokens=2) for _ in range(3)]
@@ -344,7 +185,7 @@ def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
     served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:
     """Eight streams at once on one GPU, from new connections spread over the workers: each
-    process divided the GPU's time among its own requests, so the sum reached up to served
+    process divided the GPU's time among its own requests, so the sum reached up to four
     times what the GPU served; the owner's one meter divides among the site's."""
     gpu = started(make_deployment, "gpu", num_gpus=1, config=sim(tokens_per_second=20))
     secret = known(served.url, api_key("metered"))
@@ -375,7 +216,7 @@ def test_it_holds_a_keys_requests_per_minute_for_the_site(
     limit: int,
 ) -> None:
     """`limit` requests a minute, ten more asked from new connections over the workers:
-    `limit` served, ten refused (each process counting its own let up to served times the limit
+    `limit` served, ten refused (each process counting its own let up to four times the limit
     through where no Redis holds the window). A key of 100 is let in by each worker and told
     of until half its window is used, then asked of the scheduler each time."""
     name = f"rated-{limit}"
@@ -385,36 +226,6 @@ def test_it_holds_a_keys_requests_per_minute_for_the_site(
     shown(served.url, known(served.url, api_key(f"unlimited-{limit}")), name, "ready")
     statuses = [ask(served.url, key, name, max_tokens=1)[0] for _ in range(limit + 10)]
     assert sorted(statuses) == [200] * limit + [429] * 10
-
-
-async def proven(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A link to the owner that proved the site's key, as a gateway's does."""
-    reader, writer = await asyncio.open_unix_connection(str(path))
-    owners = (await wire.read(reader) or {})["nonce"]
-    mine = wire.fresh_nonce()
-    hello = {"op": "hello", "gateway": "test", "holding": [], "nonce": mine}
-    writer.write(wire.encode({**hello, "proof": wire.proof("gateway", owners, mine)}))
-    assert (await wire.read(reader) or {}).get("welcome") is True
-    assert (await wire.read(reader) or {}).get("ev") == "rpm"  # the keys near their limit
-    return reader, writer
-
-
-def worker_serving(site: Site, client: socket.socket) -> int:
-    """The worker whose socket is the server's end of the client's connection."""
-    mine = client.getsockname()[1]
-    server_port = client.getpeername()[1]
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote = fields[1], fields[2]
-        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == mine:
-            inodes.add(fields[9])
-    for pid in site.children("modelship_site.server"):
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                if os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes:
-                    return pid
-    raise AssertionError("no worker holds the connection")
 
 
 @pytest.mark.heavy
