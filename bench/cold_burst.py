@@ -166,9 +166,10 @@ def main() -> None:
             }
             time.sleep(1.0)  # the gauges of the last streams' ends
             left = counters(base)
-            # The same burst straight to the engine now running: its own share of the waits.
-            engine = running.engine_url
-            at_engine = asyncio.run(burst(engine + "/v1/chat/completions", "", args.clients))
+            # The same burst straight to the engine now running (with its own secret): its
+            # own share of the waits.
+            engine, secret = running.engine_url, running.runtime_handle["replicas"][0]["secret"]
+            at_engine = asyncio.run(burst(engine + "/v1/chat/completions", secret, args.clients))
         finally:
             deployer.stop(deployment.pk)  # the engine the gateway started ends with the run
             server.terminate()

@@ -192,11 +192,12 @@ def main() -> None:
 def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> None:
     """Tokens per second of one long stream: straight to the engine, through /v1's chat
     completions, and through /v1/responses (translated onto the engine's chat)."""
-    from deployments import deployer  # noqa: PLC0415 - after setup_django()
+    from deployments import deployer, engine_secrets  # noqa: PLC0415 - after setup_django()
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
 
     deployer.restart(pk)
-    engine = Deployment.objects.get(pk=pk).engine_url
+    running = Deployment.objects.get(pk=pk)
+    engine = running.engine_url
     time.sleep(1.0)  # the gateway sees it ready
     body = {**CHAT, "model": "cold", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     body["stream_options"] = {"include_usage": True}
@@ -211,7 +212,8 @@ def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> 
         "store": False,
     }
     rates: dict[str, list[float]] = {name: [] for name in ROWS}
-    direct_client = httpx.Client(timeout=120)
+    # Straight to the engine as the gateway calls it: with its own secret.
+    direct_client = httpx.Client(timeout=120, auth=engine_secrets.auth(running))
     calls = {
         "direct": (direct_client, engine + "/v1/chat/completions", body),
         "/v1": (v1, base + "/v1/chat/completions", body),

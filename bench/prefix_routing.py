@@ -70,11 +70,12 @@ def system_prompt(tenant: int, words: int) -> str:
     return " ".join(text)
 
 
-def computed(urls: list[str]) -> float:
-    """Prompt tokens the engines have computed so far (their prefix cache's hits excluded)."""
+def computed(urls: list[str], auth: httpx.Auth) -> float:
+    """Prompt tokens the engines have computed so far (their prefix cache's hits excluded);
+    `auth`: their secrets (llama.cpp's /metrics asks for them)."""
     total = 0.0
     for url in urls:
-        found = PROMPT_TOKENS.search(httpx.get(url + "/metrics", timeout=10).text)
+        found = PROMPT_TOKENS.search(httpx.get(url + "/metrics", timeout=10, auth=auth).text)
         total += float(found.group(1)) if found else 0.0
     return total
 
@@ -133,13 +134,14 @@ def converse(
 def run_policy(
     policy: str, args: argparse.Namespace, pk: int, key: str, env: dict[str, str]
 ) -> dict[str, Any]:
-    from deployments import deployer  # noqa: PLC0415 - after setup_django()
+    from deployments import deployer, engine_secrets  # noqa: PLC0415 - after setup_django()
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
     from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
     deployer.stop(pk)  # new engine processes: no cache carried over from the last policy
     deployer.restart(pk)
-    urls = list(Deployment.objects.get(pk=pk).engine_urls)
+    row = Deployment.objects.get(pk=pk)
+    urls, auth = list(row.engine_urls), engine_secrets.auth(row)
     port = free_port("127.0.0.1")
     server = subprocess.Popen(
         [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
@@ -149,7 +151,7 @@ def run_policy(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_up(base + "/health")
-        before = computed(urls)
+        before = computed(urls, auth)
         results: list[dict[str, Any]] = []
         systems = [system_prompt(t, args.system_words) for t in range(args.tenants)]
         threads = [
@@ -165,7 +167,7 @@ def run_policy(
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - began
-        after = computed(urls)
+        after = computed(urls, auth)
     finally:
         server.terminate()
         server.wait()

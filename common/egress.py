@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from common.networks import Network, networks
+from common.networks import Network, bridge_gateways, in_container, networks
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,8 +50,8 @@ class Policy:
     allowed_networks: tuple[Network, ...]
     engine_networks: tuple[Network, ...]
     require_https: bool
-    # This host's own addresses (its interfaces: a Docker bridge's gateway is the host), where
-    # services bound to every address answer.
+    # This host's own addresses (its interfaces; in a container, the Docker bridge gateways
+    # that lead to its host), where services bound to every address answer.
     own_addresses: frozenset[Address] = frozenset()
 
     @property
@@ -95,7 +95,10 @@ class Policy:
         if any(ip in network for network in self.engine_networks):
             return "it is one of Modelship's engines (MSHIP_MCP_ALLOWED_HOSTS can name it)"
         if ip in self.own_addresses:
-            return "it is this host's own address (MSHIP_MCP_ALLOWED_HOSTS can name it)"
+            return (
+                "it is this host's own address or a Docker bridge gateway to it"
+                " (MSHIP_MCP_ALLOWED_HOSTS can name it)"
+            )
         return None
 
 
@@ -109,17 +112,35 @@ async def resolve(host: str, port: int) -> list[Address]:
     return [normalise(str(info[4][0])) for info in found]
 
 
-_own: tuple[float, frozenset[Address]] = (float("-inf"), frozenset())
+# Linux's tables of this host's addresses and routes (a test points them at its own).
+TABLES = {
+    "fib": "/proc/net/fib_trie",
+    "inet6": "/proc/net/if_inet6",
+    "route": "/proc/net/route",
+    "route6": "/proc/net/ipv6_route",
+}
+_own: dict[tuple[object, ...], tuple[float, frozenset[Address]]] = {}
 
 
-def own_addresses(
-    fib: str = "/proc/net/fib_trie", inet6: str = "/proc/net/if_inet6"
-) -> frozenset[Address]:
-    """This host's interface addresses (Linux's tables; none elsewhere), read again at most
-    once a minute."""
-    global _own
-    if time.monotonic() - _own[0] < 60:
-        return _own[1]
+def own_addresses() -> frozenset[Address]:
+    """The addresses that are this host: its interfaces' (Linux's tables; none elsewhere)
+    and, in a container, the Docker bridge gateways that lead to the host it runs on
+    (common/networks.bridge_gateways), where the host's services bound to every address
+    answer as they do on loopback. Read again at most once a minute."""
+    container = in_container()
+    key = (*TABLES.values(), container)
+    at, found = _own.get(key, (float("-inf"), frozenset()))
+    if time.monotonic() - at < 60:
+        return found
+    found = interface_addresses(TABLES["fib"], TABLES["inet6"])
+    if container:
+        found |= bridge_gateways(TABLES["route"], TABLES["route6"])
+    _own.clear()  # one entry: the tables in use
+    _own[key] = (time.monotonic(), found)
+    return found
+
+
+def interface_addresses(fib: str, inet6: str) -> frozenset[Address]:
     found: set[Address] = set()
     try:
         last = ""
@@ -133,8 +154,7 @@ def own_addresses(
             found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
     except (OSError, ValueError, IndexError):
         pass
-    _own = (time.monotonic(), frozenset(found))
-    return _own[1]
+    return frozenset(found)
 
 
 def resolve_now(host: str, port: int) -> list[Address]:

@@ -58,17 +58,23 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-# A URL's user information (`redis://:pw@host`, `http://user:pass@ray:8265`) and its
-# secret-named query parameters (`?token=…`), wherever a URL appears in a text: an
-# address a setting names, or an error message quoting it.
-URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@?#]+@")
+# A URL's user information (`redis://:pw@host`, `http://user:pass@ray:8265`, up to its last
+# `@`: a password may hold one) and its secret-named query parameters (`?token=…`,
+# `?access_token=…`, a signed URL's `?sig=…` or `X-Amz-Signature=…`), wherever a URL
+# appears in a text: an address a setting names, a pull's source, an error quoting it.
+URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s?#]+@")
 URL_PARAM = re.compile(r"(?P<lead>[?&](?P<name>[^=&#\s]+)=)[^&#\s]+")
-URL_SECRET_PARAMS = frozenset({"key", "sig", "signature", "code"})
+# Whole names, or a name's last word (`X-Amz-Signature`, `X-Goog-Signature`, `hf_key`).
+URL_SECRET_PARAMS = frozenset(
+    {"key", "sig", "signature", "code", "jwt", "sas", "pwd", "pass", "session", "sessionid"}
+)
+NAME_WORDS = re.compile(r"[_.-]")
 
 
 def _masked_param(match: re.Match[str]) -> str:
     name = match["name"]
-    if SECRET_NAME.search(name) or name.lower() in URL_SECRET_PARAMS:
+    last = NAME_WORDS.split(name.lower())[-1]
+    if SECRET_NAME.search(name) or name.lower() in URL_SECRET_PARAMS or last in URL_SECRET_PARAMS:
         return f"{match['lead']}{MASK}"
     return match[0]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.redact import redact
+from common.redact import redact, redact_urls
 from common.request_id import current_request_id
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
 
@@ -36,10 +36,11 @@ def record(
         action=action,
         deployment=deployment if deployment is not None and deployment.pk else None,
         object_repr=object_repr if object_repr is not None else str(deployment or ""),
-        # Environment values, tokens and secret-named options never reach an audit row.
-        before=redact(before),
-        after=redact(after),
-        text=text,
+        # Environment values, tokens, secret-named options and URLs' credentials
+        # (user:password@, ?token=: a pull's source) never reach an audit row.
+        before=redact_urls(redact(before)),
+        after=redact_urls(redact(after)),
+        text=redact_urls(text),
     )
 
 

@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from deployments import scaling
+from deployments import engine_secrets, scaling
 from deployments.autoscaling import AutoscalingConfig, Decider
 from deployments.engine_metrics import replicas_load
 from deployments.loaders import get_loader
@@ -86,7 +86,8 @@ class Autoscaler:
     ) -> float | None:
         loader = get_loader(deployment.loader)
         if loader.serves_metrics:
-            load = replicas_load(client, list(deployment.engine_urls), loader)
+            urls = list(deployment.engine_urls)
+            load = replicas_load(client, urls, loader, engine_secrets.auth(deployment))
             if load is not None:
                 return load.running + load.waiting
         return inflight.get(deployment.name, 0.0)

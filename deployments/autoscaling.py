@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.spelling import unknown
+
 KEYS = {
     "min_replicas",
     "max_replicas",
@@ -59,7 +61,7 @@ def problems(values: Any) -> list[str]:
         return []
     if not isinstance(values, dict):
         return ["must be a mapping"]
-    found = [f"unknown key {key!r}" for key in sorted(set(values) - KEYS)]
+    found = [unknown(key, KEYS, "key") for key in sorted(set(values) - KEYS)]
 
     def number(key: str, lowest: float, integer: bool) -> float | None:
         value = values.get(key)

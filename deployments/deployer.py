@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from common import metrics
-from deployments import engine_envs, out_of_memory, sleep_tiers
+from deployments import engine_envs, engine_secrets, out_of_memory, sleep_tiers
 from deployments.audit import event
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -32,7 +32,7 @@ from deployments.memory import InsufficientMemory, check_fit, check_fit_where
 from deployments.models import STARTABLE_STATES, Deployment, State
 from deployments.refusals import CannotSleep
 from deployments.runtimes import EngineUnreachable, Handle, RuntimeError_
-from deployments.transitions import transition
+from deployments.transitions import refused_to, transition
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,11 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
         )
         raise
     except RuntimeError_ as exc:
-        # The container engine refused the launch: the switch is dropped, not applied.
+        # The container engine refused the launch: failed, or as it was where a mode switch
+        # started it (the seed); the switch is dropped, not applied.
         transition(
             deployment,
-            State.FAILED,
+            refused_to(deployment.pk, prior),
             expected=[State.STARTING],
             reason=str(exc),
             actor=actor,
@@ -267,7 +268,7 @@ def _take_down(deployment: Deployment, prior: str, *, actor: str, reason: str) -
 
 
 def _post_each(deployment: Deployment, path: str) -> None:
-    with httpx.Client(timeout=60.0) as client:
+    with httpx.Client(timeout=60.0, auth=engine_secrets.auth(deployment)) as client:
         for url in deployment.engine_urls:
             answer = client.post(url + path)
             answer.raise_for_status()
@@ -345,7 +346,7 @@ def stop_orphans(deployment: Deployment) -> None:
 
 
 def _all_asleep(deployment: Deployment) -> bool:
-    with httpx.Client(timeout=10.0) as client:
+    with httpx.Client(timeout=10.0, auth=engine_secrets.auth(deployment)) as client:
         for url in deployment.engine_urls:
             try:
                 answer = client.get(url + "/is_sleeping")
@@ -389,7 +390,9 @@ def wake(
             on_start()
         try:
             steps = sleep_tiers.wake_steps(deployment.sleep_level)
-            sleep_tiers.call_each(list(deployment.engine_urls), steps)
+            sleep_tiers.call_each(
+                list(deployment.engine_urls), steps, engine_secrets.auth(deployment)
+            )
         except httpx.HTTPError as exc:
             stop_handles(deployment, handles_of(deployment))
             transition(
@@ -478,7 +481,7 @@ def drain(deployment: Deployment, handles: list[Handle]) -> None:
     grace_end = start + settings.MSHIP_DRAIN_GRACE_S
     deadline = start + max(settings.MSHIP_DRAIN_TIMEOUT_S, settings.MSHIP_DRAIN_GRACE_S)
     busy = list(handles)
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, auth=engine_secrets.EngineAuth(handles)) as client:
         while time.monotonic() < deadline:
             busy = [
                 h

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.urls import reverse
 
+from deployments import engine_secrets
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from deployments.refusals import EngineDidNotAnswer, InvalidState, NotServed
@@ -46,9 +47,12 @@ def parse_gauges(text: str, names: set[str]) -> dict[str, float]:
     return found
 
 
-def replicas_load(client: httpx.Client, urls: list[str], loader: Loader) -> Load | None:
-    """The load of every replica together; None when one of them cannot be read."""
-    loads = [read_load(client, url, loader) for url in urls]
+def replicas_load(
+    client: httpx.Client, urls: list[str], loader: Loader, auth: httpx.Auth | None = None
+) -> Load | None:
+    """The load of every replica together; None when one of them cannot be read. `auth`:
+    the engines' secrets (engine_secrets.auth), else the client's own."""
+    loads = [read_load(client, url, loader, auth) for url in urls]
     if not loads or any(load is None for load in loads):
         return None
     return Load(
@@ -57,13 +61,16 @@ def replicas_load(client: httpx.Client, urls: list[str], loader: Loader) -> Load
     )
 
 
-def read_load(client: httpx.Client, url: str, loader: Loader) -> Load | None:
+def read_load(
+    client: httpx.Client, url: str, loader: Loader, auth: httpx.Auth | None = None
+) -> Load | None:
     """The engine's running and waiting requests; None when it has no gauges or no answer."""
     if not loader.running_gauge:
         return None
     names = {loader.running_gauge, loader.waiting_gauge or ""}
     try:
-        answer = client.get(url + "/metrics")
+        # llama.cpp's /metrics asks for the engine's key.
+        answer = client.get(url + "/metrics", auth=auth or httpx.USE_CLIENT_DEFAULT)
         answer.raise_for_status()
     except httpx.HTTPError:
         return None
@@ -92,7 +99,11 @@ def engine_metrics_text(deployment: Deployment, replica: int) -> str:
     if replica >= len(urls):
         raise NotServed(f"{deployment.name} has {len(urls)} replica(s); there is no {replica}.")
     try:
-        answer = httpx.get(urls[replica] + "/metrics", timeout=ENGINE_METRICS_TIMEOUT_S)
+        answer = httpx.get(
+            urls[replica] + "/metrics",
+            timeout=ENGINE_METRICS_TIMEOUT_S,
+            auth=engine_secrets.auth(deployment),
+        )
         answer.raise_for_status()
     except httpx.HTTPError as exc:
         raise EngineDidNotAnswer(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from deployments import engine_secrets
 from deployments.loaders import get_loader
 from deployments.runtimes import Handle, get_runtime
 
@@ -44,7 +45,7 @@ def wait_healthy(deployment: Deployment, handles: list[Handle], timeout_s: float
     began = time.monotonic()
     deadline = began + timeout_s
     delay = HEALTH_POLL_FAST_S
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, auth=engine_secrets.EngineAuth(handles)) as client:
         while pending:
             for handle in list(pending):
                 if not runtime.is_alive(handle):

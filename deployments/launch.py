@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from deployments import engine_envs, hooks
+from deployments import engine_envs, engine_secrets, hooks
 from deployments.adapters import has_adapters, lora_files
 from deployments.fingerprint import deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
 from deployments.memory import gpu_inventory
-from deployments.models import STARTABLE_STATES, Deployment, State
+from deployments.models import STARTABLE_STATES, Deployment
 from deployments.runtimes import EngineUnreachable, Handle, Launch, RuntimeError_, get_runtime
 from deployments.store.refs import NotInStore, resolve
-from deployments.transitions import transition
+from deployments.transitions import refused_to, transition
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,10 +59,11 @@ def prepare(deployment_id: int, *, actor: str = "system") -> Needs | None:
         )
         raise
     except (RuntimeError_, engine_envs.EnvFailed) as exc:
-        # No image or no environment: the switch is dropped, not applied.
+        # No image or no environment: failed, or as it was where a mode switch started it;
+        # the switch is dropped, not applied.
         transition(
             deployment,
-            State.FAILED,
+            refused_to(deployment.pk, deployment.state),
             expected=STARTABLE_STATES,
             reason=str(exc),
             actor=actor,
@@ -178,6 +179,9 @@ def launch_all(
                 spec = dataclasses.replace(spec, device_gib=gpus[devices[0]])
             # The runtime fills in the address it chose; an operator's command may use both.
             argv = deployment.command or loader.argv(spec, "{host}", "{port}", container)
+            # Each replica's own secret, in its environment (engine_secrets.py).
+            secret = engine_secrets.new() if loader.secret_env else ""
+            given = {loader.secret_env: secret} if secret else {}
             handles.append(
                 runtime.launch(
                     Launch(
@@ -187,7 +191,7 @@ def launch_all(
                         argv=list(argv),
                         health_path=loader.health_path,
                         fingerprint=fp,
-                        env={**cache_env(), **loader.env(spec)},
+                        env={**cache_env(), **loader.env(spec), **given},
                         image=deployment.image or loader.image(spec),
                         options={**loader.docker_defaults(spec), **deployment.docker_options},
                         model=spec.model,
@@ -202,6 +206,8 @@ def launch_all(
             )
             handles[-1]["adapters"] = [name for name, _ in loras]  # in their --lora order
             handles[-1]["lora"] = enabled
+            if secret:
+                handles[-1][engine_secrets.HANDLE_KEY] = secret
     except RuntimeError_:
         stop_handles(deployment, handles)
         raise

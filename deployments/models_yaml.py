@@ -12,6 +12,7 @@ import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from common.spelling import unknown
 from deployments.loaders import CONFIG_KEYS, LOADERS, Loader
 from deployments.models import Deployment
 from deployments.store.refs import suggestion
@@ -75,7 +76,7 @@ def parse(document: Any) -> list[dict[str, Any]]:
     if not isinstance(document, dict) or not isinstance(document.get("models"), list):
         raise ModelsFileError(["the file must be a mapping with a 'models:' list"])
     for key in sorted(set(document) - {"models"}):
-        problems.append(f"unknown top-level key {key!r}")
+        problems.append(unknown(key, {"models"}, "top-level key"))
     entries: list[dict[str, Any]] = []
     bases = bases_in(document["models"])
     for index, raw in enumerate(document["models"]):
@@ -136,7 +137,9 @@ def entry_values(
         elif key in CONFIG_KEYS:
             config_blocks.append(key)
         else:
-            problems.append(f"unknown key {key!r}")
+            problems.append(
+                unknown(key, {*PLAIN_KEYS, *RENAMED, *CONFIG_KEYS, "adapter_of"}, "key")
+            )
     loader_name, usecase = suggestion(raw.get("model"))  # a stored model's format
     if "loader" not in raw and loader_name:
         raw = {**raw, "loader": loader_name}

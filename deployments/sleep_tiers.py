@@ -62,9 +62,14 @@ def wake_steps(level: int | None) -> list[tuple[str, dict[str, str] | None]]:
     return steps
 
 
-def call_each(urls: list[str], steps: list[tuple[str, dict[str, str] | None]]) -> None:
-    """Each step on every engine, in order; raises httpx.HTTPError on the first refusal."""
-    with httpx.Client(timeout=settings.MSHIP_START_TIMEOUT_S) as client:
+def call_each(
+    urls: list[str],
+    steps: list[tuple[str, dict[str, str] | None]],
+    auth: httpx.Auth | None = None,
+) -> None:
+    """Each step on every engine, in order; raises httpx.HTTPError on the first refusal.
+    `auth`: the engines' secrets (engine_secrets.auth)."""
+    with httpx.Client(timeout=settings.MSHIP_START_TIMEOUT_S, auth=auth) as client:
         for url in urls:
             for path, body in steps:
                 client.post(url + path, json=body).raise_for_status()

@@ -95,6 +95,16 @@ def transition(
     return bool(changed)
 
 
+def refused_to(deployment_id: int, prior: str) -> str:
+    """Where a start the runtime refused (nothing of the engine ran: the container engine's
+    refusal, no image, no environment) leaves the deployment: failed; but a mode switch's
+    start leaves it as it was, its switch dropped (the on-demand seed)."""
+    pending = (
+        Deployment.objects.filter(pk=deployment_id).values_list("pending_mode", flat=True)
+    ).first()
+    return prior if pending else State.FAILED
+
+
 def measured_start(deployment_id: int) -> dict[str, float]:
     """The running mean of its starts, with this one (STARTING until now) weighing half: what
     the scheduler reads as the cost of bringing it back. Nothing when it was not starting."""
@@ -109,4 +119,4 @@ def measured_start(deployment_id: int) -> dict[str, float]:
     return {"start_s": round(took if row[1] is None else (row[1] + took) / 2, 3)}
 
 
-__all__ = ["Mode", "State", "transition"]
+__all__ = ["Mode", "State", "refused_to", "transition"]

@@ -1,10 +1,13 @@
 """The REST API as the command line reaches it: where and with which token (the
-environment, the file `modelship login` writes, the site's var/), and errors as exit codes."""
+environment, the file `modelship login` writes, the var/ of the site it runs in), a warning
+before a credential goes over plain http to another host, and errors as exit codes."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,16 +37,14 @@ def config_file() -> Path:
 
 
 def site_var() -> Path | None:
-    """The site's var/ (MSHIP_VAR_DIR, else the nearest var/ holding an admin token from here
-    up: `make run` keeps its credentials there)."""
+    """The site's var/ (MSHIP_VAR_DIR, else ./var when it holds an admin token: `make run`
+    keeps its credentials there). Only the folder it was started in: a var/ of a folder
+    above (a shared /tmp, another user's home) is never read, nor its token sent."""
     named = os.environ.get("MSHIP_VAR_DIR")
     if named:
         return Path(named)
-    here = Path.cwd()
-    for folder in (here, *here.parents):
-        if (folder / "var" / "admin_token").is_file():
-            return folder / "var"
-    return None
+    here = Path.cwd() / "var"
+    return here if (here / "admin_token").is_file() else None
 
 
 def read_saved() -> dict[str, str]:
@@ -84,7 +85,7 @@ def first_of(env_names: tuple[str, ...], saved: dict[str, str], key: str, var: s
     if saved.get(key):
         return Found(saved[key], str(config_file()), tuple(tried))
     folder = site_var()
-    tried.append(str(folder / var) if folder else f"var/{var} here or above")
+    tried.append(str((folder or Path.cwd() / "var") / var))
     if folder is not None:
         try:
             value = (folder / var).read_text().strip()
@@ -127,11 +128,63 @@ class Config:
         return f" (no token: tried {', '.join(found.tried)}; `modelship login` saves one)"
 
 
+# Set (1, true), no warning before a credential goes over plain http to another host.
+INSECURE_OK = "MODELSHIP_INSECURE_OK"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine: localhost, 127.0.0.0/8 or ::1."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def plain_http_warning(url: httpx.URL) -> str:
+    """The warning a credential sent to `url` calls for ("" for https or this machine)."""
+    if url.scheme != "http" or is_loopback(url.host):
+        return ""
+    if os.environ.get(INSECURE_OK, "").strip().lower() in ("1", "true", "yes"):
+        return ""
+    return (
+        f"modelship: warning: sending a credential over plain http to {url.host}: anyone on "
+        f"the way can read it and use it; use https:// (or set {INSECURE_OK}=1 to go on "
+        "without this warning)"
+    )
+
+
 class Api:
-    def __init__(self, config: Config, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        config: Config,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.config = config
+        self.warned = False
         headers = {"authorization": f"Token {config.token}"} if config.token else {}
-        self.http = httpx.Client(base_url=config.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=config.url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            event_hooks={"request": [self.warn_if_plain]},
+        )
+
+    def warn_if_plain(self, request: httpx.Request) -> None:
+        """On stderr, once, before the first request whose token or key would go over plain
+        http to a host that is not this machine (not refused: a site on a private network
+        may be reached so)."""
+        if self.warned or "authorization" not in request.headers:
+            return
+        if message := plain_http_warning(request.url):
+            self.warned = True
+            print(message, file=sys.stderr, flush=True)
 
     def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The answer, checked: an error answer is a CliError with its exit code."""

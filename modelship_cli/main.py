@@ -3,9 +3,10 @@ usage | teams | pull | models | login.
 
 Talks to a running Modelship through its REST API (and /v1 for `run`). The site, its /api
 token and a /v1 key come from MODELSHIP_URL, MODELSHIP_TOKEN and MODELSHIP_API_KEY (or their
-MSHIP_ names), else the file `modelship login` saves, else the site's var/ (where `make run`
-keeps them) when run inside the site. Exit codes: 0 done, 1 refused or failed, 2 not found,
-3 Modelship unreachable or the token not allowed.
+MSHIP_ names), else the file `modelship login` saves, else ./var (where `make run` keeps
+them) when run in the site's folder. A token or key about to go over plain http to another
+host is warned of (MODELSHIP_INSECURE_OK=1: not). Exit codes: 0 done, 1 refused or failed,
+2 not found, 3 Modelship unreachable or the token not allowed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import base64
 import getpass
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -314,17 +316,34 @@ def events(api: Api, args: argparse.Namespace) -> int:
 
 
 def login(_: Api, args: argparse.Namespace) -> int:
-    """Save a site and its /api token for every later command, from any directory."""
+    """Save a site and its /api token for every later command, from any directory. The
+    token from --token-file, else MODELSHIP_TOKEN (or MSHIP_TOKEN), else asked or read from
+    stdin: never from the command line, which every user of the host sees (ps)."""
+    if args.token is not None:
+        raise CliError(
+            "--token is refused: a token on the command line is seen by every user of this "
+            "host (ps); use --token-file PATH or MODELSHIP_TOKEN, or give it when asked "
+            "(or on stdin)",
+            REFUSED,
+        )
     url = (args.url or Config.from_env().url).rstrip("/")
-    if args.token:
-        token = args.token
+    named = os.environ.get("MODELSHIP_TOKEN") or os.environ.get("MSHIP_TOKEN")
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not text"
+            message = f"cannot read the token file {args.token_file}: {reason}"
+            raise CliError(message, NOT_FOUND) from exc
+    elif named:
+        token = named
     elif sys.stdin.isatty():
         token = getpass.getpass(f"/api token for {url}: ")
     else:
         token = sys.stdin.readline()
     token = token.strip()
     if not token:
-        raise CliError("no token given (--token, or on stdin)", REFUSED)
+        raise CliError("no token given (--token-file, MODELSHIP_TOKEN, or on stdin)", REFUSED)
     config = Config(url=url, token=token, api_key=args.api_key or "")
     Api(config).get("/api/host")  # the site answers and takes the token
     values = {"url": url, "token": token}
@@ -400,7 +419,12 @@ def parser() -> argparse.ArgumentParser:
     store.add_parsers(sub)
     sign_in = sub.add_parser("login", help="save a site and its /api token for later commands")
     sign_in.add_argument("url", nargs="?", help=f"the site (default: {DEFAULT_URL})")
-    sign_in.add_argument("--token", help="the /api token (default: asked, or read from stdin)")
+    sign_in.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="a file holding the /api token (default: MODELSHIP_TOKEN, else asked, or stdin)",
+    )
+    sign_in.add_argument("--token", help=argparse.SUPPRESS)  # refused: seen in ps
     sign_in.add_argument("--api-key", help="a /v1 key for `modelship run`")
     sign_in.set_defaults(handler=login)
     return top

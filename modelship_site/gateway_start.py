@@ -1,5 +1,6 @@
 """A gateway process's start (uvicorn's lifespan): its route table is loaded then, and kept
-current from then on (openai_api/catalog.py, `warm`).
+current from then on (openai_api/catalog.py, `warm`); so is the on-demand gateway's peer
+policy (ondemand/peers.py), so that no request waits for its first read.
 
 So /metrics has the table's age (modelship_route_table_loaded_timestamp_seconds) before any
 request, as a dashboard charts it. Everything but the lifespan goes to the application as it
@@ -12,6 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ondemand.gateway import application as ondemand_gateway
 from openai_api.catalog import catalog
 from openai_api.usage.ledger import ledger
 
@@ -29,8 +31,10 @@ def with_route_table(app: Asgi) -> Asgi:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await load_route_table()
+                await ondemand_gateway.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await ondemand_gateway.stop()
                 # What the requests used since the last flush is written before the end.
                 await asyncio.to_thread(ledger.close)
                 await send({"type": "lifespan.shutdown.complete"})

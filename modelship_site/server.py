@@ -19,7 +19,8 @@ Limits (each an MSHIP_* setting, see README):
   408 first: openai_api/exchange.py, modelship_site/body_limits.py; this closes a connection
   whose application neither reads nor answers);
 - at most MSHIP_MAX_CONNECTIONS connections and requests at once, and at most
-  MSHIP_MAX_CONNECTIONS_PER_CLIENT from one address (past either: 503, admission.py);
+  MSHIP_MAX_CONNECTIONS_PER_CLIENT from one address (past either: 503, admission.py), a
+  Responses socket's lanes beyond its first counted as connections against both (ws_lanes.py);
 - request headers of at most 64 KiB;
 - a WebSocket message of at most MSHIP_MAX_BODY_BYTES (a request body's limit), and a ping
   every MSHIP_WS_PING_S that the client must answer within as long.
@@ -42,7 +43,13 @@ from django.urls import get_resolver
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
-from modelship_site.admission import ClientCounts, too_many_from_client, too_many_in_all
+from modelship_site.admission import (
+    ClientCounts,
+    SocketClient,
+    too_many_from_client,
+    too_many_in_all,
+)
+from ondemand.guard import BARE_QUERY
 from openai_api import ws_lanes
 from openai_api.sweeps import Sweep, quarter
 
@@ -113,6 +120,10 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             raise HeadersTooLarge(f"request headers over {MAX_HEADER_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
+        if self.url.endswith(b"?") and self.url.count(b"?") == 1:
+            # A bare `?`: ASGI's query_string cannot tell it from none (/ondemand refuses
+            # it: ondemand/guard.py).
+            self.scope[BARE_QUERY] = True
         self._body_since = self.loop.time()
         self._body_pending = True  # until on_message_complete: at once when there is none
         if self.parser.should_upgrade() and self._should_upgrade():
@@ -208,13 +219,22 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
 class GuardedWebSocketProtocol(AutoWebSocketsProtocol):  # type: ignore[misc, valid-type]
     """uvicorn's WebSocket protocol, its connection counted against its address's cap like
-    an HTTP one (its upgrade request was admitted as one)."""
+    an HTTP one (its upgrade request was admitted as one). The application gets that count
+    in its scope (ws_lanes.SCOPE_KEY), for the socket's lanes to count against it too: by
+    the socket's peer, as the connection is, whatever address a proxy header gives."""
 
     _host = ""
 
     def __init__(self, config: Any, server_state: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, server_state, *args, **kwargs)
         self._clients = ClientCounts.of(server_state)
+        # Every uvicorn WebSocket protocol calls self.app (config.loaded_app).
+        self._application: Any = getattr(self, "app")  # noqa: B009 - untyped in the base
+        self.app = self._counted
+
+    async def _counted(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope[ws_lanes.SCOPE_KEY] = SocketClient(self._clients, self._host)
+        await self._application(scope, receive, send)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)

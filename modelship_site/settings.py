@@ -216,7 +216,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["deployments.api.filters.StrictFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "deployments.api.pagination.Pagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -334,7 +334,8 @@ MSHIP_SERVE_LOOP = env_choice("MSHIP_SERVE_LOOP", "asyncio", ("asyncio", "uvloop
 # A whole request body must be in within this, however steadily it trickles (every path).
 MSHIP_BODY_TOTAL_TIMEOUT_S = env_float("MSHIP_BODY_TOTAL_TIMEOUT_S", 60)
 # Connections from one client address at once (the socket's peer; 0: no cap): a quarter of
-# the total by default, so that one address never holds every slot.
+# the total by default, so that one address never holds every slot. A Responses socket's
+# lanes beyond its first count as connections of its address (openai_api/ws_lanes.py).
 MSHIP_MAX_CONNECTIONS_PER_CLIENT = env_int(
     "MSHIP_MAX_CONNECTIONS_PER_CLIENT", MSHIP_MAX_CONNECTIONS // 4
 )
@@ -363,7 +364,8 @@ MSHIP_SSE_KEEPALIVE_S = env_float("MSHIP_SSE_KEEPALIVE_S", 10)
 # one within as long is closed. They keep a socket alive while a response waits for its slot.
 MSHIP_WS_PING_S = env_float("MSHIP_WS_PING_S", 15)
 # A Responses socket runs at most this many responses (lanes) at once, each beyond the first
-# counted as a connection against MSHIP_MAX_CONNECTIONS (openai_api/ws_lanes.py); it keeps
+# counted as a connection against MSHIP_MAX_CONNECTIONS and its address's
+# MSHIP_MAX_CONNECTIONS_PER_CLIENT (openai_api/ws_lanes.py); it keeps
 # at most this many bytes of the contexts it can continue from memory, the oldest going first.
 MSHIP_WS_MAX_LANES = env_int("MSHIP_WS_MAX_LANES", 8)
 MSHIP_WS_CONTEXT_BYTES = env_int("MSHIP_WS_CONTEXT_BYTES", 16 * 2**20)
@@ -439,6 +441,10 @@ MSHIP_RESPONSES_HEARTBEAT_STALE_S = env_float("MSHIP_RESPONSES_HEARTBEAT_STALE_S
 # metadata endpoints), and whether they must use https.
 MSHIP_MCP_ALLOWED_HOSTS = env_list("MSHIP_MCP_ALLOWED_HOSTS", [])
 MSHIP_MCP_REQUIRE_HTTPS = env_bool("MSHIP_MCP_REQUIRE_HTTPS", False)
+# One request lists at most this many MCP servers (400 past it), and all their tools within
+# this many seconds in all (openai_api/mcp/loop.py): the listing comes before any engine work.
+MSHIP_MCP_MAX_SERVERS = env_int("MSHIP_MCP_MAX_SERVERS", 8)
+MSHIP_MCP_LIST_TIMEOUT_S = env_float("MSHIP_MCP_LIST_TIMEOUT_S", 30)
 # Images a Responses input names by URL are fetched by the gateway under the same egress
 # policy (openai_api/responses/remote_images.py) and given to the engine as data: URLs: at
 # most this many bytes in all for one request, within this many seconds.

@@ -27,3 +27,11 @@ MSHIP_ROUTING_AFFINITY_S = env_float("MSHIP_ROUTING_AFFINITY_S", 900)
 # Where REDIS_URL is set: each gateway process publishes its outstanding requests per
 # replica, and reads the others', this often.
 MSHIP_ROUTING_SYNC_S = env_float("MSHIP_ROUTING_SYNC_S", 0.25)
+# Whose engine caches a request may meet (openai_api/cache_scope.py): "team" (a key's team, or
+# the key where it has none), "key", or "site" (everyone's: one tenant's sites). Its prefix
+# routing keys are scoped so, and vLLM keeps its prefix cache apart so (`cache_salt`).
+MSHIP_CACHE_SCOPE = env_choice("MSHIP_CACHE_SCOPE", "team", ("team", "key", "site"))
+# The cache figures an answer reports (cached tokens, llama.cpp's `timings` and slot): "own"
+# where the engine keeps tenants' caches apart (vLLM salted), else taken out; "none": taken
+# out everywhere; "all": passed on as the engine said them (a site of one tenant).
+MSHIP_CACHE_FIGURES = env_choice("MSHIP_CACHE_FIGURES", "own", ("own", "none", "all"))

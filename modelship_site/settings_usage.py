@@ -23,6 +23,10 @@ MSHIP_BUDGET_WARN_PERCENT = env_float("MSHIP_BUDGET_WARN_PERCENT", 80)
 # count; "closed" refuses the requests of keys that have a budget (503 budget_unavailable).
 MSHIP_BUDGET_FAILURE = env_choice("MSHIP_BUDGET_FAILURE", "open", ("open", "closed"))
 MSHIP_BUDGET_STALE_S = env_float("MSHIP_BUDGET_STALE_S", 30)
+# A key with a budget (its own or its team's) and no max_concurrency of its own runs at most
+# this many requests at once on the site (0: no cap): each holds its reservation until it
+# ends, and a burst of a budgeted key cannot fill every engine.
+MSHIP_BUDGET_MAX_CONCURRENCY = env_int("MSHIP_BUDGET_MAX_CONCURRENCY", 16)
 # Streamed chat and completions ask the engine for usage (stream_options.include_usage)
 # and drop its usage chunk from the answer of a client that did not ask for it.
 MSHIP_USAGE_FROM_STREAMS = env_bool("MSHIP_USAGE_FROM_STREAMS", True)

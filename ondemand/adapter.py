@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from deployments import audit, deployer, memory, out_of_memory
+from deployments import audit, deployer, engine_secrets, memory, out_of_memory
 from deployments.engine_metrics import Load, replicas_load
 from deployments.gate import start_gate
 from deployments.loaders import get_loader
@@ -158,7 +158,8 @@ def _sample(deployment_id: int) -> Load | None:
     if row is None:
         return None
     with httpx.Client(timeout=5.0) as client:
-        return replicas_load(client, list(row.engine_urls), get_loader(row.loader))
+        urls, loader = list(row.engine_urls), get_loader(row.loader)
+        return replicas_load(client, urls, loader, engine_secrets.auth(row))
 
 
 def _stop(

@@ -16,6 +16,7 @@ from common import metrics, tracing
 from common.priority import label as class_label
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
+from deployments.runtimes import EngineUnreachable
 from ondemand import attempts, errors, policy
 from ondemand.attempts import POLL_S
 from ondemand.clock import Clock, SystemClock
@@ -32,7 +33,7 @@ from ondemand.state import (
     describe,
 )
 from openai_api.access import mark_waited
-from openai_api.concurrency import key_waits_too_much
+from openai_api.concurrency import gives_way, giving_way, key_waits_too_much
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -98,6 +99,15 @@ class Controller(RoomMaking):
     def waiting_total(self) -> int:
         return sum(e.waiting for e in self.entries.values())
 
+    def _make_way(self, key_id: int | None) -> bool:
+        """A full queue makes way for `key_id`'s request: openai_api/concurrency.giving_way."""
+        waiting = [w for e in self.entries.values() for w in e.waiters.values() if not w.gives_way]
+        if (victim := giving_way(waiting, key_id)) is None:
+            return False
+        victim.gives_way = True
+        self.notify()  # it wakes, and leaves
+        return True
+
     def waiting_of(self, key_id: int) -> int:
         return sum(w.key_id == key_id for e in self.entries.values() for w in e.waiters.values())
 
@@ -110,11 +120,14 @@ class Controller(RoomMaking):
         hint: View | None = None,
         priority: int = 0,
         key_id: int | None = None,
+        waited_s: float = 0.0,
     ) -> Slot:
         """A slot on a ready deployment: at once, or after starting it, making room for it
         or queueing for memory. `hint` is the caller's in-memory view (the gateway's route
         table): while our lease holds, a ready hint is granted with no database access.
-        `priority`: the caller's key's class; the deployment's own is added to it."""
+        `priority`: the caller's key's class; the deployment's own is added to it.
+        `waited_s`: what the request already waited before it asked (a max_concurrency
+        place): its deadline is queue_timeout_s from its arrival, not from here."""
         entry = self.entry(deployment_id)
         if hint is not None and hint.state == State.READY and deployment_id not in self.draining:
             slot = await self._grant(hint, entry)
@@ -129,7 +142,7 @@ class Controller(RoomMaking):
             if slot is not None:
                 return slot
             changed, view = self.changed, None  # a stop was approved first: read it again
-        if self.waiting_total() >= self.max_queued:
+        if self.waiting_total() >= self.max_queued and not self._make_way(key_id):
             raise errors.queue_full()
         if key_id is not None and 0 < self.max_waiting_per_key <= self.waiting_of(key_id):
             raise key_waits_too_much(self.max_waiting_per_key)
@@ -137,7 +150,7 @@ class Controller(RoomMaking):
             entry.priority, entry.start_s = view.priority, view.start_s
         now = self.clock.now()
         waiter = Waiter(
-            now + self.queue_timeout_s,
+            now + self.queue_timeout_s - max(waited_s, 0.0),
             on_queued,
             priority=priority + entry.priority,
             arrived=now,
@@ -150,6 +163,8 @@ class Controller(RoomMaking):
             # thread, and in a burst every trip waits behind the whole burst's parsing.
             seen = None if view is None else (view, changed)
             while True:
+                if waiter.gives_way:
+                    raise gives_way("the on-demand models")
                 slot = await self._look(deployment_id, entry, waiter, seen)
                 if slot is not None:
                     waited = self.clock.now() - waiter.arrived
@@ -374,13 +389,23 @@ class Controller(RoomMaking):
         return attempt
 
     async def _attempt(self, view: View) -> StartOutcome:
-        """One start, shared by all its waiters (image and engine environment made first, outside
-        the lock, each phase a span): ready, failed, stopped or queued; raises does_not_fit."""
+        """One start, shared by all its waiters (a model that can never fit refused first, then
+        its image and engine environment made outside the lock, each phase a span): ready,
+        failed, stopped or queued; raises does_not_fit."""
         with tracing.span("modelship.ondemand.start", **{"modelship.deployment": view.name}):
-            return await self._attempt_start(view)
+            try:
+                return await self._attempt_start(view)
+            except EngineUnreachable as exc:
+                # The container engine (Docker's daemon, Ray) did not answer: nothing started
+                # and the deployment is as it was. Its requests hear why, as a 503; no
+                # backoff, since the next request's start may find the daemon back.
+                raise errors.start_failed(view.name, str(exc)) from exc
 
     async def _attempt_start(self, view: View) -> StartOutcome:
         if view.state in STARTABLE_STATES:
+            # The fit first: a model that can never fit is refused at once, before its image
+            # is pulled and its engine environment installed (minutes, for nothing).
+            self._refuse_what_never_fits(view, await self.deployer.budget(), False)
             with tracing.span("modelship.ondemand.prepare"):
                 prepared = await self.deployer.prepare(view.id)
             if not prepared:

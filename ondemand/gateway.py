@@ -20,7 +20,14 @@ from django.db import connection
 
 from deployments.models import State
 from ondemand import health_probe
-from ondemand.guard import FailedAttempts, KeyFile, check_key, checked_segments, offered_key
+from ondemand.guard import (
+    BARE_QUERY,
+    FailedAttempts,
+    KeyFile,
+    check_key,
+    checked_segments,
+    offered_key,
+)
 from ondemand.peers import PeerGuard
 from ondemand.tasks import enqueue_litellm_sync
 from openai_api.bodies import json_bytes, json_value, parsed
@@ -70,7 +77,7 @@ def not_on_demand(route: Route) -> GatewayError:
 async def handle(exchange: Exchange) -> None:
     scope = exchange.scope
     method, path = scope["method"], scope["path"]
-    segments = checked_segments(scope.get("raw_path") or path.encode())
+    segments = checked_segments(scope.get("raw_path") or path.encode(), bool(scope.get(BARE_QUERY)))
     peer = (scope.get("client") or ("", 0))[0]
     check_key(keyfile, failures, peer, offered_key(exchange.headers))
     if len(segments) < 3 or segments[1] != "v1":
@@ -88,9 +95,11 @@ async def handle(exchange: Exchange) -> None:
         raise not_found(path)  # the engine's admin and helper endpoints stay unreachable
     body = await exchange.read_body() if kind == "traffic" else b""
     snapshot = await catalog.current()
-    # isascii too: isdigit() is true of "²" and other Unicode digits, which int() refuses.
+    # isascii too: isdigit() is true of "²" and other Unicode digits, which int() refuses;
+    # 20 digits at most: a bigint's, and int() refuses past 4,300 (a 500).
     ident = segments[0]
-    route = snapshot.by_id(int(ident)) if ident.isascii() and ident.isdigit() else None
+    whole = ident.isascii() and ident.isdigit() and len(ident) <= 20
+    route = snapshot.by_id(int(ident)) if whole else None
     if route is None:
         raise not_found(path)
     exchange.record.model = route.name
@@ -127,23 +136,26 @@ async def handle(exchange: Exchange) -> None:
     exchange.record.images, exchange.record.characters = media_units(endpoint, data)
     traffic = Traffic(route, endpoint, upstream_path, body, streaming, data)
     hints.note(route, data, exchange.headers, "ondemand")
+    # No keepalives while it waits (for a start, or an always-on adapter's load): a refusal
+    # is its HTTP status, and the engine's answers, errors too, pass through unchanged (the
+    # seed promises keepalives to nobody here).
     if route.on_demand:
-        # No keepalives while it waits: a refusal is its HTTP status (the seed).
         await relay(
             exchange,
             traffic,
             lambda q: dispatcher.slot(route, q),  # its max_concurrency too
             UNREACHABLE,
             keepalive=False,
+            raw_errors=True,
         )
     elif route.state == State.READY and route.urls:
         # Switched to always on while LiteLLM still points here: forwarded, never started.
-        replica = dispatcher.replica(route.urls, route.name)
+        held = dispatcher.replica(route.urls, route.name)
         if route.adapter is not None and route.adapter.runtime:
-            held = dispatcher.with_adapter(route, replica)
-            await relay(exchange, traffic, lambda _: held, UNREACHABLE)
-        else:
-            await relay(exchange, traffic, lambda _: replica, UNREACHABLE)
+            held = dispatcher.with_adapter(route, held)  # a vLLM adapter: loaded first
+        await relay(
+            exchange, traffic, lambda _: held, UNREACHABLE, keepalive=False, raw_errors=True
+        )
     else:
         raise not_on_demand(route)
 
@@ -185,6 +197,7 @@ async def model(exchange: Exchange, route: Route, method: str, upstream_path: st
             streaming=False,
             unreachable_code=UNREACHABLE,
             deployment=route.name,
+            raw_errors=True,  # the engine's answer as it is, errors too (the seed)
         )
         await forwarder.forward(call, exchange.send)
 

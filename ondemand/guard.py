@@ -27,16 +27,20 @@ KEY_CHECK_S = 1.0  # the key file is looked at no more often than this
 PREVIOUS_KEY_GRACE_S = 300.0
 FAILURES_PER_MINUTE = 20
 
+# A scope's key, set by the server (modelship_site/server.py): the request target ends in a
+# lone `?`, which ASGI's empty query_string cannot tell from none.
+BARE_QUERY = "modelship.bare_query"
 # Encoded /, \, #, ? and NUL: a segment must not smuggle a separator past the split.
 _ENCODED = re.compile(r"%(2f|5c|23|3f|00)", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def checked_segments(raw_path: bytes) -> list[str]:
-    """The path's segments after /ondemand/, or 400 invalid_path."""
+def checked_segments(raw_path: bytes, bare_query: bool = False) -> list[str]:
+    """The path's segments after /ondemand/, or 400 invalid_path (a `?` with no query after
+    it, which the server marks, included)."""
     raw = raw_path.decode("latin-1")
     invalid = GatewayError(400, "The request path is not a clean path.", "invalid_path")
-    if _ENCODED.search(raw) or any(c in raw for c in "\\?#"):
+    if bare_query or _ENCODED.search(raw) or any(c in raw for c in "\\?#"):
         raise invalid
     try:
         decoded = unquote(raw, errors="strict")

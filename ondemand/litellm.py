@@ -28,6 +28,7 @@ import httpx
 import yaml
 from django.conf import settings
 
+from deployments import engine_secrets
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.models import Deployment, State
 from ondemand.models import LiteLLMStatus
@@ -140,15 +141,20 @@ def plan(internal_url: str, key: str | None) -> Plan:
                 }
             wanted.status[deployment.pk] = "registered"
         elif deployment.state == State.READY and deployment.engine_urls:
+            # Straight to each engine, with its own secret (deployments/engine_secrets.py):
+            # a restart's new one is a new entry, as a new address is.
+            secrets = engine_secrets.by_url((deployment.runtime_handle or {}).get("replicas", []))
             for url in deployment.engine_urls:
+                secret = secrets.get(url, "")
+                where = fingerprint([url, secret] if secret else url)[:8]
                 for name in served:
-                    entry_id = f"{ID_PREFIX}{deployment.pk}-{name}-{fingerprint(url)[:8]}"
+                    entry_id = f"{ID_PREFIX}{deployment.pk}-{name}-{where}"
                     wanted.entries[entry_id] = {
                         "model_name": name,
                         "litellm_params": {
                             "model": f"openai/{name}",
                             "api_base": f"{url}/v1",
-                            "api_key": "none",
+                            "api_key": secret or "none",
                         },
                         "model_info": {"id": entry_id, **info},
                     }

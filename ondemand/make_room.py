@@ -84,15 +84,20 @@ class RoomMaking:
                 where=f"{loaded} models are loaded, the most MSHIP_MAX_LOADED_MODELS allows",
             )
 
-    async def _make_room(self, view: View, after_victim: bool) -> bool:
-        """Stop other on-demand deployments, cheapest to bring back first, until the
-        shortfall is covered; False (queue) when they cannot cover it. does_not_fit when the
-        model needs more than on-demand deployments can ever use."""
-        budget = await self.deployer.budget()
+    def _refuse_what_never_fits(self, view: View, budget: Budget, after_victim: bool) -> None:
+        """does_not_fit when the model needs more than on-demand deployments can ever use;
+        not within SETTLE_S of an on-demand stop (its memory may still read as used), nor
+        after this attempt stopped a victim."""
         settling = self.clock.now() - self.last_stop_at < SETTLE_S
         too_big = view.need_gib > budget.capacity_gib + EPSILON_GIB
         if too_big and not settling and not after_victim:
             raise errors.does_not_fit(view.name, view.need_gib, budget.capacity_gib)
+
+    async def _make_room(self, view: View, after_victim: bool) -> bool:
+        """Stop other on-demand deployments, cheapest to bring back first, until the
+        shortfall is covered; False (queue) when they cannot cover it. does_not_fit when the
+        model needs more than on-demand deployments can ever use."""
+        self._refuse_what_never_fits(view, await self.deployer.budget(), after_victim)
         victims = await self._victims(view)
         if victims is None:
             await self._drain_for(view)

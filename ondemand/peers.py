@@ -5,12 +5,16 @@ Only peers on Modelship's own Docker networks pass (`MSHIP_ONDEMAND_ALLOWED_CIDR
 an explicit list of networks; never the gateway and first host addresses of those networks
 (connections to a published host port arrive from there), never the decider's network, and
 never a request that came through a proxy. A refused peer gets 404, as if the route did not
-exist. The policy is read at start-up and every 30 s; until the first read nobody passes.
+exist. The policy is read at start-up (the gateway's lifespan, else its first request) and
+then every 30 s in the background, whether requests come or not: no request waits for a read
+after the first, and none after a lull is judged by a policy older than that. Until the first
+read nobody passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import time
@@ -141,6 +145,19 @@ class PeerGuard:
         self.policy: PeerPolicy | None = None
         self.read_at = float("-inf")
         self._refreshing: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None  # reads it every REFRESH_S
+
+    async def start(self) -> None:
+        """The gateway's start: the policy read now (at most FIRST_REFRESH_WAIT_S waited
+        for), and kept fresh from then on."""
+        self._keep_fresh()
+        await asyncio.wait({self._refresh_now()}, timeout=FIRST_REFRESH_WAIT_S)
+
+    async def stop(self) -> None:
+        if self._keeper is not None and not self._keeper.done():
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         policy = await self.current()
@@ -152,14 +169,36 @@ class PeerGuard:
         await Exchange(scope, receive, send).json(error.status, error.body())
 
     async def current(self) -> PeerPolicy:
-        if time.monotonic() - self.read_at >= REFRESH_S and (
-            self._refreshing is None or self._refreshing.done()
-        ):
-            self._refreshing = asyncio.ensure_future(self.refresh())
-        if self.policy is None and self._refreshing is not None:
-            # Nobody passes before the first read; a request at start-up waits for it.
-            await asyncio.wait({self._refreshing}, timeout=FIRST_REFRESH_WAIT_S)
+        self._keep_fresh()
+        if time.monotonic() - self.read_at >= REFRESH_S:
+            # Not read yet, or the keeper is late (a slow read): one read, shared.
+            refreshing = self._refresh_now()
+            if self.policy is None:
+                # Nobody passes before the first read; a request at start-up waits for it.
+                await asyncio.wait({refreshing}, timeout=FIRST_REFRESH_WAIT_S)
         return self.policy or NOBODY
+
+    def _keep_fresh(self) -> None:
+        """The keeper of this event loop: it reads the policy every REFRESH_S, ahead of any
+        request, so that none waits for a read or is judged by a stale policy."""
+        loop = asyncio.get_running_loop()
+        keeper = self._keeper
+        if keeper is None or keeper.done() or keeper.get_loop() is not loop:
+            self._keeper = loop.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        while True:
+            began = time.monotonic()
+            await asyncio.wait({self._refresh_now()})  # never cancelled half-way by a stop
+            await asyncio.sleep(max(0.0, began + REFRESH_S - time.monotonic()))
+
+    def _refresh_now(self) -> asyncio.Task[None]:
+        """The read under way in this event loop, or one begun now."""
+        loop = asyncio.get_running_loop()
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done() or refreshing.get_loop() is not loop:
+            refreshing = self._refreshing = loop.create_task(self.refresh())
+        return refreshing
 
     async def refresh(self) -> None:
         try:

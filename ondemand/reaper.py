@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from common import metrics
-from deployments import audit, deployer
+from deployments import audit, deployer, engine_secrets
 from deployments.engine_metrics import replicas_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, Mode, State
@@ -29,7 +29,8 @@ def idle_by_load(client: httpx.Client, deployment: Deployment) -> bool:
     loader = get_loader(deployment.loader)
     if not loader.serves_metrics:
         return True
-    load = replicas_load(client, list(deployment.engine_urls), loader)
+    urls = list(deployment.engine_urls)
+    load = replicas_load(client, urls, loader, engine_secrets.auth(deployment))
     return load is not None and policy.load_is_idle(0.0, load.idle)
 
 

@@ -78,14 +78,16 @@ class ControllerSlots:
     """On-demand slots for the /v1 dispatcher: from the site's scheduler where this process
     is one of several (ondemand/scheduler/), else from this event loop's controller."""
 
-    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot | RemoteSlot:
+    async def acquire(
+        self, route: Route, notice: WaitNotice | None, waited_s: float = 0.0
+    ) -> Slot | RemoteSlot:
         key = current_key.get()
         priority, key_id = (key.priority, key.id) if key else (0, None)
         to = client.link()
         if to is not None:
-            return await client.slot(to, fields_of(route), priority, key_id, notice)
+            return await client.slot(to, fields_of(route), priority, key_id, notice, waited_s)
         view = view_of_route(route)
-        return await acquire_here(controller(), view, priority, key_id, notice)
+        return await acquire_here(controller(), view, priority, key_id, notice, waited_s)
 
     def release(self, slot: Slot | RemoteSlot) -> None:
         if isinstance(slot, RemoteSlot):
@@ -154,9 +156,15 @@ class SiteMeter:
 
 
 async def acquire_here(
-    ctl: Controller, view: View, priority: int, key_id: int | None, notice: WaitNotice | None
+    ctl: Controller,
+    view: View,
+    priority: int,
+    key_id: int | None,
+    notice: WaitNotice | None,
+    waited_s: float = 0.0,
 ) -> Slot:
-    """A slot from this process's controller (the owner's, or a lone gateway's)."""
+    """A slot from this process's controller (the owner's, or a lone gateway's); `waited_s`
+    of its queue timeout already spent (a max_concurrency wait)."""
     deployment_id = view.id
 
     def figures() -> dict[str, Any] | None:
@@ -168,7 +176,12 @@ async def acquire_here(
     # A start that installs or pulls first (minutes) is told to the request meanwhile.
     with preparing.listening(deployment_id, on_preparing):
         return await ctl.acquire(
-            deployment_id, on_queued=on_queued, hint=view, priority=priority, key_id=key_id
+            deployment_id,
+            on_queued=on_queued,
+            hint=view,
+            priority=priority,
+            key_id=key_id,
+            waited_s=waited_s,
         )
 
 

@@ -202,6 +202,8 @@ class Waiter:
     priority: int = 0  # its key's class plus its deployment's
     arrived: float = 0.0  # clock time it began to wait, for aging
     key_id: int | None = None  # whose: a key may hold at most max_waiting_per_key places
+    # Refused while it waited: the queue was full and its key held the most of it.
+    gives_way: bool = False
 
 
 @dataclass

@@ -31,11 +31,13 @@ from django.conf import settings
 from common import metrics
 from openai_api.endpoints import PUBLIC
 from openai_api.usage import recording
+from openai_api.usage.budgets import budgets
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from openai_api.catalog import Key
+    from openai_api.usage.budgets import Reservation
     from openai_api.usage.recording import Usage
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,14 @@ class RequestRecord:
     # False for work that carries on a request already counted (a background run): its
     # usage counts, not as a request of its own.
     counts_request: bool = True
+    # The tokens its budgets hold for it until it ends (openai_api/usage/budgets.py), and
+    # whether an engine took it (a caller who leaves before the answer still had its prompt
+    # read: that counts).
+    reservation: Reservation | None = None
+    reached_engine: bool = False
+    # The cached tokens an answer reported, read before they were taken out of it
+    # (openai_api/cache_figures.py).
+    cached_seen: int = 0
 
     def sent(self, body: bytes) -> None:
         """A body chunk went out (called per chunk: a few attribute writes, no lock)."""
@@ -117,6 +127,10 @@ class RequestRecord:
         tail = (self.before_last + self.last)[-USAGE_TAIL:] if ok else b""
         if self.reported is not None:
             usage = recording.Usage(*self.reported)
+        elif status == CLIENT_GONE and self.reached_engine and self.endpoint in recording.TEXT:
+            # Gone before the first byte: the engine read its prompt all the same.
+            prompt, _ = recording.estimate(self.endpoint, self.body_bytes, 0, 0)
+            usage = recording.Usage(tokens_in=prompt, estimated=prompt)
         elif not ok:
             usage = recording.Usage()
         else:
@@ -134,6 +148,7 @@ class RequestRecord:
                 + (guess_out if found_out is None else 0),
             )
         usage.gpu_seconds = self.gpu_seconds
+        usage.tokens_cached = max(usage.tokens_cached, self.cached_seen)
         if ok:
             usage.images, usage.characters = self.images, self.characters
             if self.endpoint in AUDIO_IN and (seconds := AUDIO_SECONDS.findall(tail)):
@@ -235,17 +250,22 @@ def finish(record: RequestRecord) -> None:
     # Nothing went out: the caller left first (nginx's 499).
     status = record.status or CLIENT_GONE
     used = record.measured(status) if record.model and settings.MSHIP_USAGE_RECORD else None
-    if used is not None:
-        recording.count(
-            record.key_ref,
-            record.model,
-            status,
-            duration,
-            ttfb,
-            used,
-            time.time(),
-            request=record.counts_request,
-        )
+    try:
+        if used is not None:
+            recording.count(
+                record.key_ref,
+                record.model,
+                status,
+                duration,
+                ttfb,
+                used,
+                time.time(),
+                request=record.counts_request,
+            )
+    finally:
+        # After its count: between the two it counts twice for a moment, never not at all.
+        if record.reservation is not None:
+            budgets.release(record.reservation)
     series = _series(record.model, endpoint_label(record.endpoint), status, key_label(record.key))
     series.requests.inc()
     series.duration.observe(duration)

@@ -96,7 +96,8 @@ def form_field(content_type: str, body: bytes, name: str) -> str | None:
 
     A scan for the part by its boundary, not a full MIME parse: the standard library's
     parser takes 20 s of CPU for a 16 MiB form of 300,000 empty parts; this takes a
-    fraction of a second, stops at the field, and gives up after MAX_PARTS parts."""
+    fraction of a second and gives up after MAX_PARTS parts. The field given twice is a 400:
+    the gateway would judge one `model` and the engine serve the other."""
     invalid = GatewayError(400, "The body is not a readable multipart form.", "invalid_form")
     boundary = header_params(content_type).get("boundary", "")
     if not boundary or len(boundary) > 200:
@@ -105,10 +106,11 @@ def form_field(content_type: str, body: bytes, name: str) -> str | None:
     pos = body.find(delimiter)
     if pos < 0:
         raise invalid
+    found: str | None = None
     for _ in range(MAX_PARTS):
         start = pos + len(delimiter)
         if body[start : start + 2] == b"--":
-            return None  # the closing delimiter: no such field
+            return found  # the closing delimiter
         headers_end = body.find(b"\r\n\r\n", start)
         following = body.find(b"\r\n" + delimiter, headers_end)
         if headers_end < 0 or following < 0 or headers_end - start > MAX_PART_HEADER_BYTES:
@@ -121,15 +123,17 @@ def form_field(content_type: str, body: bytes, name: str) -> str | None:
                 part_type = headers.get("content-type", "text/plain")
                 if part_type.lower().startswith("multipart/"):
                     raise invalid
+                if found is not None:
+                    raise GatewayError(
+                        400, f"The form gives '{name}' more than once.", "invalid_form", param=name
+                    )
                 codec = form_codec(header_params(part_type).get("charset", "utf-8"), name)
                 try:
-                    return body[headers_end + 4 : following].decode(codec)
+                    found = body[headers_end + 4 : following].decode(codec)
                 except UnicodeError as exc:
                     raise invalid from exc
         pos = following + 2
-    raise GatewayError(
-        400, f"The form has more than {MAX_PARTS} parts before its '{name}'.", "invalid_form"
-    )
+    raise GatewayError(400, f"The form has more than {MAX_PARTS} parts.", "invalid_form")
 
 
 # The charsets clients send a form's text in (the SDKs, curl and browsers send UTF-8, or no

@@ -22,9 +22,11 @@ from django.db import DatabaseError
 from common import metrics
 from common.db_thread import DatabaseThread
 from common.versioned import Stamp, stamp
+from deployments import engine_secrets
 from deployments.adapters import RUNTIME_ADAPTERS, lora_files
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.loaders.base import whole_number
+from deployments.loaders.defaults import UNKNOWN, RequestDefaults
 from deployments.loaders.vllm import DEFAULT_MAX_LORAS
 from deployments.models import Deployment, ResponsesBy
 from openai_api.errors import GatewayError
@@ -60,6 +62,9 @@ class Route:
     # The most tokens a request may ask for (Loader.output_token_limit); None: the site's
     # MSHIP_MAX_OUTPUT_TOKENS.
     max_output_tokens: int | None = None
+    # What its engine makes a request with where the request sets nothing (sampling, answer
+    # length: Loader.request_defaults); a Responses object reports them.
+    defaults: RequestDefaults = UNKNOWN
     # Its chat takes a forced function by name (Loader.names_forced_tool).
     names_forced_tool: bool = True
     priority: int = 0  # its class (common/priority.py)
@@ -112,6 +117,9 @@ class Snapshot:
     loaded_at: float = 0.0  # when the tables were last seen to hold this (monotonic)
     stamp: tuple[Stamp, ...] = ()  # the tables' stamps when read
     read_at: float = 0.0  # when the rows were read (monotonic)
+    # Every engine URL of every deployment, with its replica's secret ("" for none): what the
+    # forwarder sends it (deployments/engine_secrets.py). Kept off Route, which is logged.
+    engine_secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     def by_id(self, deployment_id: int) -> Route | None:
         """The deployment's own route (its adapters' routes share its id: its engines)."""
@@ -144,6 +152,7 @@ def route_of(d: Deployment) -> Route:
         reads_files=loader.reads_files(spec) if loader else False,
         responses_by_engine=d.responses == ResponsesBy.ENGINE,
         max_output_tokens=loader.output_token_limit(spec) if loader else None,
+        defaults=loader.request_defaults(spec) if loader else UNKNOWN,
         names_forced_tool=loader.names_forced_tool if loader else True,
         priority=d.priority,
         max_concurrency=d.max_concurrency,
@@ -192,6 +201,17 @@ def key_of(k: ApiKey) -> Key:
     allowed = k.allowed_models or []
     if not isinstance(allowed, list) or not all(isinstance(m, str) for m in allowed):
         raise TypeError("allowed_models is not a list of names")
+    owners = tuple(
+        Owner(kind, owner.pk, ref, owner.name, limits)
+        for kind, owner, ref in (
+            ("key", k, k.prefix),
+            ("team", k.team, getattr(k.team, "ref", "")),
+        )
+        if owner is not None and (limits := budget_limits(owner))
+    )
+    # A budgeted key runs so many requests at once at most where it sets no cap of its own:
+    # each holds its reservation, and a burst cannot take every engine's slots.
+    budget_cap = int(settings.MSHIP_BUDGET_MAX_CONCURRENCY) if owners else 0
     return Key(
         id=k.pk,
         name=k.name,
@@ -201,17 +221,10 @@ def key_of(k: ApiKey) -> Key:
         allowed_models=frozenset(allowed),
         requests_per_minute=k.requests_per_minute,
         priority=k.priority,
-        max_concurrency=k.max_concurrency,
+        max_concurrency=k.max_concurrency or budget_cap or None,
         team_id=k.team_id or 0,
         team_name=k.team.name if k.team is not None else "",
-        budget_owners=tuple(
-            Owner(kind, owner.pk, ref, owner.name, limits)
-            for kind, owner, ref in (
-                ("key", k, k.prefix),
-                ("team", k.team, getattr(k.team, "ref", "")),
-            )
-            if owner is not None and (limits := budget_limits(owner))
-        ),
+        budget_owners=owners,
     )
 
 
@@ -250,9 +263,14 @@ def load() -> Snapshot:
     # Before the rows: a write between the two reads moves the stamp again, and the
     # next check reads the rows again.
     seen = stamps()
+    secrets: dict[str, str] = {}
     for d in Deployment.objects.select_related("adapter_of").order_by("name"):
         try:
             route = route_of(d)
+            # An adapter's row lists its base's URLs and holds no handle: never its "".
+            known = engine_secrets.by_url((d.runtime_handle or {}).get("replicas", []))
+            for url in (*route.urls, *known):
+                secrets[url] = known.get(url) or secrets.get(url, "")
         except Exception as exc:  # one bad row must not take the others down
             skipped("deployment", d.pk, exc)
             continue
@@ -267,7 +285,13 @@ def load() -> Snapshot:
     metrics.route_table_loaded().set(time.time())
     now = time.monotonic()
     return Snapshot(
-        routes=routes, models=tuple(models), keys=keys, loaded_at=now, stamp=seen, read_at=now
+        routes=routes,
+        models=tuple(models),
+        keys=keys,
+        loaded_at=now,
+        stamp=seen,
+        read_at=now,
+        engine_secrets=secrets,
     )
 
 
@@ -289,6 +313,9 @@ class Catalog:
         # Called when a reload shows a deployment's state changed (the on-demand controller
         # wakes its waiters on it).
         self.listeners: list[Callable[[], None]] = []
+        # Engine URLs a reload did not find either, by the table that was read then.
+        self._strangers: tuple[Snapshot | None, set[str]] = (None, set())
+        self._learning: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     async def current(self) -> Snapshot:
         """The route table; 503 when it cannot be loaded or is older than
@@ -335,6 +362,47 @@ class Catalog:
         it (the key `serve` makes once its gateway runs) is not left to the next refresh."""
         await self.current()
         self._reread = True
+
+    async def engine_secret(self, url: str) -> str:
+        """The secret of the engine at `url` (its replica's: deployments/engine_secrets.py),
+        "" for an engine started without one. An engine the table does not list yet (its
+        start, which the site's scheduler saw first, ended since the last reload) makes it
+        read the tables once: a burst of requests to it waits for one read; a URL that
+        read did not find either is not read for again until the table changes."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return ""
+        secret = snapshot.engine_secrets.get(url)
+        if secret is not None:
+            return secret
+        if self._strangers[0] is snapshot and url in self._strangers[1]:
+            return ""
+        loop = asyncio.get_running_loop()
+        if self._learning is None or self._learning[0] is not loop:
+            self._learning = (loop, asyncio.Lock())
+        async with self._learning[1]:
+            if self.snapshot is snapshot:  # no reload while it waited
+                await self._reload()
+        snapshot = self.snapshot
+        if snapshot is None:
+            return ""
+        secret = snapshot.engine_secrets.get(url)
+        if secret is None:
+            if self._strangers[0] is not snapshot:
+                self._strangers = (snapshot, set())
+            self._strangers[1].add(url)
+        return secret or ""
+
+    async def _reload(self) -> None:
+        before = self.snapshot
+        try:
+            self.snapshot = await self._db.run(load)
+        except DatabaseError:
+            log.exception("could not read the route table for an engine's secret")
+            return
+        if before is None or states(before) != states(self.snapshot):
+            for listener in list(self.listeners):
+                listener()
 
     def request_refresh(self) -> None:
         """Reload soon rather than at the next interval (callable from any thread)."""

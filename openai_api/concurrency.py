@@ -10,7 +10,10 @@ waiting already (start-time fair queuing): it has the next turn, and a late burs
 go before all of them.
 
 A request that fits goes at once unless a request it competes with (the same deployment, the
-same key) waits before it; at most MSHIP_ONDEMAND_MAX_QUEUED wait per deployment.
+same key) waits before it; at most MSHIP_ONDEMAND_MAX_QUEUED wait per deployment, and at most
+MSHIP_MAX_WAITING_PER_KEY of one key. Where a deployment's list is full, the key that holds the
+most of its places gives up its latest (429), not the newcomer of another key: one key's
+burst cannot shut every other key out.
 
 The engine queues what it is sent in arrival order: only a limit held here, where the keys
 are known, can be fair between them. One `Limits` holds the site's places: the gateway's own
@@ -25,7 +28,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.conf import settings
 
@@ -34,7 +37,7 @@ from openai_api import wait_status
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from openai_api.catalog import Key, Route
 
@@ -76,6 +79,7 @@ class Ticket:
     priority: int
     arrived: float
     granted: asyncio.Future[None] = field(repr=False)
+    deployment: str = ""
 
     @classmethod
     def of(cls, claim: Claim) -> Ticket:
@@ -87,7 +91,13 @@ class Ticket:
             claim.priority,
             time.monotonic(),
             asyncio.get_running_loop().create_future(),
+            claim.deployment,
         )
+
+    def got_place(self) -> bool:
+        """Its place was granted (not refused while it waited, nor never decided)."""
+        granted = self.granted
+        return granted.done() and not granted.cancelled() and granted.exception() is None
 
 
 def turn(
@@ -112,6 +122,40 @@ def key_waits_too_much(cap: int) -> GatewayError:
         429,
         f"This API key has {cap} requests waiting already, the most one key may"
         " (MSHIP_MAX_WAITING_PER_KEY). Try again shortly.",
+        "too_many_waiting_requests",
+        {"retry-after": "5"},
+    )
+
+
+class Waits(Protocol):
+    key_id: int | None
+    arrived: float
+
+
+W = TypeVar("W", bound=Waits)
+
+
+def giving_way(waiting: Sequence[W], key_id: int | None) -> W | None:
+    """Of a full wait list, the request that gives its place to a newcomer of `key_id`: the
+    latest of the key holding the most places, where it holds more than the newcomer's key
+    would with it (None: the newcomer is refused, as a full list's are)."""
+    held: dict[int | None, list[W]] = {}
+    for waiter in waiting:
+        held.setdefault(waiter.key_id, []).append(waiter)
+    heaviest = max(held.values(), key=len, default=[])
+    if len(heaviest) <= len(held.get(key_id, ())) + 1 or heaviest[0].key_id == key_id:
+        return None
+    # Its latest (the last to come among equal times): the one its key would send last.
+    return heaviest[max(range(len(heaviest)), key=lambda n: (heaviest[n].arrived, n))]
+
+
+def gives_way(deployment: str) -> GatewayError:
+    """A waiting request of the key holding the most places of a full list, refused so that
+    another key's request may wait."""
+    return GatewayError(
+        429,
+        f"The wait list of {deployment} is full and this API key holds the most places in it:"
+        " its latest request gives its place to another key's. Try again shortly.",
         "too_many_waiting_requests",
         {"retry-after": "5"},
     )
@@ -218,9 +262,11 @@ class Limits:
         keys_own = ticket.key_cap is not None and (
             self.by_key.get(ticket.key_id or 0, 0) >= ticket.key_cap
         )
-        same = sum(t.deployment_id == ticket.deployment_id for t in self.waiting)
-        full = same >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
-        if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or full:
+        same = [t for t in self.waiting if t.deployment_id == ticket.deployment_id]
+        full = len(same) >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
+        if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or (
+            full and not self._make_way(ticket, same)
+        ):
             raise too_many(claim, keys_own)
         per_key = int(settings.MSHIP_MAX_WAITING_PER_KEY)
         mine = sum(t.key_id == ticket.key_id for t in self.waiting)
@@ -248,6 +294,17 @@ class Limits:
             self._abandon(ticket)
             raise
 
+    def _make_way(self, ticket: Ticket, same: list[Ticket]) -> bool:
+        """A full list makes way for `ticket` where another key holds more of its places
+        than the newcomer's would with it: that key's latest request is refused."""
+        victim = giving_way(same, ticket.key_id)
+        if victim is None:
+            return False
+        self.waiting.remove(victim)
+        self.version += 1
+        victim.granted.set_exception(gives_way(victim.deployment or "this model"))
+        return True
+
     def figures_of(self, ticket: Ticket) -> dict[str, Any] | None:
         """Its place among those waiting for the same deployment, in the order they would go
         if nothing changed (the keys' turns as they stand: an estimate). One sort of the
@@ -274,7 +331,7 @@ class Limits:
         if ticket in self.waiting:
             self.waiting.remove(ticket)
             self.version += 1
-        elif ticket.granted.done():
+        elif ticket.got_place():
             self._give_back(ticket)
             self._admit()
 

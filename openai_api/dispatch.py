@@ -8,6 +8,7 @@ on-demand deployments with the controller's acquire and release.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +23,7 @@ from openai_api.routing.router import Router
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
     from openai_api.catalog import Key, Route
@@ -48,7 +49,10 @@ class OnDemandSlots(Protocol):
     """Where on-demand slots come from: the on-demand app's controller, which it registers
     here at start-up (this package imports nothing of it)."""
 
-    async def acquire(self, route: Route, notice: WaitNotice | None) -> Slot: ...
+    async def acquire(self, route: Route, notice: WaitNotice | None, waited_s: float = 0.0) -> Slot:
+        """A slot on the route's deployment. `waited_s`: what the request already waited
+        for it (a max_concurrency place), counted against the queue timeout."""
+        ...
 
     def release(self, slot: Any) -> None:
         """Give back a slot this source's acquire returned."""
@@ -114,6 +118,7 @@ class Dispatcher:
         self.on_demand: OnDemandSlots | None = None
         self.places: Places | None = None
         self.site: SiteState | None = None
+        self.now: Callable[[], float] = time.monotonic  # what waits are measured on (a test's)
 
     def slot(
         self, route: Route, notice: WaitNotice | None = None
@@ -151,10 +156,10 @@ class Dispatcher:
                 runtime_adapters.release(route, url)
 
     def unlimited_slot(
-        self, route: Route, notice: WaitNotice | None
+        self, route: Route, notice: WaitNotice | None, began: float | None = None
     ) -> AbstractAsyncContextManager[str]:
         if route.on_demand:
-            return self.on_demand_slot(route, notice)
+            return self.on_demand_slot(route, notice, began)
         self.check_servable(route)
         return self.replica(route.urls, route.name)
 
@@ -165,7 +170,10 @@ class Dispatcher:
         if not route.on_demand:
             self.check_servable(route)  # a stopped model's requests are not made to wait
         places = self.places.held(route, key) if self.places else limits().held(route, key)
-        async with places, self.unlimited_slot(route, notice) as url:
+        # One deadline from here: the wait for a place counts against the on-demand wait's
+        # MSHIP_ONDEMAND_QUEUE_TIMEOUT_S, so that the two never add up past LiteLLM's timeout.
+        began = self.now()
+        async with places, self.unlimited_slot(route, notice, began) as url:
             yield url
 
     @staticmethod
@@ -193,17 +201,19 @@ class Dispatcher:
 
     @asynccontextmanager
     async def on_demand_slot(
-        self, route: Route, notice: WaitNotice | None = None
+        self, route: Route, notice: WaitNotice | None = None, began: float | None = None
     ) -> AsyncIterator[str]:
         """A slot from the on-demand controller: it may start the model, make room for it
-        or queue; the slot is released after the last byte, on every path."""
+        or queue; the slot is released after the last byte, on every path. `began`: when the
+        request began to wait (monotonic), where it waited for a place first."""
         slots = self.on_demand
         if slots is None:
             raise GatewayError(
                 503, f"{route.name} is on demand, and no controller runs here.", "not_on_demand"
             )
         try:
-            slot = await slots.acquire(route, notice)
+            waited_s = 0.0 if began is None else self.now() - began
+            slot = await slots.acquire(route, notice, waited_s)
         except with_redis_errors(DatabaseError, OSError) as exc:
             # The controller's database (or broker) is down: say so now rather than hang.
             log.warning("on-demand acquire for %s failed: %r", route.name, exc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from openai_api.auth import current_key
+from openai_api.cache_scope import with_cache_salt
 from openai_api.catalog import catalog
 from openai_api.errors import GatewayError
 
@@ -24,12 +25,13 @@ def adapter_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
     """`body` as its route's engine takes it: a vLLM adapter by its name; for llama.cpp, a
     caller's own `lora` never passed on (a key for a base would reach every adapter loaded
     in it). A llama.cpp adapter's own `lora` is set once its engine is known (`with_lora`).
-    And its class where the engine schedules by it (`with_priority`)."""
+    And its class where the engine schedules by it (`with_priority`), and its tenant's cache
+    salt where the engine keeps tenants' caches apart by one (openai_api/cache_scope.py)."""
     if route.adapter is not None and route.adapter.runtime:
         body = {**body, "model": route.name}  # vLLM serves a loaded adapter by its name
     elif route.loader == "llama_server" and "lora" in body:
         body = {k: v for k, v in body.items() if k != "lora"}
-    return with_priority(route, body)
+    return with_priority(route, with_cache_salt(route, body))
 
 
 def with_priority(route: Route, body: dict[str, Any]) -> dict[str, Any]:

@@ -140,7 +140,11 @@ class Exchange:
             413, f"The request body is larger than {limit} bytes.", "request_too_large"
         )
         declared = self.headers.get("content-length", "")
-        if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        if (
+            declared.isascii()
+            and declared.isdigit()
+            and (len(declared) > 20 or int(declared) > limit)
+        ):
             raise too_large
         chunks, size = [], 0
         loop = asyncio.get_running_loop()
@@ -283,7 +287,9 @@ def traced(span: Any, record: access.RequestRecord) -> None:
     its name without a stored response's id, which would make every name its own)."""
     if record.endpoint:  # /v1/... or /ondemand/... (its deployment's id left out)
         span.update_name(
-            f"{record.method} /{record.gateway}/{access.endpoint_label(record.endpoint)}"
+            tracing.bounded(
+                f"{record.method} /{record.gateway}/{access.endpoint_label(record.endpoint)}"
+            )
         )
     span.set_attribute("http.response.status_code", record.status or access.CLIENT_GONE)
     span.set_attribute("modelship.request_id", record.request_id)
@@ -293,8 +299,8 @@ def traced(span: Any, record: access.RequestRecord) -> None:
         ("modelship.key", record.key),
         ("modelship.waited", record.waited),
     ):
-        if value:
-            span.set_attribute(name, value)
+        if value:  # what the caller sent (a model's name, a path) cut to tracing.CAP
+            span.set_attribute(name, tracing.bounded(value))
     if record.gpu_seconds:
         span.set_attribute("modelship.gpu_seconds", record.gpu_seconds)
     if record.first_byte is not None:

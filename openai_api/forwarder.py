@@ -1,7 +1,8 @@
 """The one streaming forwarder, shared by /v1 and /ondemand.
 
 One pooled aiohttp session per engine. The request goes up with the caller's secrets and
-hop-by-hop headers removed and `Accept-Encoding: identity`; the engine's status, headers
+hop-by-hop headers removed, the engine's own secret as its Authorization
+(deployments/engine_secrets.py), and `Accept-Encoding: identity`; the engine's status, headers
 (less hop-by-hop, Server and Date) and bytes come back chunk by chunk, unbuffered and
 unparsed. A caller that hangs up cancels the upstream request, so the engine sees its
 connection close. Where Modelship opened a streaming answer while the request waited for its
@@ -26,6 +27,7 @@ from django.conf import settings
 from common import tracing
 from openai_api import access
 from openai_api.catalog import catalog
+from openai_api.engine_auth import engine_auth
 from openai_api.engine_error_codes import normalized, openai_code
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
@@ -191,6 +193,7 @@ class Call:
     transform: Callable[[bytes], bytes] | None = None
     unreachable_code: str = "upstream_error"
     deployment: str = "the deployment"  # named in errors instead of the engine's address
+    raw_errors: bool = False  # 4xx/5xx as the engine wrote them (/ondemand, as its seed says)
 
 
 # A reused connection the engine had closed fails at once; later, the engine had the request.
@@ -228,6 +231,8 @@ class Using:
         self.span.__enter__()
         forwarder.active[base_url] = forwarder.active.get(base_url, 0) + 1
         self.ticket = ticket = meter.begin(base_url, catalog.snapshot)
+        if (record := access.current.get()) is not None:
+            record.reached_engine = True  # its prompt is read from here on: it costs
         share = ticket[0].share
         self.on_site = gpu_time.site.begin(base_url, share) if share and gpu_time.site else None
         try:
@@ -284,6 +289,7 @@ class Forwarder:
                 timeout=timeout,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
+                middlewares=(engine_auth(base_url),),
             )
             self.sessions[base_url] = session
         return session
@@ -334,11 +340,12 @@ class Forwarder:
                 502, unreachable(exc, call.deployment), call.unreachable_code
             ) from exc
         try:
+            reworded = response.status >= 400 and not call.raw_errors
             if committed:
                 await self._relay_into_open_stream(send, response)
-            elif call.transform is not None:
+            elif call.transform is not None and (response.status < 400 or reworded):
                 await self._relay_transformed(send, response, request_id, call.transform)
-            elif response.status >= 400:
+            elif reworded:
                 await self._relay_transformed(send, response, request_id, None)
             else:
                 await send(

@@ -30,7 +30,7 @@ from openai_api.relay import Traffic, relay
 from openai_api.responses import background, compact, conversation_api, input_tokens, store
 from openai_api.responses import handler as responses
 from openai_api.routing import hints
-from openai_api.usage.recording import admit, media_units
+from openai_api.usage.recording import admit, media_units, most_tokens
 from openai_api.usage.stream_usage import with_usage_asked
 
 WARM = "/warm"  # POST /v1/models/{model}/warm
@@ -98,7 +98,8 @@ async def handle(exchange: Exchange) -> None:
     )
     route = route_for(snapshot, caller, name)
     record.model = route.name
-    admit(caller.key)  # its budgets, once it asks a model for something
+    # Its budgets, once it asks a model for something: the most it can spend is held.
+    record.reservation = admit(caller.key, most_tokens(endpoint, route, data, len(body)))
     record.body_bytes, record.streaming = len(body), streaming
     record.images, record.characters = media_units(endpoint, data)
     check_output_tokens(route, data)

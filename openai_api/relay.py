@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from common import metrics
 from openai_api.bodies import json_bytes
+from openai_api.cache_figures import FigureHider, hides
 from openai_api.catalog import Route, catalog
 from openai_api.engine_dialect import needs_lora, with_lora
 from openai_api.errors import GatewayError
@@ -51,11 +52,13 @@ async def relay(
     unreachable_code: str = "upstream_error",
     *,
     keepalive: bool = True,
+    raw_errors: bool = False,
 ) -> None:
     """`keepalive`: SSE comments while a stream waits for its slot (/v1). Without (the
     on-demand gateway, LiteLLM's way in, as its seed says), a stream that waits for a start
     gets nothing until the engine answers, so that a refusal is its HTTP status; only the
-    queued notice, where one is due, opens the stream early."""
+    queued notice, where one is due, opens the stream early. `raw_errors`: the engine's
+    4xx/5xx answers pass through unchanged (the on-demand gateway; forwarder.Call)."""
     route = traffic.route
     query = exchange.scope.get("query_string", b"").decode("latin-1")
     opener = SseOpener(exchange.send, exchange.request_id) if traffic.streaming else None
@@ -88,12 +91,15 @@ async def relay(
                 transform=notice.transform() if notice is not None else None,
                 unreachable_code=unreachable_code,
                 deployment=route.name,
+                raw_errors=raw_errors,
             )
             inflight = metrics.inflight_of(route.name)
             inflight.inc()
             metrics.last_request_at[route.name] = time.time()
             try:
                 send = exchange.send
+                if hides(route):
+                    send = FigureHider(send, exchange.record, traffic.streaming)
                 if traffic.strip_usage:
                     send = UsageStripper(send, exchange.record)
                 await forwarder.forward(call, send)

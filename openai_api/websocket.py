@@ -10,7 +10,8 @@ is checked again as a request is (the key still valid, its rate, its models).
 
 One response at a time on a lane: the default lane, or the one a create's `stream_id` names
 (events then carry it); lanes run side by side, at most MSHIP_WS_MAX_LANES on a socket, each
-beyond the first counted as a connection of its own against the server's cap (ws_lanes.py).
+beyond the first counted as a connection of its own against the server's cap and its
+address's (ws_lanes.py): one address's sockets cannot hold more than its share.
 A create for a busy lane is an `error` event, and so is any refusal: the socket stays open.
 Each message is read as a request body is (bodies.json_value: the same depth limit).
 Responses made on the socket, stored or not, can be continued from it by
@@ -53,7 +54,7 @@ from openai_api.responses.fields import bad
 from openai_api.responses.foreground import Opening, run
 from openai_api.responses.turn import Turn, prepare
 from openai_api.routing import hints
-from openai_api.usage.recording import admit
+from openai_api.usage.recording import admit, most_tokens
 
 if TYPE_CHECKING:
     from openai_api.exchange import Receive, Scope, Send
@@ -78,7 +79,7 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
     except GatewayError as exc:
         return await deny(scope, send, exc, request_id)
     await send({"type": "websocket.accept", "headers": [(b"x-request-id", request_id.encode())]})
-    socket = Socket(send, headers, peer)
+    socket = Socket(send, headers, peer, ws_lanes.client_of(scope))
     ws_lanes.socket_opened()
     try:
         while True:
@@ -156,6 +157,13 @@ def too_many_lanes(full: str) -> GatewayError:
             " send the next one when one ends.",
             "too_many_streams",
         )
+    if full == "client":
+        return GatewayError(
+            503,
+            "Too many connections from your address at once (each response beyond a"
+            " socket's first counts as one); try again shortly.",
+            "server_busy",
+        )
     return GatewayError(
         503, "The server is at its connection limit; try again shortly.", "server_busy"
     )
@@ -168,10 +176,17 @@ class ClientGone(Exception):
 class Socket:
     """One connection: its lanes' responses under way and what it can continue from."""
 
-    def __init__(self, send: Send, headers: dict[str, str], peer: str) -> None:
+    def __init__(
+        self,
+        send: Send,
+        headers: dict[str, str],
+        peer: str,
+        client: ws_lanes.ClientLanes | None = None,
+    ) -> None:
         self._send = send
         self.headers = headers
         self.peer = peer
+        self.client = client  # its address's count, where the server keeps one
         self.lanes: dict[str, asyncio.Task[None]] = {}
         self.known: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self.known_bytes: dict[str, int] = {}  # each remembered context's size, as JSON
@@ -216,10 +231,15 @@ class Socket:
                 "response_already_in_flight",
             )
             return await self.send(error_event(busy, lane))
-        if (full := ws_lanes.may_open(len(self.lanes))) is not None:
+        if (full := ws_lanes.may_open(len(self.lanes), self.client)) is not None:
             return await self.send(error_event(too_many_lanes(full), lane))
-        ws_lanes.lane_started(len(self.lanes))
+        ws_lanes.lane_started(len(self.lanes), self.client)
         self.lanes[lane] = asyncio.create_task(self.create(event, lane))
+
+    def release(self, lane: str) -> None:
+        """The lane's room free again, once: whether its task ended or was cancelled."""
+        if self.lanes.pop(lane, None) is not None:
+            ws_lanes.lane_ended(len(self.lanes) + 1, self.client)
 
     async def create(self, event: dict[str, Any], lane: str) -> None:
         """A response on a lane, counted as a request of its own: its access line, metrics,
@@ -267,8 +287,7 @@ class Socket:
                     await self.send(error_event(GatewayError(500, message, "internal_error"), lane))
         finally:
             # Before the task ends: the lane is free the moment its terminal event is out.
-            ws_lanes.lane_ended(len(self.lanes))
-            self.lanes.pop(lane, None)
+            self.release(lane)
 
     async def prepare(self, data: dict[str, Any]) -> Turn:
         """A create, checked as a POST is: the caller, its rate, the model, its scope."""
@@ -283,7 +302,11 @@ class Socket:
         if (record := access.current.get()) is not None:
             record.model, record.identity, record.key_ref = route.name, caller.identity, caller.key
             record.key = shown_prefix(caller.key.prefix) if caller.key is not None else ""
-        admit(caller.key)  # its budgets, as a POST's
+        # Its budgets, as a POST's: the most it can spend held until its record ends.
+        size = record.body_bytes if record is not None else 0
+        held = admit(caller.key, most_tokens("responses", route, data, size))
+        if record is not None:
+            record.reservation = held
         check_output_tokens(route, data)
         hints.note(route, data, self.headers, str(caller.key.id) if caller.key else "")
         previous = data.get("previous_response_id")
@@ -325,6 +348,10 @@ class Socket:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A task cancelled before it began (its create and the close read in one go) never
+        # ran its `finally`: its lane is released here, or it would be counted for good.
+        for lane in list(self.lanes):
+            self.release(lane)
 
 
 class SocketOut:

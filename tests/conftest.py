@@ -25,7 +25,7 @@ from django.db import connection
 from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
 
-from deployments import deployer, engine_envs
+from deployments import deployer, engine_envs, engine_secrets
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from deployments.runtimes.process import proc_stat
@@ -36,7 +36,7 @@ from openai_api.usage.counters import sync
 from openai_api.usage.ledger import ledger
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Generator, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 if os.environ.get("PYTEST_XDIST_WORKER") and "tests.parallel_env" not in sys.modules:
@@ -300,11 +300,33 @@ def make_deployment(transactional_db: None) -> Callable[..., Deployment]:
     return make
 
 
-def chat(url: str, text: str = "hello", **body: Any) -> dict[str, Any]:
+class AsGateway(httpx.Auth):
+    """What a test that calls an engine straight sends it, as the gateway does: the secret of
+    the replica at that address (deployments/engine_secrets.py), read from the rows as it
+    asks; nothing to an address no row has."""
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        yield from self.now().auth_flow(request)
+
+    @staticmethod
+    def now() -> engine_secrets.EngineAuth:
+        """The secrets as the rows hold them now: for a request on another thread, which
+        should not open a database connection of its own."""
+        rows = Deployment.objects.values_list("runtime_handle", flat=True)
+        return engine_secrets.EngineAuth(h for row in rows for h in (row or {}).get("replicas", []))
+
+
+as_gateway = AsGateway()
+
+
+def chat(
+    url: str, text: str = "hello", *, auth: httpx.Auth = as_gateway, **body: Any
+) -> dict[str, Any]:
     answer = httpx.post(
         url + "/v1/chat/completions",
         json={"model": "any", "messages": [{"role": "user", "content": text}], **body},
         timeout=10,
+        auth=auth,
     )
     answer.raise_for_status()
     result: dict[str, Any] = answer.json()
@@ -319,8 +341,8 @@ def answers(url: str) -> bool:
         return False
 
 
-def reply_of(url: str) -> str:
-    return str(chat(url)["choices"][0]["message"]["content"])
+def reply_of(url: str, auth: httpx.Auth = as_gateway) -> str:
+    return str(chat(url, auth=auth)["choices"][0]["message"]["content"])
 
 
 def sim(**options: Any) -> dict[str, Any]:

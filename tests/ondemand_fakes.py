@@ -40,6 +40,7 @@ class FakeDeployer:
         self.releasing: dict[int, float] = {}
         # An install held by the test (its future's result: whether it succeeded).
         self.installs: dict[int, asyncio.Future[bool]] = {}
+        self.prepared: list[str] = []  # the starts whose image and environment were made
 
     def add(self, id: int, name: str, need: float, state: str = "stopped", **kw: Any) -> View:
         view = View(
@@ -77,6 +78,7 @@ class FakeDeployer:
         await self._start(deployment_id)
 
     async def prepare(self, deployment_id: int) -> bool:
+        self.prepared.append(self.rows[deployment_id].name)
         held = self.installs.get(deployment_id)
         if held is None:
             return True

@@ -246,3 +246,20 @@ def test_it_leaves_a_keys_team_and_budgets_to_who_may_change_teams(db: None) -> 
     assert (
         api.patch(f"/api/keys/{key.pk}/", {"tokens_per_day": 500}, format="json").status_code == 200
     )
+
+
+def test_it_lets_no_key_be_created_in_a_team_by_who_may_only_add_keys(db: None) -> None:
+    adder = User.objects.create_user("adds-keys", password="pw-123456", is_staff=True)
+    adder.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_apikey", "view_apikey"])
+    )
+    team = Team.objects.create(name="paying", tokens_per_day=1000)
+    api = APIClient()
+    api.force_authenticate(adder)
+    for body in ({"team": team.pk}, {"team": "paying"}, {"tokens_per_day": 10}):
+        refused = api.post("/api/keys/", {"name": "spender", **body}, format="json")
+        assert refused.status_code == 400 and set(refused.json()) == set(body), body
+        assert "permission to change teams" in refused.json()[next(iter(body))][0]
+    assert not ApiKey.objects.filter(name="spender").exists()
+    plain = api.post("/api/keys/", {"name": "spender", "team": None}, format="json")
+    assert plain.status_code == 201 and plain.json()["team"] is None

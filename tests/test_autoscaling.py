@@ -15,7 +15,7 @@ from deployments import deployer, operations, scaling
 from deployments.autoscaler import Autoscaler
 from deployments.autoscaling import AutoscalingConfig, Decider, problems
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode, State
-from tests.conftest import in_thread, wait_until
+from tests.conftest import as_gateway, in_thread, wait_until
 
 if TYPE_CHECKING:
     import threading
@@ -116,12 +116,14 @@ def test_it_keeps_a_deployment_that_scales_to_zero_on_demand_when_its_mode_is_un
 
 def busy(url: str, streams: int) -> list[threading.Thread]:
     """`streams` slow requests straight at an engine, each on its own thread."""
+    auth = as_gateway.now()
 
     def ask() -> None:
         httpx.post(
             url + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
             timeout=60,
+            auth=auth,
         ).raise_for_status()
 
     return [in_thread(ask) for _ in range(streams)]
@@ -188,12 +190,14 @@ def test_it_never_cuts_a_request_on_the_replica_it_removes(
     assert scaling.add_replica(scaled.pk, "by hand")
     leaving = fresh(scaled).engine_urls[-1]
     answers: list[str] = []
+    auth = as_gateway.now()
 
     def long_request() -> None:
         answer = httpx.post(
             leaving + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
             timeout=60,
+            auth=auth,
         )
         answers.append(answer.json()["choices"][0]["message"]["content"])
 

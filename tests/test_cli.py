@@ -256,13 +256,16 @@ def test_it_finds_its_credentials_from_any_directory_and_says_where_it_looked(
     assert "no token: tried MODELSHIP_TOKEN, MSHIP_TOKEN, " in lost.stderr
     assert str(config / "modelship" / "credentials.json") in lost.stderr
     assert "`modelship login` saves one" in lost.stderr
-    # Inside the site (any folder under it): its var/, as `make run` left it.
-    assert cli({**bare, "MODELSHIP_URL": url}, "ps", cwd=inside).returncode == 0
+    # In the site's folder: its var/, as `make run` left it (not in a folder under it).
+    assert cli({**bare, "MODELSHIP_URL": url}, "ps", cwd=var.parent).returncode == 0
+    below = cli({**bare, "MODELSHIP_URL": url}, "ps", cwd=inside)
+    assert below.returncode == 3 and str(inside / "var" / "admin_token") in below.stderr
     # The environment, by Modelship's name.
     denied = cli({**bare, "MODELSHIP_URL": url, "MODELSHIP_TOKEN": "nope"}, "ps", cwd=elsewhere)
     assert denied.returncode == 3 and "(the token from MODELSHIP_TOKEN)" in denied.stderr
     # `modelship login` checks the token, then saves it for every directory, for its owner.
-    refused = cli(bare, "login", url, "--token", "nope", cwd=elsewhere)
+    (tmp_path / "nope").write_text("nope\n")
+    refused = cli(bare, "login", url, "--token-file", str(tmp_path / "nope"), cwd=elsewhere)
     assert refused.returncode == 3 and not (config / "modelship").exists()
     logged = cli(bare, "login", url, stdin=token + "\n", cwd=elsewhere)
     assert logged.returncode == 0, logged.stderr

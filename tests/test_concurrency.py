@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
 
+from ondemand import registry
+from ondemand.controller import Controller
 from openai_api import concurrency
 from openai_api.catalog import Key, Route
-from openai_api.concurrency import Limits
+from openai_api.concurrency import Limits, limits
+from openai_api.dispatch import Dispatcher
 from openai_api.errors import GatewayError
 from tests.conftest import in_thread, wait_until
+from tests.fake_clock import FakeClock
+from tests.ondemand_fakes import FakeDeployer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -255,10 +261,40 @@ async def test_it_lets_a_request_that_fits_go_while_others_wait_elsewhere(
     requests.send("elsewhere", idle, key(2))
     await settle()
     assert "elsewhere" in requests.served  # not refused, not queued behind them
-    with pytest.raises(GatewayError) as refused:
-        async with requests.limits.held(busy, key(3)):
+    with pytest.raises(GatewayError) as refused:  # the key that fills it: no more of it
+        async with requests.limits.held(busy, capped):
             pass
     assert "model-1 has 1 requests in flight" in refused.value.message
+    for task in requests.tasks.values():
+        task.cancel()
+
+
+async def test_it_makes_a_full_wait_list_refuse_the_key_holding_most_of_it(
+    requests: Requests, settings: Any
+) -> None:
+    """Another key's newcomer takes the latest place of the key that holds the most: one
+    key's burst cannot answer every other key 429."""
+    settings.MSHIP_ONDEMAND_MAX_QUEUED = 3
+    busy, burst, other = route(cap=1), key(1), key(2)
+    for n in range(4):  # one holds the place, three fill the list
+        requests.send(f"burst-{n}", busy, burst)
+    await settle()
+    requests.send("other-0", busy, other)
+    await settle()
+    refused = requests.tasks["burst-3"]
+    assert refused.done() and isinstance(refused.exception(), GatewayError)
+    error = refused.exception()
+    assert isinstance(error, GatewayError)
+    assert (error.status, error.code) == (429, "too_many_waiting_requests")
+    assert "holds the most places" in error.message
+    assert sum(t.key_id == 2 for t in requests.limits.waiting) == 1
+    # 2 of burst's, 1 of other's: other's second would hold as many as burst: refused.
+    with pytest.raises(GatewayError, match="in flight"):
+        async with requests.limits.held(busy, other):
+            pass
+    assert not requests.tasks["burst-2"].done()
+    await requests.finish("burst-0")
+    assert requests.served[-1] == "other-0"  # its turn: burst had the place before
     for task in requests.tasks.values():
         task.cancel()
 
@@ -283,3 +319,49 @@ async def test_it_caps_one_keys_waiting_requests_so_another_key_still_waits_its_
     assert requests.served == ["burst-0", "single"]
     for name in ("single", "burst-1", "burst-2"):
         await requests.finish(name)
+
+
+async def test_it_counts_the_wait_for_a_place_against_the_on_demand_queue_timeout(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One deadline from the request's arrival: one that waited 850 of the 900 s for a
+    max_concurrency place has the 50 s left to wait for its model's start, not 900 s more
+    (the two together ran to 1,800 s, past LiteLLM's 1,500)."""
+    settings.MSHIP_CONCURRENCY_OVERFLOW = "queue"
+    settings.MSHIP_ONDEMAND_QUEUE_TIMEOUT_S = 900
+    clock = FakeClock()
+    deployer = FakeDeployer(clock)
+    deployer.add(1, "model-1", 2)
+    ctl = Controller(deployer, clock)
+    monkeypatch.setitem(registry._controllers, asyncio.get_running_loop(), ctl)
+    slots = Dispatcher()
+    slots.now = clock.now
+    slots.on_demand = registry.ControllerSlots()
+    cold = replace(route(cap=1), on_demand=True, state="stopped", urls=())
+    let_go = asyncio.Event()
+
+    async def holding() -> None:
+        async with limits().held(cold, None):
+            await let_go.wait()
+
+    async def asking() -> None:
+        async with slots.slot(cold):
+            pass
+
+    holder = asyncio.ensure_future(holding())
+    await settle()
+    request = asyncio.ensure_future(asking())
+    await settle()
+    assert len(limits().waiting) == 1
+    await clock.advance(850)  # the place is held this long
+    let_go.set()
+    await holder
+    await settle()
+    assert deployer.starts == ["model-1"]  # then its start, which does not end in time
+    await clock.advance(60)
+    assert request.done()
+    with pytest.raises(GatewayError) as refused:
+        await request
+    assert (refused.value.status, refused.value.code) == (503, "ondemand_queue_timeout")
+    deployer.finish(1)
+    await settle()

@@ -104,6 +104,30 @@ def test_it_refuses_a_form_it_cannot_read(gw: httpx.Client, content_type: str, b
     assert openai_error(answer, 400)["code"] in ("invalid_form", "missing_model")
 
 
+def test_it_refuses_a_form_that_names_two_models(
+    gw: httpx.Client, serving: Callable[..., Deployment]
+) -> None:
+    """The gateway would judge the first (a model the key may call) and the engine serve the
+    last: a form gives each field once."""
+    serving("other")
+    body = (
+        MODEL_PART + b"\r\nsim\r\n" + b"--b\r\n"
+        b'Content-Disposition: form-data; name="model"\r\n\r\nother\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        + b"RIFF"
+        + b"\0" * 40
+        + b"\r\n--b--\r\n"
+    )
+    answer = gw.post(
+        "/v1/audio/transcriptions",
+        content=body,
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    error = openai_error(answer, 400)
+    assert (error["code"], error["param"]) == ("invalid_form", "model")
+    assert "more than once" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

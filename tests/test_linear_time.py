@@ -26,6 +26,7 @@ from deployments.loaders import LOADERS
 from deployments.loaders.base import EngineSpec
 from openai_api.bodies import form_field, json_value, too_deep
 from openai_api.errors import GatewayError
+from tests.conftest import as_gateway
 from tests.ws_support import until_done
 
 if TYPE_CHECKING:
@@ -270,9 +271,10 @@ def test_it_has_the_simulated_engine_keep_its_own_cap_and_stream_as_it_makes(
     reply's first tokens leave before the rest is made."""
     sim = serving("sim", config={"tokens_per_second": 0, "max_output_tokens": 10**9})
     url = sim.engine_urls[0] + "/v1/chat/completions"
-    refused = httpx.post(url, json={"model": "sim", "messages": HI, "max_tokens": 2 * 10**9})
+    said = {"model": "sim", "messages": HI, "max_tokens": 2 * 10**9}
+    refused = httpx.post(url, json=said, auth=as_gateway)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_value"
     body = {"model": "sim", "messages": HI, "max_tokens": 10**9, "stream": True}
-    with httpx.stream("POST", url, json=body, timeout=30) as answer:
+    with httpx.stream("POST", url, json=body, timeout=30, auth=as_gateway) as answer:
         first = list(islice((line for line in answer.iter_lines() if line), 3))
     assert all(line.startswith("data: {") for line in first)

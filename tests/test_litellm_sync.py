@@ -143,6 +143,8 @@ def test_it_registers_always_on_and_on_demand_deployments(
     assert outcome is not None and not outcome.error and len(outcome.added) == 3
     [direct] = stand_in.entries("steady")
     assert direct["litellm_params"]["api_base"] == steady.engine_url + "/v1"
+    # Straight to the engine, with the engine's own secret (deployments/engine_secrets.py).
+    assert direct["litellm_params"]["api_key"] == steady.runtime_handle["replicas"][0]["secret"]
     assert stand_in.entries("st") and not stand_in.entries("broken")
     [held] = stand_in.entries("lazy")
     params, info = held["litellm_params"], held["model_info"]

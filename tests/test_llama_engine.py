@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -16,20 +17,19 @@ from django.core.management import call_command
 from django.db.models import Sum
 from django.utils import timezone
 
-from deployments import deployer
-from deployments.engine_metrics import parse_gauges, read_load
+from deployments import deployer, engine_secrets
+from deployments.engine_metrics import engine_metrics_text, parse_gauges, read_load
 from deployments.loaders import get_loader
 from deployments.models import Deployment, State
 from ondemand import baseline
 from openai_api.usage.ledger import ledger
 from openai_api.usage.models import UsageMinute
-from tests.conftest import wait_until
+from tests.conftest import as_gateway, wait_until
 from tests.docker_support import docker_block
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 # fixtures
 
@@ -73,10 +73,45 @@ def test_it_makes_a_tiny_model_that_llama_cpp_loads_and_whose_tokenizer_round_tr
     assert again.read_bytes() == tiny_models["chat"].read_bytes()  # the same for a seed
     engine = serving("tiny", **tiny(tiny_models)).engine_url
     text = "the cat sat on the mat, then went out! 42"
-    tokens = httpx.post(engine + "/tokenize", json={"content": text}).json()["tokens"]
-    assert 0 < len(tokens) < len(text.encode())  # the merges shortened it
-    back = httpx.post(engine + "/detokenize", json={"tokens": tokens}).json()["content"]
+    with httpx.Client(auth=as_gateway) as client:  # as the gateway: with the engine's secret
+        tokens = client.post(engine + "/tokenize", json={"content": text}).json()["tokens"]
+        assert 0 < len(tokens) < len(text.encode())  # the merges shortened it
+        back = client.post(engine + "/detokenize", json={"tokens": tokens}).json()["content"]
     assert back == text
+
+
+def test_it_answers_only_with_its_own_secret_which_the_gateway_sends(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    deployment = serving("tiny-guarded", **tiny(tiny_models))
+    [handle] = deployment.runtime_handle["replicas"]
+    engine, secret = deployment.engine_url, handle["secret"]
+    key = api_key()
+    body = {"model": "tiny-guarded", "messages": HI, "max_tokens": 2}
+    # Straight at its port: nothing but its health without the engine's own secret, and a
+    # gateway key is not it.
+    for caller in ({}, {"authorization": f"Bearer {key}"}):
+        with httpx.Client(headers=caller) as client:
+            assert client.post(engine + "/v1/chat/completions", json=body).status_code == 401
+            assert client.get(engine + "/slots").status_code == 401
+            assert client.get(engine + "/metrics").status_code == 401
+    assert httpx.get(engine + "/health").status_code == 200
+    # Given in its environment, never on its command line (`ps` shows that to anyone).
+    assert secret not in Path(f"/proc/{handle['pid']}/cmdline").read_text()
+    assert f"LLAMA_API_KEY={secret}" in Path(f"/proc/{handle['pid']}/environ").read_text()
+    # Through the gateway, it answers; the control plane reads its metrics.
+    answer = sdk(gateway_url, key).chat.completions.create(
+        model="tiny-guarded", messages=HI, max_tokens=2
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 2
+    assert "llamacpp:" in engine_metrics_text(deployment, 0)
+    with httpx.Client() as client:
+        loader = get_loader("llama_server")
+        assert read_load(client, engine, loader) is None  # without its secret: no gauges
+        assert read_load(client, engine, loader, engine_secrets.auth(deployment)) is not None
 
 
 def test_it_chats_with_the_real_engine_deterministically_and_to_max_tokens(
@@ -171,6 +206,28 @@ def test_it_takes_a_default_answer_length_and_sampling_from_its_operator(
     assert named.usage is not None and named.usage.completion_tokens == 20
 
 
+def test_it_reports_the_sampling_and_length_a_response_was_made_with(
+    tiny_models: dict[str, Path],
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+) -> None:
+    """`make run`'s chat (issue 58): a Responses object that set nothing says the operator's
+    flags the engine ran it with, and is cut at the length it says; one that set its own
+    says its own."""
+    flags = ["--n-predict", "9", "--temp", "0.2", "--top-p", "0.9"]
+    serving("capped", **tiny(tiny_models, extra_args=flags))
+    client = sdk(gateway_url, api_key())
+    unnamed = client.responses.create(model="capped", input="Say something.")
+    assert (unnamed.temperature, unnamed.top_p, unnamed.max_output_tokens) == (0.2, 0.9, 9)
+    assert unnamed.usage is not None and unnamed.usage.output_tokens == 9
+    assert unnamed.status == "incomplete"
+    own = client.responses.create(
+        model="capped", input="Say something.", temperature=0, top_p=0.5, max_output_tokens=4
+    )
+    assert (own.temperature, own.top_p, own.max_output_tokens) == (0, 0.5, 4)
+
+
 def test_it_embeds_one_vector_per_input(
     tiny_models: dict[str, Path],
     serving: Callable[..., Deployment],
@@ -234,7 +291,7 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
             started.set()
             # Its load gauges show it busy, so make-room and the reaper leave it alone (awaited
             # briefly: the gauge is the engine's own sample, not tied to the line we just read).
-            with httpx.Client() as client:
+            with httpx.Client(auth=as_gateway) as client:
 
                 def busy() -> bool:
                     load = read_load(client, engine, get_loader("llama_server"))
@@ -252,7 +309,8 @@ def test_it_frees_the_engines_slot_when_the_client_hangs_up_mid_stream(
 
     def predicted() -> float:
         name = "llamacpp:tokens_predicted_total"
-        return parse_gauges(httpx.get(engine + "/metrics").text, {name}).get(name, 0.0)
+        text = httpx.get(engine + "/metrics", auth=as_gateway).text
+        return parse_gauges(text, {name}).get(name, 0.0)
 
     wait_until(lambda: predicted() >= 3, 5)
     assert predicted() < 16000
@@ -279,6 +337,7 @@ def test_it_runs_the_same_launcher_in_a_container(
         boxed.engine_url + "/v1/chat/completions",
         json={"messages": HI, "max_tokens": 4, "temperature": 0},
         timeout=30,
+        auth=as_gateway,
     ).json()
     assert answer["usage"]["completion_tokens"] == 4
 
@@ -347,8 +406,9 @@ def test_it_counts_input_tokens_with_llama_cpps_own_tokenizer(
         {"role": "user", "content": "Hello there"},
     ]
     url = deployment.engine_url
-    prompt = httpx.post(url + "/apply-template", json={"messages": chat}).json()["prompt"]
-    tokens = httpx.post(url + "/tokenize", json={"content": prompt}).json()["tokens"]
+    with httpx.Client(auth=as_gateway) as client:
+        prompt = client.post(url + "/apply-template", json={"messages": chat}).json()["prompt"]
+        tokens = client.post(url + "/tokenize", json={"content": prompt}).json()["tokens"]
     assert counted.input_tokens == len(tokens) > 0
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -373,9 +374,15 @@ def test_it_never_follows_an_mcp_servers_redirect(
 
 
 @contextlib.contextmanager
-def asgi_server(app: Any) -> Iterator[str]:
+def asgi_server(app: Any, lifespan: str = "off") -> Iterator[str]:
     port = free_port("127.0.0.1")
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan=lifespan,  # type: ignore[arg-type]
+    )
     runner = uvicorn.Server(config)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -405,3 +412,81 @@ def test_it_runs_mcp_tools_for_a_response_over_a_websocket(
         "message",
     ]
     assert client.responses.retrieve(response["id"]).output_text == "The tool said: rolled 20"
+
+
+def test_it_refuses_more_mcp_servers_than_a_request_may_list(
+    client: openai.OpenAI, serving: Callable[..., Deployment], mcp_url: str, site: Any
+) -> None:
+    model(serving, "roll")
+    site.MSHIP_MCP_MAX_SERVERS = 2
+    SEEN_HEADERS.clear()
+    tools: list[Any] = [
+        {**dice(mcp_url, require_approval="never"), "server_label": f"dice{n}"} for n in range(3)
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="sim", input="x", tools=tools)
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "tools")
+    assert "at most 2 MCP servers" in error["message"]
+    assert SEEN_HEADERS == []  # refused up front: no server was asked
+    answer = client.responses.create(model="sim", input="x", tools=tools[:2])  # at the cap
+    assert answer.status == "completed"
+
+
+@contextlib.contextmanager
+def stalling_mcp_server(seconds: float) -> Iterator[str]:
+    """A real MCP server whose tools/list answers only after `seconds` (or at the end)."""
+    server = MCPServer("stalls")
+
+    @server.tool()
+    def idle() -> str:
+        """Does nothing."""
+        return "idle"
+
+    app = server.streamable_http_app()
+    done = threading.Event()
+
+    async def stalling(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        messages = [await receive()]
+        while messages[-1].get("more_body"):
+            messages.append(await receive())
+        if b'"tools/list"' in b"".join(m.get("body", b"") for m in messages):
+            await asyncio.to_thread(done.wait, seconds)
+        replay = iter(messages)
+
+        async def again() -> Any:
+            return next(replay, None) or await receive()
+
+        return await app(scope, again, send)
+
+    with asgi_server(stalling, lifespan="on") as url:
+        try:
+            yield url + "/mcp"
+        finally:
+            done.set()
+
+
+def test_it_lists_all_mcp_servers_within_one_deadline(
+    client: openai.OpenAI, serving: Callable[..., Deployment], site: Any
+) -> None:
+    """Three servers that each stall 5 s on tools/list, one deadline of 1 s for them all:
+    the response fails after about 1 s, not after 3 x 5 s (nor 3 x 30 s as each once had)."""
+    model(serving, "roll")
+    site.MSHIP_MCP_LIST_TIMEOUT_S = 1
+    with stalling_mcp_server(5) as url:
+        tools: list[Any] = [
+            {"type": "mcp", "server_label": f"slow{n}", "server_url": url} for n in range(3)
+        ]
+        began = time.monotonic()
+        with client.responses.stream(model="sim", input="x", tools=tools) as stream:
+            events = list(stream)
+        took = time.monotonic() - began
+    kinds = [e.type for e in events]
+    assert "response.mcp_list_tools.failed" in kinds
+    assert kinds[-2:] == ["error", "response.failed"]
+    message = events[-2].message  # type: ignore[union-attr]
+    assert "'slow0'" in message and "not listed in time" in message
+    assert took < 4, took

@@ -10,9 +10,10 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
+from deployments import engine_secrets
 from deployments.models import AuditEntry, Deployment, State
 from deployments.models_yaml import ModelsFileError, load, parse
-from tests.conftest import REPO, in_thread, pid_alive, reply_of
+from tests.conftest import REPO, as_gateway, in_thread, pid_alive, reply_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -48,7 +49,7 @@ def test_it_deploys_the_simulated_engine_until_it_answers(tmp_path: Path) -> Non
     assert deployment.state == State.READY
     assert deployment.aliases == ["c"]
     assert reply_of(deployment.engine_url) == "hello there"
-    models = httpx.get(deployment.engine_url + "/v1/models").json()
+    models = httpx.get(deployment.engine_url + "/v1/models", auth=as_gateway).json()
     assert [m["id"] for m in models["data"]] == ["chat", "c"]
     created = AuditEntry.objects.get(action="create", object_repr="chat")
     assert created.actor == "cli:deploy"
@@ -62,7 +63,7 @@ def test_it_reports_every_problem_at_once_and_changes_nothing(tmp_path: Path) ->
         [
             simulated("keep", reply="changed"),
             {"name": "a", "model": "x", "loader": "nope"},
-            {"name": "b", "loader": "simulated", "colour": "red"},
+            {"name": "b", "loader": "simulated", "colour": "red", "idel_timeout_s": 60},
             simulated("c", idle_timeout_s=5, mode="sometimes"),
             {**simulated("d"), "llama_server_config": {"n_ctx": 1}},
             {**simulated("e"), "simulated_config": {"tokens_per_minute": 3}},
@@ -78,6 +79,7 @@ def test_it_reports_every_problem_at_once_and_changes_nothing(tmp_path: Path) ->
         "nothing was changed",
         "models[1] (a): loader: Value 'nope' is not a valid choice.",
         "models[2] (b): unknown key 'colour'",
+        "models[2] (b): unknown key 'idel_timeout_s'; did you mean 'idle_timeout_s'?",
         "models[2] (b): 'model' is required",
         "models[3] (c): idle_timeout_s: Ensure this value is greater than or equal to 60.",
         "models[3] (c): mode: Value 'sometimes' is not a valid choice.",
@@ -142,7 +144,7 @@ def test_it_keeps_the_old_engine_serving_until_the_new_one_is_ready(tmp_path: Pa
     seen: list[tuple[str, str]] = []
     while worker.is_alive():
         row = Deployment.objects.get(name="bg")
-        seen.append((row.state, reply_of(row.engine_url)))
+        seen.append((row.state, reply_of(row.engine_url, engine_secrets.auth(row))))
         time.sleep(0.05)
     worker.join()
     assert ("ready", "old") in seen
@@ -208,7 +210,8 @@ def test_it_lets_a_stream_on_the_replaced_engine_finish(tmp_path: Path) -> None:
         "max_tokens": 40,
     }
     new_file = write(tmp_path, [simulated("drain", "new")], "new.yaml")
-    with httpx.stream("POST", old_url + "/v1/chat/completions", json=body, timeout=30) as answer:
+    url = old_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=30, auth=as_gateway) as answer:
         lines = answer.iter_lines()
         next(lines)
         # The replacement switches while this stream is half-way.

@@ -208,6 +208,24 @@ async def test_it_says_does_not_fit_at_once_for_a_model_bigger_than_the_budget(
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
+async def test_it_refuses_a_model_that_can_never_fit_before_preparing_its_start(
+    controller: Controller, deployer: FakeDeployer
+) -> None:
+    """does_not_fit is at once: no image pulled, no engine environment installed for a start
+    that cannot fit; one that fits once room is made is prepared as before."""
+    deployer.add(1, "pinned", 4, state="ready", on_demand=False)
+    deployer.always_on.add(1)
+    deployer.add(2, "huge", 7)
+    deployer.add(3, "fits", 6)
+    assert await code_of(acquiring(controller, 2)) == "does_not_fit"
+    assert deployer.prepared == []
+    fits = acquiring(controller, 3)
+    await settle()
+    assert deployer.prepared == ["fits"]
+    deployer.finish(3)
+    controller.release(await fits)
+
+
 async def served_in_turn(controller: Controller, clock: FakeClock, *ids: int) -> None:
     """One request to each deployment, 10 s apart: the first is the least recently used."""
     for n, deployment_id in enumerate(ids):
@@ -600,3 +618,29 @@ async def test_it_caps_one_keys_waiting_requests_in_the_on_demand_queue(
     slots = [await task for task in [*waiting, other]]
     assert [slot.deployment_id for slot in slots] == [1, 1, 1]
     assert deployer.starts == ["cold"]
+
+
+async def test_it_makes_a_full_queue_refuse_the_key_holding_most_of_it(
+    deployer: FakeDeployer, clock: FakeClock
+) -> None:
+    """The queue is full of one key's burst: another key's request takes the burst's latest
+    place (429 to it), instead of every other key getting 503."""
+    controller = Controller(deployer, clock, max_queued=3)
+    deployer.add(1, "cold", 2)
+    burst = [acquiring(controller, 1, key_id=7) for _ in range(3)]
+    await settle()
+    other = acquiring(controller, 1, key_id=8)
+    await settle()
+    assert await code_of(burst[-1]) == "too_many_waiting_requests"
+    assert not other.done() and not burst[0].done()
+    # A third key's request: 7 holds 2, 8 would hold 1 with it: 7's latest gives way again.
+    third = acquiring(controller, 1, key_id=9)
+    await settle()
+    assert await code_of(burst[1]) == "too_many_waiting_requests"
+    # Now each holds one: the newcomer of any key is refused, as the seed's full queue is.
+    with pytest.raises(GatewayError) as refused:
+        await controller.acquire(1, key_id=10)
+    assert (refused.value.status, refused.value.code) == (503, "ondemand_queue_full")
+    deployer.finish(1)
+    slots = [await task for task in (burst[0], other, third)]
+    assert [slot.deployment_id for slot in slots] == [1, 1, 1]

@@ -3,11 +3,13 @@ of the loopback network (127.0.0.2), with the seed's checks in their order."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -19,6 +21,10 @@ from ondemand.registry import controllers
 from openai_api.forwarder import forwarder
 from tests.conftest import in_thread, wait_until
 from tests.gateway_support import OTHER, OnDemandSite, reread_guard, seen_by_gateway
+from tests.local_http import local_http
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -132,6 +138,84 @@ def test_it_answers_502_when_the_engine_cannot_be_reached(
     assert "od-gone" in message and "127.0.0.1" not in message
 
 
+def test_it_passes_an_engine_error_through_unchanged(
+    ondemand_site: OnDemandSite, make_deployment: Any
+) -> None:
+    """The seed: engine 4xx/5xx answers pass through unchanged; the numeric code vLLM and
+    llama.cpp write is not made a word here, and the body is the engine's to the byte."""
+    said = b'{"error":{"message":"bad  input","type":"BadRequestError","param":null,"code":400}}'
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with local_http(Refusing) as url:
+        refusing = deploy(make_deployment, "od-refusing", state="ready", engine_urls=[url])
+        seen_by_gateway(lambda s: s.routes["od-refusing"].state == "ready")
+        with ondemand_site.client(refusing) as client:
+            for body in (CHAT, {**CHAT, "stream": True}):
+                answer = client.post("/chat/completions", json=body)
+                assert (answer.status_code, answer.content) == (400, said)
+
+
+def test_it_sends_no_keepalive_while_an_always_on_adapter_loads(
+    ondemand_site: OnDemandSite, make_deployment: Any, site: Any, tmp_path: Path
+) -> None:
+    """The seed promises /ondemand no keepalives: a stream for an always-on vLLM base's
+    adapter (switched while LiteLLM still points here) gets nothing while the adapter loads
+    into the base, and then exactly the engine's bytes."""
+    site.MSHIP_SSE_KEEPALIVE_S = 0.05
+    said = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+    loads: list[str] = []
+
+    class Vllm(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # its models: the base, no adapter loaded yet
+            self.answer(b'{"data":[{"id":"od-base"}]}', "application/json")
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if self.path == "/v1/load_lora_adapter":
+                time.sleep(0.5)  # the engine loads it slowly: ten keepalive beats
+                loads.append(body["lora_name"])
+                self.answer(b"ok", "text/plain")
+            else:
+                self.answer(said, "text/event-stream")
+
+        def answer(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with local_http(Vllm) as url:
+        base = deploy(
+            make_deployment, "od-base", mode=None, loader="vllm", state="ready", engine_urls=[url]
+        )
+        make_deployment("od-lora", loader="vllm", model=str(tmp_path), adapter_of=base)
+        seen_by_gateway(lambda s: "od-lora" in s.routes and s.routes["od-lora"].state == "ready")
+        with (
+            ondemand_site.client(base) as client,
+            client.stream(
+                "POST", "/chat/completions", json={**CHAT, "model": "od-lora", "stream": True}
+            ) as answer,
+        ):
+            assert answer.status_code == 200
+            assert answer.read() == said
+    assert loads == ["od-lora"]
+
+
 # --- check 1: the peer guard ------------------------------------------------------------------
 
 
@@ -180,6 +264,7 @@ def test_it_lets_only_allowed_peers_without_forwarding_headers_pass(
         "/v1/models%0Ax",
         "/v1/models\\x",
         "/v1/models/%ff%fe",  # not UTF-8
+        "/v1/models?",  # a bare `?`: the seed's rule, though ASGI sees no query
     ],
 )
 def test_it_refuses_an_unclean_path_with_400(
@@ -187,6 +272,10 @@ def test_it_refuses_an_unclean_path_with_400(
 ) -> None:
     dep = deploy(make_deployment, "od-path")
     assert ondemand_site.raw("GET", f"/ondemand/{dep.pk}{tail}") == (400, "invalid_path")
+
+
+def test_it_answers_an_id_of_4400_digits_with_404(ondemand_site: OnDemandSite) -> None:
+    assert ondemand_site.raw("GET", f"/ondemand/{'9' * 4400}/v1/models") == (404, "not_found")
 
 
 # --- checks 3 to 5: the key -----------------------------------------------------------------
@@ -472,9 +561,11 @@ def test_it_strips_secrets_and_hop_headers_both_ways(
     assert answer.status_code == 200
     raw = httpx.get(steady.engine_url + "/sim/last_chat_headers").json()
     seen = {name.lower(): value for name, value in raw.items()}
-    # What the engine received: none of the caller's secrets or hop-by-hop headers, the
-    # bytes uncompressed, the request's id.
-    assert {"authorization", "cookie", "x-hop-only"}.isdisjoint(seen)
+    # What the engine received: none of the caller's secrets or hop-by-hop headers (its
+    # Authorization is the engine's own secret, not the caller's key), the bytes
+    # uncompressed, the request's id.
+    assert {"cookie", "x-hop-only"}.isdisjoint(seen)
+    assert seen["authorization"] == f"Bearer {steady.runtime_handle['replicas'][0]['secret']}"
     assert seen["accept-encoding"] == "identity" and seen["x-app-header"] == "kept"
     assert seen["x-request-id"] == answer.headers["x-request-id"]
     # What the client got: not the engine's Server header (aiohttp's, naming its version).

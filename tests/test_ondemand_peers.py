@@ -3,6 +3,7 @@ PeerGuard in front of the gateway, run for real in a container on a Docker netwo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import textwrap
@@ -199,3 +200,57 @@ async def test_it_lets_nobody_through_before_the_first_policy_read(
     await guard._refreshing
     await guard(scope, receive, send)
     assert reached == ["/ondemand/1/v1/models"]
+
+
+async def test_it_reads_the_policy_at_start_and_again_ahead_of_any_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read at the gateway's start, so that its first request waits for no read, and again
+    every REFRESH_S whether requests come or not: after a lull, the request is judged by the
+    policy read meanwhile, not by the one of before the lull."""
+    docker_says = ["127.0.0.1/32"]
+    reads: list[str] = []
+    read_again = threading.Event()
+
+    def read() -> peers.PeerPolicy:
+        reads.append(docker_says[0])
+        if docker_says[0] != "127.0.0.1/32":
+            read_again.set()
+        return build_policy(docker_says[0], [], None)
+
+    monkeypatch.setattr(peers, "read_policy", read)
+    monkeypatch.setattr(peers, "REFRESH_S", 0.05)
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/ondemand/1/v1/models",
+        "headers": [],
+        "client": ("127.0.0.1", 5000),
+    }
+    guard = peers.PeerGuard(app)
+    await guard.start()
+    try:
+        assert reads == ["127.0.0.1/32"]  # before any request
+        await guard(scope, receive, send)
+        assert reached == ["/ondemand/1/v1/models"]
+        docker_says[0] = "10.0.0.0/8"  # the lull: no request comes while Docker changes
+        assert await asyncio.to_thread(read_again.wait, 10)
+        assert guard._refreshing is not None
+        await asyncio.wait({guard._refreshing})  # the read that saw it, or a later one
+        await guard(scope, receive, send)
+        assert reached == ["/ondemand/1/v1/models"] and sent[0]["status"] == 404
+    finally:
+        await guard.stop()

@@ -15,14 +15,22 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from deployments import deployer
+from deployments import deployer, engine_secrets
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.adapter import DjangoDeployer, in_engine_thread
 from ondemand.adapter import in_thread as off_the_loop
 from ondemand.controller import Controller
 from ondemand.lease import extend
 from ondemand.reaper import reap_once
-from tests.conftest import REPO, HeldSleep, env_for_subprocess, in_thread, reap, scaled
+from tests.conftest import (
+    REPO,
+    HeldSleep,
+    as_gateway,
+    env_for_subprocess,
+    in_thread,
+    reap,
+    scaled,
+)
 from tests.fake_clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("engines")
@@ -110,7 +118,8 @@ def test_it_leaves_a_model_whose_engine_is_busy_or_that_is_always_on(
         "stream": True,
         "max_tokens": 100,
     }
-    with httpx.stream("POST", busy.engine_url + "/v1/chat/completions", json=body) as answer:
+    url = busy.engine_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, auth=as_gateway) as answer:
         lines = answer.iter_lines()
         next(lines)
         assert reap(site) == "stopped: -"
@@ -168,7 +177,8 @@ def test_it_never_stops_an_engine_while_a_gateway_holds_its_lease(
                 restarts += 1
                 continue
             grants += 1
-            url = Deployment.objects.get(pk=lazy.pk).engine_url
+            row = Deployment.objects.get(pk=lazy.pk)
+            url, auth = row.engine_url, engine_secrets.auth(row)
             # The engine idles inside the lease (its gauges say so), then serves again
             # before the lease ends: only the lease keeps the reaper away meanwhile.
             for pause in (0.0, 0.25):
@@ -176,7 +186,8 @@ def test_it_never_stops_an_engine_while_a_gateway_holds_its_lease(
                 if time.monotonic() - taken > 0.4:
                     break  # too close to the end of the lease to prove anything
                 try:
-                    client.post(url + "/v1/completions", json={"model": "stress", "prompt": "x"})
+                    said = {"model": "stress", "prompt": "x"}
+                    client.post(url + "/v1/completions", json=said, auth=auth)
                     checked += 1
                 except httpx.HTTPError as exc:
                     failures.append(repr(exc))

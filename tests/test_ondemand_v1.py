@@ -23,6 +23,7 @@ from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -86,6 +87,24 @@ def test_it_refuses_a_model_that_cannot_fit_at_all(
         ask(sdk(gateway_url, api_key()), "huge")
     assert (refused.value.status_code, refused.value.code) == (503, "does_not_fit")
     assert Deployment.objects.get(name="huge").state == State.PLANNED
+
+
+def test_it_answers_503_with_the_cause_when_the_docker_engine_is_unreachable(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Any,
+    site: Any,
+    tmp_path: Path,
+) -> None:
+    site.MSHIP_DOCKER_HOST = f"unix://{tmp_path}/no-docker.sock"  # nothing listens there
+    on_demand(make_deployment, site, "boxed", runtime="docker", image="modelship:latest")
+    client = sdk(gateway_url, api_key())
+    for _ in range(2):  # no backoff: the next request tries again, and hears why again
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(client, "boxed")
+        assert (refused.value.status_code, refused.value.code) == (503, "start_failed")
+        assert "boxed failed to start: the Docker Engine is unreachable" in str(refused.value)
+    assert Deployment.objects.get(name="boxed").state == State.PLANNED  # as it was
 
 
 def test_it_backs_off_after_a_failed_start(

@@ -17,9 +17,10 @@ from django.utils import timezone
 from django_q.brokers import get_broker
 from rest_framework.test import APIClient
 
-from deployments import deployer, hooks
+from deployments import deployer, hooks, launch
 from deployments.loaders import get_loader
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
+from deployments.runtimes import RuntimeError_
 from tests.conftest import reply_of, run_queue, sim, take_queue
 
 if TYPE_CHECKING:
@@ -274,9 +275,11 @@ def test_it_drops_a_switch_whose_start_the_docker_engine_could_not_take(
     assert deployment.state_reason.endswith("(the switch to always on was not made)")
 
 
-def test_it_drops_a_switch_whose_engine_could_not_be_launched(
+def test_it_leaves_a_deployment_as_it_was_when_its_switchs_launch_is_refused(
     ops: User, make_deployment: Any, tmp_path: Path
 ) -> None:
+    """The seed: a refused start (the runtime would not launch the engine) clears the
+    pending mode and leaves the deployment as it was, not failed."""
     deployment = make_deployment(
         "nobinary", command=["/nonexistent/engine", "--port", "{port}"], mode="on_demand"
     )
@@ -284,11 +287,37 @@ def test_it_drops_a_switch_whose_engine_could_not_be_launched(
     run_queue()
     deployment.refresh_from_db()
     assert (deployment.state, deployment.mode, deployment.pending_mode) == (
-        State.FAILED,
+        State.PLANNED,
         "on_demand",
         None,
     )
     assert deployment.state_reason.startswith("cannot run '/nonexistent/engine'")
+    assert deployment.state_reason.endswith("(the switch to always on was not made)")
+    # A start of its own (no switch) that the runtime refuses is failed, as before.
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.FAILED
+
+
+def test_it_leaves_a_deployment_as_it_was_when_its_switchs_image_is_refused(
+    ops: User, make_deployment: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(deployment: Any) -> None:
+        raise RuntimeError_("pull access denied for modelship-nowhere")
+
+    monkeypatch.setattr(launch, "fetch_image", refused)
+    deployment = make_deployment("unpulled", config=sim(), mode="on_demand", state=State.STOPPED)
+    assert change("api", deployment, ops, tmp_path, mode="always_on").status_code == 200
+    run_queue()
+    deployment.refresh_from_db()
+    assert (deployment.state, deployment.mode, deployment.pending_mode) == (
+        State.STOPPED,
+        "on_demand",
+        None,
+    )
+    assert deployment.state_reason == (
+        "pull access denied for modelship-nowhere (the switch to always on was not made)"
+    )
 
 
 def queued_names() -> list[str]:

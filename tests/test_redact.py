@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from common.redact import MASK, redact, redact_argv
+from common.redact import MASK, redact, redact_argv, redact_urls
 from deployments.models import AuditEntry
 
 
@@ -58,3 +58,23 @@ def test_it_keeps_secrets_out_of_audit_rows(transactional_db: None) -> None:
     assert "secret_value" not in str(row.after)
     assert row.after is not None
     assert row.after["docker_options"]["environment"] == {"HF_TOKEN": MASK}
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("http://user:pw@h:8/x.gguf", f"http://{MASK}@h:8/x.gguf"),
+        ("https://u:p@ss@h/x", f"https://{MASK}@h/x"),  # a password holding an @
+        ("pulling https://h/x?token=t&a=1 failed", f"pulling https://h/x?token={MASK}&a=1 failed"),
+        ("https://h/x?access_token=t", f"https://h/x?access_token={MASK}"),
+        ("https://h/x?sv=1&sig=s", f"https://h/x?sv=1&sig={MASK}"),
+        (
+            "https://b.s3.amazonaws.com/m?X-Amz-Credential=AK&X-Amz-Signature=s&X-Amz-Date=1",
+            f"https://b.s3.amazonaws.com/m?X-Amz-Credential={MASK}&X-Amz-Signature={MASK}"
+            "&X-Amz-Date=1",
+        ),
+        ("https://h/x?X-Goog-Signature=s", f"https://h/x?X-Goog-Signature={MASK}"),
+    ],
+)
+def test_it_masks_the_credentials_of_a_url_in_a_text(text: str, masked: str) -> None:
+    assert redact_urls(text) == masked

@@ -6,6 +6,8 @@ end."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import struct
 import zipfile
 from datetime import timedelta
@@ -14,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 import gguf
 import httpx
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.utils.timezone import now
 from rest_framework.test import APIClient
 
 from common.egress import EgressRefused, Policy, guarded_client, own_addresses
+from deployments.models import AuditEntry, Deployment
 from deployments.store import pulls, web
 from deployments.store.metadata import describe
 from deployments.store.models import PullState, StoredModel
@@ -204,3 +209,150 @@ def test_it_checks_a_local_path_again_as_it_pulls(
     run_queue()
     model = StoredModel.objects.get(pk=answer.json()["id"])
     assert model.state == PullState.FAILED and "outside MSHIP_MODEL_DIRS" in model.error
+
+
+@pytest.fixture
+def viewer(transactional_db: None) -> User:
+    """Staff who may only look at the store and the deployments."""
+    user = User.objects.create_user("viewer", password="pw-123456", is_staff=True)
+    codenames = ("view_storedmodel", "view_deployment")
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+def local_model(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
+    """A model file inside the model folders: pulling it takes no host access."""
+    path = tmp_path / "more" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_it_refuses_to_delete_a_stored_model_a_deployment_names_in_any_spelling(
+    store: Store, staff: APIClient, root: APIClient, tmp_path: Path, tiny_gguf: bytes
+) -> None:
+    source = local_model(tmp_path, tiny_gguf)
+    model = pulled(staff, source=str(source), name="tiny")
+    assert model["state"] == "ready", model["error"]
+    folder = store.root / "tiny"
+    link = tmp_path / "models" / "alias"
+    link.symlink_to(folder)
+    admin = Client()
+    admin.force_login(User.objects.get(username="root"))
+    spellings = [
+        ("store:tiny", {}),
+        ("store:tiny/m.gguf", {}),
+        (os.path.relpath(folder, settings.BASE_DIR), {}),  # `var/models/store/tiny`
+        (os.path.relpath(folder / "m.gguf", settings.BASE_DIR), {}),
+        (str(folder), {}),
+        (str(folder) + "/", {}),
+        (f"{store.root}/other/../tiny//", {}),
+        (str(link), {}),  # a link into it
+        (str(link / "m.gguf"), {}),
+        ("acme/vision", {"mmproj": str(folder / "m.gguf")}),  # a path option of its loader
+    ]
+    for spelling, config in spellings:
+        Deployment.objects.create(name="chat", loader="llama_server", model=spelling, config=config)
+        assert staff.get(f"/api/stored-models/{model['id']}/").json()["used_by"] == ["chat"]
+        refused = staff.delete(f"/api/stored-models/{model['id']}/")
+        assert refused.status_code == 409, spelling
+        assert refused.json()["code"] == "conflict"
+        assert "used by chat" in refused.json()["detail"]
+        assert "used by chat" in root.delete(f"/api/stored-models/{model['id']}/").json()["detail"]
+        page = admin.post(f"/admin/deployments/storedmodel/{model['id']}/delete/", {"post": "yes"})
+        assert page.status_code == 302
+        assert StoredModel.objects.filter(name="tiny").exists(), spelling
+        assert (folder / "m.gguf").is_file(), spelling
+        Deployment.objects.filter(name="chat").delete()
+    # Another model's path, or a hub id, uses it not.
+    Deployment.objects.create(name="chat", loader="llama_server", model=str(store.root / "tinyer"))
+    Deployment.objects.create(name="hub", loader="llama_server", model="acme/tiny")
+    assert staff.delete(f"/api/stored-models/{model['id']}/").status_code == 204
+    assert not folder.exists()
+
+
+def test_it_lets_only_a_user_who_may_reach_the_host_pull_under_a_name_in_use(
+    store: Store, staff: APIClient, root: APIClient, tmp_path: Path, tiny_gguf: bytes
+) -> None:
+    source = str(local_model(tmp_path, tiny_gguf))
+    # A deployment that names a model by its path in the store, before anything is there (a
+    # path inside the model folders: `change` is enough); then a pull under that name
+    # would choose what it loads.
+    body = {"name": "chat", "loader": "llama_server", "model": f"{store.root}/later/"}
+    assert staff.post("/api/deployments/", body, format="json").status_code == 201
+    refused = staff.post("/api/stored-models/", {"source": source, "name": "later"})
+    assert refused.status_code == 403, refused.json()
+    assert "used by chat" in refused.json()["name"][0]
+    assert "run_arbitrary_engine" in refused.json()["name"][0]
+    assert not StoredModel.objects.filter(name="later").exists()
+    assert pulled(root, source=source, name="later")["state"] == "ready"
+    # A failed pull a deployment names, pulled again: the same.
+    gone = f"{store.host.url}/files/gone.gguf"
+    failed = pulled(root, source=gone, name="flaky")
+    assert failed["state"] == "failed"
+    Deployment.objects.create(name="chat2", loader="llama_server", model="store:flaky")
+    again = staff.post("/api/stored-models/", {"source": gone, "name": "flaky"})
+    assert again.status_code == 403, again.json()
+    assert "used by chat2" in again.json()["name"][0]
+    assert StoredModel.objects.get(name="flaky").state == PullState.FAILED
+    assert root.post("/api/stored-models/", {"source": gone, "name": "flaky"}).status_code == 202
+    # A name no deployment uses takes `add` only.
+    assert pulled(staff, source=source, name="free")["state"] == "ready"
+
+
+def test_it_never_shows_a_pull_urls_credentials(
+    store: Store,
+    staff: APIClient,
+    viewer: User,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web, "ATTEMPTS", 1)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    host = store.host.url.removeprefix("http://")
+    sources = [
+        f"http://user:secret@127.0.0.1:{closed}/x.gguf?token=tok-secret",
+        f"http://user:p@ss-secret@{host}/files/missing.gguf?X-Amz-Signature=sig-secret&a=1",
+        f"http://{host}/files/gone.gguf?access_token=at-secret",
+    ]
+    answers = [staff.post("/api/stored-models/", {"source": s}, format="json") for s in sources]
+    assert [a.status_code for a in answers] == [202, 202, 202]
+    # Refused as it is asked: the refusal quotes no credentials either.
+    refused = staff.post(
+        "/api/stored-models/", {"source": "http://user:secret@10.1.2.3/y.gguf"}, format="json"
+    )
+    assert refused.status_code == 400
+    conflict = staff.post(
+        "/api/stored-models/", {"source": "hf:acme/x", "name": answers[0].json()["name"]}
+    )
+    assert conflict.status_code == 409
+    run_queue()
+    rows = StoredModel.objects.order_by("pk")
+    assert [m.state for m in rows] == [PullState.FAILED] * 3
+    assert "answered 404" in rows[1].error  # the error quotes the URL, masked
+    assert [m.source for m in rows] == sources  # the pull itself has them
+    looker = APIClient()
+    looker.force_authenticate(viewer)
+    listed = looker.get("/api/stored-models/")
+    assert listed.status_code == 200
+    assert len(listed.json()["results"]) == 3
+    assert "http://********@127.0.0.1" in listed.content.decode()
+    shown = [
+        *(a.content.decode() for a in [*answers, refused, conflict]),
+        listed.content.decode(),
+        staff.get("/api/stored-models/").content.decode(),
+        *(looker.get(f"/api/stored-models/{m.pk}/").content.decode() for m in rows),
+        json.dumps(
+            list(AuditEntry.objects.values("object_repr", "before", "after", "text")), default=str
+        ),
+    ]
+    page = Client()
+    page.force_login(viewer)
+    shown.append(page.get("/admin/deployments/storedmodel/").content.decode())
+    for m in rows:
+        shown.append(page.get(f"/admin/deployments/storedmodel/{m.pk}/change/").content.decode())
+    assert AuditEntry.objects.filter(action="store.pull").count() == 3
+    for text in shown:
+        assert "secret" not in text, text[:3000]

@@ -135,3 +135,79 @@ def test_it_starts_a_trace_of_its_own_where_callers_are_not_followed(
     root = next(s for s in receiver.spans if s.name == "POST /v1/chat/completions")
     assert root.trace_id != CALLER_TRACE and root.parent_id == ""
     assert root.links == ((CALLER_TRACE, CALLER_SPAN),)
+
+
+def test_it_cuts_what_a_caller_sends_to_the_cap_before_it_authenticates(
+    receiver: Receiver, gateway_url: str
+) -> None:
+    """A 60 KiB path, without a key: the span's name and each of its values hold at most
+    tracing.CAP characters, a cut one ending in tracing.CUT."""
+    long = "a" * 60 * 1024
+    answer = httpx.get(f"{gateway_url}/v1/responses/resp_1/{long}", timeout=30)
+    assert answer.status_code == 401, answer.text[:200]
+    tracing.flush()
+    wait_until(lambda: any(s.kind == SERVER for s in receiver.spans), 10)
+    root = next(s for s in receiver.spans if s.kind == SERVER)
+    assert len(root.name) == tracing.CAP, root.name[:80]
+    assert root.name.startswith("GET /v1/responses/{id}/aaaa")
+    assert root.name.endswith(tracing.CUT)
+    endpoint = root.attributes["modelship.endpoint"]
+    assert len(endpoint) == tracing.CAP
+    assert endpoint.startswith("responses/resp_1/aaaa") and endpoint.endswith(tracing.CUT)
+    texts = [v for s in receiver.spans for v in s.attributes.values() if isinstance(v, str)]
+    assert all(len(text) <= tracing.CAP for text in texts)
+
+
+def test_it_samples_a_request_by_the_sites_rule_whatever_its_callers_traceparent_says(
+    receiver: Receiver,
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Any],
+    access_lines: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller's sampled `traceparent` (…-01): at a ratio of 0 nothing is recorded (the trace
+    id is continued, unsampled, to the engine); at 1 the request's span is."""
+    engine = serving("sim").engine_url
+    key = api_key()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    tracing.configure(receiver.url, delay_ms=50)
+    ask_as_caller(gateway_url, key, "sim")
+    sent = httpx.get(engine + "/sim/last_chat_headers").json()["traceparent"]
+    assert sent.startswith(f"00-{CALLER_TRACE}-") and sent.endswith("-00")
+    wait_until(lambda: any(line.get("trace_id") == CALLER_TRACE for line in access_lines), 10)
+    tracing.flush()
+    assert receiver.spans == []
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "1")
+    tracing.configure(receiver.url, delay_ms=50)
+    ask_as_caller(gateway_url, key, "sim")
+    tracing.flush()
+    root = receiver.named("POST /v1/chat/completions", CALLER_TRACE)
+    assert (root.parent_id, root.kind) == (CALLER_SPAN, SERVER)
+    sent = httpx.get(engine + "/sim/last_chat_headers").json()["traceparent"]
+    assert sent.endswith("-01")
+
+
+def test_it_lets_no_trace_id_a_caller_picks_get_its_requests_past_the_ratio(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ratio decides by the trace id's low 64 bits: a caller's trace id of zeros there
+    (and its flag, sampled or not) would be traced every time; it is traced about as often
+    as the ratio says."""
+    chosen = "4bf92f3577b34da60000000000000000"
+    for rule in ("traceidratio", "parentbased_traceidratio"):
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", rule)
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+        tracing.configure(receiver.url, delay_ms=50)
+        for flags in ("00", "01"):
+            headers = {"traceparent": f"00-{chosen}-{CALLER_SPAN}-{flags}"}
+            traced = 0
+            for _ in range(200):
+                with tracing.server_span("GET /v1/models", headers) as span:
+                    assert tracing.trace_id_of(span) == chosen  # the caller's trace goes on
+                    with tracing.span("modelship.auth") as child:
+                        assert child.is_recording() == span.is_recording()
+                    traced += span.is_recording()
+            assert 50 < traced < 150, (rule, flags, traced)

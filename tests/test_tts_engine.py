@@ -11,6 +11,7 @@ import pytest
 
 from deployments import deployer
 from deployments.models import State
+from tests.conftest import as_gateway
 
 pytestmark = pytest.mark.usefixtures("engines")
 
@@ -26,6 +27,11 @@ def speech_url(make_deployment: Any) -> str:
     return str(deployment.engine_url) + "/v1/audio/speech"
 
 
+def post(url: str, **options: Any) -> httpx.Response:
+    """Straight to the engine, with its secret, as the gateway calls it."""
+    return httpx.post(url, auth=as_gateway, **options)
+
+
 def wav_seconds(data: bytes) -> float:
     """A (streamed) WAV's length: its frames read to the end (its header says "unknown")."""
     with wave.open(io.BytesIO(data)) as wav:
@@ -35,7 +41,7 @@ def wav_seconds(data: bytes) -> float:
 
 
 def test_it_speaks_text_as_wav_and_pcm(speech_url: str) -> None:
-    answer = httpx.post(
+    answer = post(
         speech_url,
         json={"model": "voice", "input": "Hello from Modelship.", "response_format": "wav"},
     )
@@ -43,7 +49,7 @@ def test_it_speaks_text_as_wav_and_pcm(speech_url: str) -> None:
     assert answer.headers["content-type"] == "audio/wav"
     seconds = wav_seconds(answer.content)
     assert 0.5 < seconds < 10
-    slow = httpx.post(
+    slow = post(
         speech_url,
         json={
             "model": "voice",
@@ -63,12 +69,10 @@ def test_it_answers_bad_requests_with_openai_errors(speech_url: str) -> None:
         ({"input": "hi", "response_format": "ogg"}, "unsupported_format"),
         ({"input": "hi", "speed": 9}, "invalid_speed"),
     ):
-        answer = httpx.post(speech_url, json=body)
+        answer = post(speech_url, json=body)
         assert answer.status_code == 400
         assert answer.json()["error"]["code"] == code
-    broken = httpx.post(
-        speech_url, content=b"{not json", headers={"content-type": "application/json"}
-    )
+    broken = post(speech_url, content=b"{not json", headers={"content-type": "application/json"})
     assert broken.json()["error"]["code"] == "invalid_json"
 
 
@@ -77,7 +81,7 @@ def test_it_speaks_a_text_that_looks_like_an_option_instead_of_reading_a_file(
 ) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("the password is swordfish. " * 60)  # about a minute read aloud
-    answer = httpx.post(
+    answer = post(
         speech_url,
         json={"model": "voice", "input": f"-f{secret}", "response_format": "wav"},
         timeout=60,
@@ -90,6 +94,6 @@ def test_it_speaks_a_text_that_looks_like_an_option_instead_of_reading_a_file(
 
 def test_it_refuses_a_voice_that_is_not_a_name(speech_url: str) -> None:
     for voice in ("-f/etc/passwd", "../../etc/passwd", "en us", "x" * 80):
-        answer = httpx.post(speech_url, json={"model": "voice", "input": "hi", "voice": voice})
+        answer = post(speech_url, json={"model": "voice", "input": "hi", "voice": voice})
         assert answer.status_code == 400, voice
         assert answer.json()["error"]["code"] == "invalid_voice"

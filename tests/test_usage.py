@@ -156,29 +156,39 @@ def test_it_counts_a_client_that_hangs_up_by_its_own_estimate(
     assert used["tokens_in"] > 0
 
 
-def test_it_lets_a_stream_crossing_a_budget_finish_and_refuses_the_next(
+def test_it_lets_in_only_what_fits_a_token_budget_and_counts_what_it_spent(
     gateway_url: str, api_key: Callable[..., str], serving: Serving, site: Any
 ) -> None:
-    serving("sim", config={"reply": " ".join(["word"] * 30)})
-    secret = api_key("capped", tokens_per_day=10)
+    """The most a request can spend (its prompt, estimated from its size, and its
+    max_tokens) must fit what is left; what it spent is what counts after."""
+    serving("sim", config={"reply": " ".join(["word"] * 45)})
+    secret = api_key("capped", tokens_per_day=100)
     sdk = client(gateway_url, secret)
-    words = [
-        c.choices[0].delta.content
-        for c in sdk.chat.completions.create(model="sim", messages=HELLO, stream=True)
-        if c.choices and c.choices[0].delta.content
-    ]
-    assert len(words) == 30  # past the budget's 10 tokens, and not cut short
     with pytest.raises(openai.RateLimitError) as refused:
-        sdk.chat.completions.create(model="sim", messages=HELLO)
+        sdk.chat.completions.create(model="sim", messages=HELLO, max_tokens=500)
     error = refused.value
     assert error.code == "budget_exceeded"
-    assert "tokens_per_day" in error.message and "of 10 tokens" in error.message
+    assert "may use up to" in error.message and "tokens_per_day" in error.message
+    assert "has 100 left" in error.message
     tomorrow = datetime.now(UTC).date().toordinal() + 1
-    assert f"{datetime.fromordinal(tomorrow):%Y-%m-%d}T00:00:00Z" in error.message
-    assert 0 < int(error.response.headers["retry-after"]) <= 86400
-    sync.sync()  # the counters' thread: totals read, the audit written
-    assert AuditEntry.objects.filter(action="budget.exceeded", object_repr="key capped").exists()
-    assert usage_once(2)["requests"] == 2  # the refused request counts as a request
+    assert f"{datetime.fromordinal(tomorrow):%Y-%m-%d}" not in error.message  # not used up
+    assert 0 < int(error.response.headers["retry-after"]) <= 86400  # nothing held: the reset
+    assert error.response.headers["x-modelship-budget"] == "key:tokens_per_day"
+    words = [
+        c.choices[0].delta.content
+        for c in sdk.chat.completions.create(
+            model="sim", messages=HELLO, stream=True, max_tokens=45
+        )
+        if c.choices and c.choices[0].delta.content
+    ]
+    assert len(words) == 45
+    used = usage_once(2)
+    assert used["tokens_in"] + used["tokens_out"] == 4 + 45  # what the engine counted
+    with pytest.raises(openai.RateLimitError, match="has 51 left"):
+        sdk.chat.completions.create(model="sim", messages=HELLO, max_tokens=45)
+    small = sdk.chat.completions.create(model="sim", messages=HELLO, max_tokens=5)
+    assert small.usage is not None and small.usage.completion_tokens == 5
+    assert usage_once(4)["requests"] == 4  # the refused requests count as requests
 
 
 def test_it_holds_a_teams_budget_over_its_keys_and_warns_first(
@@ -306,20 +316,21 @@ def test_it_holds_a_budget_over_two_gateway_processes(
 ) -> None:
     """The process that served a request refuses the next at once (its own count); the
     other within a refresh (Redis where REDIS_URL is set, else the usage table)."""
-    sim = make_deployment("sim", config={"reply": "one two three four five six seven"})
+    sim = make_deployment("sim", config={"reply": " ".join(["word"] * 45)})
     deployer.restart(sim.pk)
-    _, secret = ApiKey.issue("shared", tokens_per_day=5)
+    _, secret = ApiKey.issue("shared", tokens_per_day=100)
     a, b = (
         openai.OpenAI(base_url=url + "/v1", api_key=secret, max_retries=0, timeout=30)
         for url in two_gateways
     )
-    assert a.chat.completions.create(model="sim", messages=HELLO).choices  # 4 + 7 tokens
+    # 4 + 45 tokens spent; each request may spend its prompt's estimate (about 20) and 45.
+    assert a.chat.completions.create(model="sim", messages=HELLO, max_tokens=45).choices
     with pytest.raises(openai.RateLimitError, match="tokens_per_day"):
-        a.chat.completions.create(model="sim", messages=HELLO)
+        a.chat.completions.create(model="sim", messages=HELLO, max_tokens=45)
 
     def b_refuses() -> bool:
         try:
-            b.chat.completions.create(model="sim", messages=HELLO)
+            b.chat.completions.create(model="sim", messages=HELLO, max_tokens=45)
         except openai.RateLimitError as refused:
             return refused.code == "budget_exceeded"
         return False

@@ -43,7 +43,7 @@ from deployments.models import Deployment, State
 from ondemand.registry import controllers
 from openai_api.catalog import catalog
 from openai_api.runtime_adapters import runtime_adapters
-from tests.conftest import in_thread, reap, tree_resident_bytes, wait_until
+from tests.conftest import as_gateway, in_thread, reap, tree_resident_bytes, wait_until
 from tests.gateway_support import OnDemandSite, seen_by_gateway
 
 if TYPE_CHECKING:
@@ -457,7 +457,7 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     seen_by_gateway(
         lambda s: "tiny-vllm-poet" in s.routes and s.routes["tiny-vllm-poet"].state == "ready"
     )
-    listed = {m["id"] for m in httpx.get(engine + "/v1/models").json()["data"]}
+    listed = {m["id"] for m in httpx.get(engine + "/v1/models", auth=as_gateway).json()["data"]}
     assert "tiny-vllm-poet" not in listed  # not loaded before it is asked for
     client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0)
 
@@ -485,7 +485,7 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     assert said("tiny-vllm-base") == plain
 
     def loaded() -> dict[str, Any]:
-        listed = httpx.get(engine + "/v1/models").json()["data"]
+        listed = httpx.get(engine + "/v1/models", auth=as_gateway).json()["data"]
         return {m["id"]: m for m in listed if m.get("parent")}
 
     assert loaded()["tiny-vllm-poet"]["parent"] == "tiny-vllm-base"

@@ -1,5 +1,6 @@
-"""The Responses WebSocket's bounds: lanes per socket (MSHIP_WS_MAX_LANES) and lanes against
-the server's connection cap, the contexts it remembers bounded in bytes, each message's JSON
+"""The Responses WebSocket's bounds: lanes per socket (MSHIP_WS_MAX_LANES), lanes against
+the server's connection cap and against their address's (MSHIP_MAX_CONNECTIONS_PER_CLIENT),
+the contexts it remembers bounded in bytes, each message's JSON
 read with the depth limit of a request body; and a fuzz of the socket with random, deep and
 huge messages: every message is answered with an `error` event or the socket closes cleanly,
 never a server error."""
@@ -18,17 +19,20 @@ from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
 from deployments import deployer
+from modelship_site.admission import ClientCounts
 from openai_api import ws_lanes
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
 from tests.open_responses_schema import conforming_sdk
-from tests.server_support import served_in_process
+from tests.server_support import answer_of, served_in_process
+from tests.server_support import connect as connect_from
 from tests.ws_support import next_event, text_of, until_done
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import openai
+    from websockets.sync.connection import Connection
 
     from deployments.models import Deployment
 
@@ -123,6 +127,115 @@ def test_it_reads_each_message_with_the_body_depth_limit(
     assert (refused["status"], refused["error"]["code"]) == (400, "invalid_json")
     assert "deeper than 64" in refused["error"]["message"]
     assert text_of(answered) == "still here"
+
+
+# --- lanes against their address's cap ---------------------------------------------------
+
+CROWD = "127.0.0.6"  # one client address (no other test uses it)
+OTHER = "127.0.0.7"  # another
+LONG = {"reply": "word " * 400, "tokens_per_second": 20}  # 20 s a response, unless cut short
+
+
+def held_by(address: str) -> int:
+    """What the in-process server counts against `address`'s cap: connections and lanes."""
+    return sum(
+        client.held
+        for counts in list(ClientCounts._of.values())
+        if (client := counts.clients.get(address)) is not None
+    )
+
+
+def socket_from(gateway_url: str, key: str, address: str) -> ClientConnection:
+    url = gateway_url.replace("http", "ws", 1) + "/v1/responses"
+    return connect(
+        url,
+        additional_headers={"authorization": f"Bearer {key}"},
+        source_address=(address, 0),  # to socket.create_connection
+    )
+
+
+def create(socket: Connection, lane: str, **fields: Any) -> None:
+    event = {"type": "response.create", "model": "sim", "input": "x", "stream_id": lane}
+    socket.send(json.dumps({**event, **fields}))
+
+
+def next_on(socket: Connection, lane: str, *kinds: str) -> dict[str, Any]:
+    """The lane's next event of these kinds (the other lanes' events meanwhile dropped)."""
+    while True:
+        event = json.loads(socket.recv(timeout=30))
+        if event.get("stream_id") == lane and event["type"] in kinds:
+            return event
+
+
+def runs(socket: Connection, lane: str) -> dict[str, Any]:
+    """The lane's first text delta (it runs) or its error event (it was refused)."""
+    return next_on(socket, lane, "response.output_text.delta", "error")
+
+
+def get_from(gateway_url: str, address: str, key: str) -> str:
+    with connect_from(gateway_url, address) as sock:
+        request = ["GET /v1/models HTTP/1.1", "Host: localhost", f"Authorization: Bearer {key}"]
+        sock.sendall("\r\n".join([*request, "", ""]).encode())
+        return answer_of(sock)
+
+
+@pytest.fixture
+def crowd_capped(site: Any) -> Iterator[Any]:
+    site.MSHIP_MAX_CONNECTIONS_PER_CLIENT = 3
+    yield site
+    wait_until(lambda: held_by(CROWD) == 0, 10)  # the next test starts from none
+
+
+def test_it_counts_a_sockets_lanes_against_its_addresses_cap(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Deployment],
+    crowd_capped: Any,
+) -> None:
+    """One address with one socket: the socket and two lanes beyond its first fill its cap
+    of three; its next lane, plain request and socket are refused, another address is
+    served, and once the socket closes the address is served again."""
+    serving("sim", config=LONG)
+    key = api_key()
+    with socket_from(gateway_url, key, CROWD) as socket:
+        for lane in ("a", "b", "c"):
+            create(socket, lane)
+            assert runs(socket, lane)["type"] == "response.output_text.delta"
+        assert held_by(CROWD) == 3
+        create(socket, "d")
+        refused = runs(socket, "d")
+        assert (refused["status"], refused["error"]["code"]) == (503, "server_busy")
+        assert refused["error"]["type"] == "server_error"
+        assert "your address" in refused["error"]["message"]
+        assert get_from(gateway_url, CROWD, key).startswith("HTTP/1.1 503 ")
+        with pytest.raises(websockets.InvalidHandshake):
+            socket_from(gateway_url, key, CROWD).close()
+        assert get_from(gateway_url, OTHER, key).startswith("HTTP/1.1 200 ")
+        assert held_by(CROWD) == 3  # the refusals took nothing
+    wait_until(lambda: held_by(CROWD) == 0, 10)  # closed: its lanes are released with it
+    assert get_from(gateway_url, CROWD, key).startswith("HTTP/1.1 200 ")
+
+
+def test_it_frees_the_addresses_room_when_a_lane_ends(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    serving: Callable[..., Deployment],
+    crowd_capped: Any,
+) -> None:
+    serving("sim", config=LONG)
+    key = api_key()
+    crowd_capped.MSHIP_MAX_CONNECTIONS_PER_CLIENT = 2  # the socket and one lane beyond
+    with socket_from(gateway_url, key, CROWD) as socket:
+        create(socket, "long")
+        assert runs(socket, "long")["type"] == "response.output_text.delta"
+        create(socket, "short", max_output_tokens=60)  # 3 s
+        assert runs(socket, "short")["type"] == "response.output_text.delta"
+        create(socket, "next")
+        assert runs(socket, "next")["error"]["code"] == "server_busy"
+        next_on(socket, "short", "response.completed", "response.incomplete")
+        wait_until(lambda: held_by(CROWD) == 1, 10)
+        create(socket, "next")
+        assert runs(socket, "next")["type"] == "response.output_text.delta"
 
 
 # --- fuzz -----------------------------------------------------------------------------------

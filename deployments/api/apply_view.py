@@ -13,6 +13,7 @@ from rest_framework import serializers, status
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
+from deployments.api.fields import StrictFields
 from deployments.api.permissions import ApplyPermission
 from deployments.apply import apply, clashes_with_others
 from deployments.models import Deployment
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
 
 
-class ApplyRequest(serializers.Serializer):
+class ApplyRequest(StrictFields, serializers.Serializer):
     file = serializers.CharField(help_text="The models.yaml, as text.", trim_whitespace=False)
     reconcile = serializers.BooleanField(
         default=False, help_text="Remove deployments the file does not name."

@@ -8,12 +8,19 @@ bad variable gets every row. Here such a value is a 400 with the parameter's fie
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django_filters
 from django import forms
 from django_filters.fields import IsoDateTimeField
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema_field
+from rest_framework.exceptions import ValidationError
+
+from common.spelling import sentence, unknown
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 MAX_ID = 2**63 - 1  # a bigint: PostgreSQL refuses more (a 500 before this check)
 TRUE_FALSE = (("true", "true"), ("false", "false"))
@@ -29,6 +36,30 @@ class StrictFilterSet(django_filters.FilterSet):
                 self.form.add_error(name, "Give a value, or leave the parameter out.")
                 valid = False
         return valid
+
+
+class StrictFilterBackend(DjangoFilterBackend):
+    """A list's query parameter that is neither a filter, a page's nor `format` is a 400
+    naming it: `?revokd=true` answered every key, which a script takes for the filtered
+    list."""
+
+    def filter_queryset(self, request: Request, queryset: Any, view: Any) -> Any:
+        if getattr(view, "action", None) == "list":
+            known = {"format"}
+            filterset_class = self.get_filterset_class(view, queryset)
+            if filterset_class is not None:
+                known |= set(filterset_class.base_filters)
+            paginator = getattr(view, "paginator", None)
+            for name in ("limit_query_param", "offset_query_param", "page_query_param"):
+                known |= {getattr(paginator, name)} if hasattr(paginator, name) else set()
+            extra = {
+                name: [sentence(unknown(name, known - {"format"}, "parameter"))]
+                for name in request.query_params
+                if name not in known
+            }
+            if extra:
+                raise ValidationError(extra)
+        return super().filter_queryset(request, queryset, view)
 
 
 @extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_ID})

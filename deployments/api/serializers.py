@@ -5,11 +5,11 @@ from typing import Any, cast
 from rest_framework import serializers
 
 from deployments import display, hooks
-from deployments.api.fields import StrictIntegerField, StrictNumbers
+from deployments.api.fields import QUERY_NAMES, StrictFields, StrictIntegerField, StrictNumbers
 from deployments.api.masking import MASKED_FIELDS, masked, may_see_secrets, unmasked
 from deployments.engine_logs import MAX_TAIL
 from deployments.fingerprint import CONFIG_FIELDS, deployment_fingerprint
-from deployments.loaders import LOADERS, EngineSpec
+from deployments.loaders import CONFIG_KEYS, LOADERS, EngineSpec
 from deployments.memory import estimate_report, need_gib
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, Mode
 from deployments.store.refs import suggestion
@@ -32,9 +32,12 @@ STATE_FIELDS = (
 MAX_REPLICA = 1000
 
 
-class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
+class DeploymentSerializer(StrictFields, StrictNumbers, serializers.ModelSerializer):
     """Single-field checks only: those that span fields, clashing names and host access
     are the operations' own (deployments/operations.py), so the admin refuses the same."""
+
+    # models.yaml's keys for what /api names otherwise: a loader's block is `config` here.
+    other_spellings = {**dict.fromkeys(CONFIG_KEYS, "config"), "docker": "docker_options"}
 
     effective_mode = serializers.CharField(read_only=True)
     need_gib = serializers.SerializerMethodField()
@@ -167,17 +170,21 @@ class DeploymentSerializer(StrictNumbers, serializers.ModelSerializer):
         return not obj.running_fingerprint or obj.running_fingerprint == deployment_fingerprint(obj)
 
 
-class LogParams(serializers.Serializer):
+class LogParams(StrictFields, serializers.Serializer):
+    also_known = QUERY_NAMES
+
     tail = StrictIntegerField(min_value=1, max_value=MAX_TAIL, default=100)
     follow = serializers.BooleanField(default=False)
     replica = StrictIntegerField(min_value=0, max_value=MAX_REPLICA, default=0)
 
 
-class ReplicaParams(serializers.Serializer):
+class ReplicaParams(StrictFields, serializers.Serializer):
+    also_known = QUERY_NAMES
+
     replica = StrictIntegerField(min_value=0, max_value=MAX_REPLICA, default=0)
 
 
-class ModeSerializer(serializers.Serializer):
+class ModeSerializer(StrictFields, serializers.Serializer):
     mode = serializers.ChoiceField(choices=Mode.choices)
 
 

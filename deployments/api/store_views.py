@@ -12,6 +12,8 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from common.redact import redact_urls
+from deployments.api.fields import StrictFields
 from deployments.api.filters import StrictFilterSet
 from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.store import pulls
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
 
 
-class StoredModelSerializer(serializers.ModelSerializer):
+class StoredModelSerializer(StrictFields, serializers.ModelSerializer):
     name = serializers.RegexField(
         STORE_NAME_PATTERN,
         max_length=128,
@@ -75,6 +77,15 @@ class StoredModelSerializer(serializers.ModelSerializer):
 
     def get_used_by(self, obj: StoredModel) -> list[str]:
         return users_of(obj)
+
+    def to_representation(self, instance: StoredModel) -> dict[str, Any]:
+        # A source's credentials (user:password@, ?token=) are its pull's alone: shown to no
+        # one once it is asked, nor in an error that quotes the URL.
+        shown = dict(super().to_representation(instance))
+        for field in ("source", "error"):
+            if isinstance(shown.get(field), str):
+                shown[field] = redact_urls(shown[field])
+        return shown
 
 
 class StoredModelFilter(StrictFilterSet):

@@ -203,6 +203,7 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
 class EventFilter(StrictFilterSet):
     deployment = IdFilter("deployment_id")
     since = UtcDateTimeFilter(field_name="time", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="time", lookup_expr="lt")
 
     class Meta:
         model = DeploymentEvent

@@ -6,7 +6,9 @@ The loaders in deployments/loaders/shipped.py build the same command line for ea
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -74,11 +76,37 @@ async def json_body(request: web.Request) -> dict[str, Any] | web.Response:
     return body
 
 
+# The engine's own secret, given by Modelship in its environment (deployments/
+# engine_secrets.py): a request under /v1 must carry it, as vLLM's --api-key asks.
+SECRET_ENV = "MSHIP_ENGINE_SECRET"
+
+
+def secret_guard(secret: str) -> Any:
+    """A middleware that answers 401 to a request under /v1 without `Authorization: Bearer`
+    and the secret (compared in constant time); /health, /metrics and the rest stay open,
+    as vLLM leaves them."""
+    expected = f"Bearer {secret}".encode()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1"):
+            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+            if not hmac.compare_digest(given, expected):
+                return error(401, "Unauthorized", "invalid_api_key", "authentication_error")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return guard
+
+
 def engine_app(
     served_names: list[str], routes: list[web.RouteDef], owner: str = "modelship", **options: Any
 ) -> web.Application:
-    """An engine's app: its own routes plus /v1/models (and one model's card) and /health."""
-    app = web.Application(**options)
+    """An engine's app: its own routes plus /v1/models (and one model's card) and /health;
+    with MSHIP_ENGINE_SECRET set, /v1 asks for it."""
+    secret = os.environ.get(SECRET_ENV, "")
+    middlewares = [secret_guard(secret)] if secret else []
+    app = web.Application(middlewares=middlewares, **options)
     engine_errors.install(app)  # every answer JSON, a body it cannot read a 400
     app.add_routes(
         [

@@ -11,6 +11,7 @@ nothing but pip. SIGTERM or SIGINT shuts the server down cleanly.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -72,6 +73,11 @@ def params_of(args: argparse.Namespace) -> Any:
     params.endpoint_metrics = args.metrics
     params.use_jinja = args.jinja
     params.n_predict = args.predict
+    # The API key from llama-server's own variable, never the command line (`ps` shows it):
+    # every route but /health then asks for it (deployments/engine_secrets.py).
+    keys = [k for k in os.environ.get("LLAMA_API_KEY", "").split(",") if k]
+    if keys:
+        params.api_keys = keys
     sampling = params.sampling
     for name, value in (
         ("temp", args.temp),

@@ -25,7 +25,10 @@ class SimConfig:
     tokens_per_second: float = 200.0
     reply: str = DEFAULT_REPLY
     echo: bool = False
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # the length of an answer whose request names none
+    # The sampling of a request that sets none: it samples nothing, but says what it used.
+    temperature: float = 1.0
+    top_p: float = 1.0
     # The most tokens a request may ask for: more is a 400, as vLLM answers a request past
     # its context length.
     max_output_tokens: int = 32768
@@ -89,21 +92,27 @@ STATE = web.AppKey("state", SimState)
 
 
 def tokens_for(state: SimState, body: dict[str, Any], prompt: str) -> Reply:
-    """The words to emit: the fixed reply or the echoed prompt, cycled up to max_tokens."""
+    """The words to emit: the fixed reply or the echoed prompt, cycled up to max_tokens. An
+    answer cut by its engine's own limit (`max_tokens`, or `max_output_tokens` below what it
+    would say) says so: it stopped at its length."""
     text = prompt if state.config.echo and prompt else state.config.reply
     words = text.split() or ["."]
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or state.config.max_tokens
+    asked = body.get("max_tokens") or body.get("max_completion_tokens")
+    limit = asked or state.config.max_tokens
     count = len(words) if limit is None else max(0, int(limit))
-    return Reply(words, min(count, state.config.max_output_tokens))
+    cap = state.config.max_output_tokens
+    cut = (not asked and state.config.max_tokens is not None) or count > cap
+    return Reply(words, min(count, cap), cut)
 
 
 class Reply(Collection[str]):
     """An answer's tokens, each made as it is sent: a long answer is never held whole
     (a request for 2**31 tokens once grew the engine until the OOM killer stopped it)."""
 
-    def __init__(self, words: list[str], count: int) -> None:
+    def __init__(self, words: list[str], count: int, cut: bool = False) -> None:
         self.words = words
         self.count = count
+        self.cut = cut  # ended by the engine's own limit, not the request's
 
     def __len__(self) -> int:
         return self.count

@@ -48,6 +48,12 @@ def prompt_of(value: Any) -> str | None:
     return ""
 
 
+def given(body: dict[str, Any], name: str, default: Any) -> Any:
+    """A request's setting, or the engine's own where it sets none."""
+    value = body.get(name)
+    return default if value is None else value
+
+
 class Answer:
     """One answer's items and the events that build them, numbered in order."""
 
@@ -55,7 +61,9 @@ class Answer:
         limit = body.get("max_output_tokens")
         self.tokens = tokens_for(state, {"max_tokens": limit}, prompt)
         self.reasoning = state.config.reasoning
-        self.cut = limit is not None and len(self.tokens) >= limit
+        self.cut = self.tokens.cut or (limit is not None and len(self.tokens) >= limit)
+        if limit is None and self.cut:  # its own limit cut it: the one it was made with
+            limit = len(self.tokens)
         self.sequence = 0
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.reasoning_id = f"rs_{uuid.uuid4().hex}"
@@ -76,8 +84,8 @@ class Answer:
             "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None},
             "store": False,
-            "temperature": body.get("temperature", 1.0),
-            "top_p": body.get("top_p", 1.0),
+            "temperature": given(body, "temperature", state.config.temperature),
+            "top_p": given(body, "top_p", state.config.top_p),
             "text": {"format": {"type": "text"}},
             "tool_choice": "auto",
             "tools": [],
@@ -108,12 +116,17 @@ class Answer:
             "type": "message",
             "role": "assistant",
             "status": status,
-            "content": [part] if status == "completed" else [],
+            "content": [] if status == "in_progress" else [part],
         }
+
+    @property
+    def item_status(self) -> str:
+        """Its message's, once written: cut at its length, it is incomplete, as its response."""
+        return "incomplete" if self.cut else "completed"
 
     def finished(self) -> dict[str, Any]:
         items = [self.reasoning_item()] if self.reasoning else []
-        items.append(self.message_item("".join(self.tokens), "completed"))
+        items.append(self.message_item("".join(self.tokens), self.item_status))
         self.response.update(
             output=items,
             status="incomplete" if self.cut else "completed",
@@ -144,7 +157,7 @@ class Answer:
             yield self.event("response.output_text.delta", **where, delta=token, logprobs=[])
         text = "".join(self.tokens)
         yield self.event("response.output_text.done", **where, text=text, logprobs=[])
-        done = self.message_item(text, "completed")
+        done = self.message_item(text, self.item_status)
         yield self.event("response.content_part.done", **where, part=done["content"][0])
         yield self.event("response.output_item.done", output_index=index, item=done)
         final = self.finished()

@@ -103,7 +103,7 @@ async def chat_completions(
                     for token in tokens:
                         await pace(state)
                         yield chunk({"content": token})
-                    yield chunk({}, "length" if body.get("max_tokens") else "stop")
+                    yield chunk({}, "length" if body.get("max_tokens") or tokens.cut else "stop")
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield sse(
                         {
@@ -121,7 +121,7 @@ async def chat_completions(
         for _ in tokens:
             await pace(state)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(tokens)}
-        finish = "length" if body.get("max_tokens") else "stop"
+        finish = "length" if body.get("max_tokens") or tokens.cut else "stop"
         if state.config.reasoning:
             message["reasoning_content"] = state.config.reasoning
         if tool:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from common.spelling import unknown
 from deployments import estimate, programs
+from deployments.loaders.defaults import UNKNOWN, RequestDefaults
 
 # OpenAI-compatible paths (under /v1) by use case.
 GENERATE_ENDPOINTS = ("chat/completions", "completions", "responses")
@@ -121,6 +123,10 @@ class Loader:
     # Its chat completions take a forced function as OpenAI writes it (`tool_choice`:
     # {"type": "function", "function": {"name": ...}}); llama.cpp's take only words.
     names_forced_tool: ClassVar[bool] = True
+    # The environment variable its engine reads its API key from: each replica gets a secret
+    # of its own there, which Modelship sends with every request (deployments/
+    # engine_secrets.py). The engines Modelship ships read MSHIP_ENGINE_SECRET; "": none.
+    secret_env: ClassVar[str] = "MSHIP_ENGINE_SECRET"
 
     @property
     def serves_metrics(self) -> bool:
@@ -135,7 +141,7 @@ class Loader:
             problems.append(f"usecase {spec.usecase!r} is not served by {self.name} ({allowed})")
         if self.config_options:
             for key in sorted(set(spec.config) - set(self.config_options)):
-                problems.append(f"{self.config_key}: unknown key {key!r}")
+                problems.append(f"{self.config_key}: {unknown(key, self.config_options, 'key')}")
         elif spec.config:
             problems.append(f"{self.name} takes no {self.config_key}")
         return problems
@@ -190,6 +196,12 @@ class Loader:
         if "max_output_tokens" in self.config_options:
             return whole_number(spec.config.get("max_output_tokens"))
         return None
+
+    def request_defaults(self, spec: EngineSpec) -> RequestDefaults:
+        """What its engine makes a request with where the request sets nothing (sampling,
+        answer length), as far as its configuration says it (deployments/loaders/defaults.py);
+        nothing known by default."""
+        return UNKNOWN
 
     def engine_family(self, spec: EngineSpec, container: bool = False) -> str | None:
         """The engine environment (deployments/engine_envs.py) its process runs on (in a

@@ -20,6 +20,7 @@ from deployments.loaders.base import (
     whole_number,
     whole_number_problems,
 )
+from deployments.loaders.defaults import RequestDefaults, llama_server
 
 LAUNCHER = "xllamacpp"
 POOLINGS = ("mean", "cls", "last", "none", "rank")
@@ -46,6 +47,9 @@ class LlamaServerLoader(Loader):
     binary_name = "llama-server"
     binary_env = "MSHIP_LLAMA_SERVER_BIN"
     container_binary = "/app/llama-server"
+    # --api-key's variable (llama.cpp's common/arg.cpp; the launcher reads it too): every
+    # route but /health needs the key then, /metrics and /slots included.
+    secret_env = "LLAMA_API_KEY"
     context_option = "n_ctx"
     context_default = 4096  # llama-server's -c, as argv() passes it
     names_forced_tool = False  # "Wrong type supplied for parameter 'tool_choice'"
@@ -127,6 +131,9 @@ class LlamaServerLoader(Loader):
 
     def sees_images(self, spec: EngineSpec) -> bool:
         return "mmproj" in spec.config
+
+    def request_defaults(self, spec: EngineSpec) -> RequestDefaults:
+        return llama_server(spec.config.get("extra_args"))
 
     def endpoints(self, spec: EngineSpec) -> tuple[str, ...]:
         if spec.usecase == "embed":

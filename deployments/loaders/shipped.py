@@ -11,6 +11,7 @@ from django.conf import settings
 from deployments import engine_envs, estimate
 from deployments.engines.tts_backends import backend_name
 from deployments.loaders.base import EngineSpec, Loader
+from deployments.loaders.defaults import RequestDefaults, count, number
 
 BACKENDS = ("espeak", "piper", "kokoro")
 
@@ -71,7 +72,9 @@ class SimulatedLoader(ShippedEngineLoader):
         "tokens_per_second": "how fast it streams its reply (default 200)",
         "reply": "what it answers",
         "echo": "answer with the prompt instead",
-        "max_tokens": "the longest answer, in tokens",
+        "max_tokens": "the length of an answer whose request names none, in tokens",
+        "temperature": "the temperature of a request that sets none (it says so; 1 by default)",
+        "top_p": "the top_p of a request that sets none (it says so; 1 by default)",
         "max_output_tokens": "the most tokens a request may ask for (32768; more is a 400)",
         "reasoning": "reasoning text sent before the answer",
         "tool_call": "call a tool the request offers",
@@ -117,6 +120,14 @@ class SimulatedLoader(ShippedEngineLoader):
 
     def can_sleep(self, spec: EngineSpec) -> bool:
         return bool(spec.config.get("enable_sleep_mode"))  # as vLLM's flag
+
+    def request_defaults(self, spec: EngineSpec) -> RequestDefaults:
+        config = spec.config
+        return RequestDefaults(
+            temperature=number(config.get("temperature")),
+            top_p=number(config.get("top_p")),
+            max_output_tokens=count(config.get("max_tokens")),
+        )
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
         claim = spec.config.get("memory_claim_gib")

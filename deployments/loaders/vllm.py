@@ -15,6 +15,8 @@ from django.conf import settings
 from common import tracing
 from deployments import engine_envs, estimate, nvml
 from deployments.loaders.base import EMBED_ENDPOINTS, EngineSpec, Loader, cli_flags, whole_number
+from deployments.loaders.defaults import RequestDefaults
+from deployments.loaders.defaults import vllm as vllm_defaults
 
 
 def cpu_cache_gib(spec: EngineSpec) -> int:
@@ -45,6 +47,8 @@ class VllmLoader(Loader):
     waiting_gauge = "vllm:num_requests_waiting"
     binary_name = "vllm"
     binary_env = "MSHIP_VLLM_BIN"
+    # As --api-key, which it guards /v1 with (not /metrics, /health nor the sleep endpoints).
+    secret_env = "VLLM_API_KEY"
     can_sleep_mode = True
     native_responses = True
     tokenizer = "vllm"
@@ -137,6 +141,9 @@ class VllmLoader(Loader):
 
     def schedules_by_priority(self, spec: EngineSpec) -> bool:
         return str(spec.config.get("scheduling_policy", "")).strip().lower() == "priority"
+
+    def request_defaults(self, spec: EngineSpec) -> RequestDefaults:
+        return vllm_defaults(spec.model, spec.config)
 
     def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
         if not os.path.isdir(spec.model):

@@ -9,11 +9,11 @@ from those). Outside a container there are none.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from common.networks import in_container as in_container  # its callers know it here
 
 
 @dataclass(frozen=True)
@@ -22,14 +22,6 @@ class AttachedNetwork:
     subnets: tuple[str, ...]
     gateways: tuple[str, ...]
     first_hosts: tuple[str, ...]
-
-
-def in_container() -> bool:
-    """MSHIP_IN_CONTAINER=1 or 0 says so; else Docker's marker file tells."""
-    said = os.environ.get("MSHIP_IN_CONTAINER", "")
-    if said in ("0", "1"):
-        return said == "1"
-    return Path("/.dockerenv").exists()
 
 
 def own_container(client: Any) -> Any | None:

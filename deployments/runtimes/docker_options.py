@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any
 
+from common.spelling import unknown
+
 OPTIONS = {
     "gpus",
     "ipc_mode",
@@ -27,7 +29,7 @@ def problems(options: Any) -> list[str]:
         return []
     if not isinstance(options, dict):
         return ["docker: must be a mapping"]
-    found = [f"docker: unknown key {key!r}" for key in sorted(set(options) - OPTIONS)]
+    found = [f"docker: {unknown(key, OPTIONS, 'key')}" for key in sorted(set(options) - OPTIONS)]
     gpus = options.get("gpus")
     if gpus is not None and not (
         gpus == "all"

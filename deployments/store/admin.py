@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
+from common.redact import redact_urls
 from deployments import display
 from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.refusals import OperationRefused
@@ -97,17 +98,18 @@ class StoredModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "context",
         "loader",
         "used_by",
-        "source",
+        "shown_source",
     )
     list_filter = ("state", "format")
-    search_fields = ("name", "source")
+    # Not the source: a search would tell its credentials a character at a time.
+    search_fields = ("name",)
     form = PullForm
     readonly_fields = (
         "name",
-        "source",
+        "shown_source",
         "include",
         "state",
-        "error",
+        "shown_error",
         "path",
         "format",
         "size",
@@ -178,9 +180,19 @@ class StoredModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             display.colour(STATE_COLOURS.get(obj.state, "planned")),
             obj.pk,
             obj.state,
-            obj.error[:300],
+            redact_urls(obj.error)[:300],
             text,
         )
+
+    # A source's credentials (user:password@, ?token=) are its pull's alone: never shown,
+    # nor in an error that quotes the URL.
+    @admin.display(description="Source")
+    def shown_source(self, obj: StoredModel) -> str:
+        return str(redact_urls(obj.source))
+
+    @admin.display(description="Error")
+    def shown_error(self, obj: StoredModel) -> str:
+        return str(redact_urls(obj.error))
 
     @admin.display(description="Size")
     def size(self, obj: StoredModel) -> str:

@@ -27,7 +27,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from common.redact import redact_urls
 from deployments import audit
+from deployments.host_access import RUN_ARBITRARY_ENGINE
 from deployments.refusals import OperationRefused
 from deployments.store import hub, local, web, wheels
 from deployments.store.job import Job, PullFailed, disk_full, folder_size
@@ -40,7 +42,7 @@ from deployments.store.models import (
     store_dir,
 )
 from deployments.store.sources import BadSource, Source, needs_host_access, parse
-from deployments.store.users import users_of
+from deployments.store.users import users_of, users_of_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -98,7 +100,9 @@ def ask(
 ) -> Asked:
     """Queue a pull of `source_text` as `name`: refused with field errors where the source
     is bad or not this user's to pull; the pull there already where one is (joined while it
-    runs, started again where it failed)."""
+    runs, started again where it failed). Pulling (again) under a name a deployment uses
+    changes what it loads: that takes the permission a new model path does. A source's
+    credentials (user:password@, ?token=) are never in what this says, nor in the audit."""
     if not re.fullmatch(STORE_NAME_PATTERN, name):  # it becomes a folder's name
         raise PullRefused(STORE_NAME_RULE, {"name": [STORE_NAME_RULE]})
     try:
@@ -111,14 +115,17 @@ def ask(
     if source.kind == "url" and (
         why := web.refusal(source.ref.partition("#")[0], web.pull_policy())
     ):
-        raise PullRefused(f"{source.ref} may not be fetched: {why}", {"source": [why]})
+        shown = redact_urls(source.ref)
+        raise PullRefused(f"{shown} may not be fetched: {why}", {"source": [redact_urls(why)]})
     with transaction.atomic():
         found = StoredModel.objects.select_for_update().filter(name=name).first()
         if found is not None:
             if found.source != source_text or found.include != list(source.include):
-                message = f"{name!r} is already in the store, pulled from {found.source}"
+                shown = redact_urls(found.source)
+                message = f"{name!r} is already in the store, pulled from {shown}"
                 raise PullConflict(message, {"name": [message]})
             if found.state == PullState.FAILED:
+                refuse_in_use(name, may_reach_host, found.path)
                 found.state, found.error, found.attempts = PullState.QUEUED, "", 0
                 found.host_access = found.host_access or may_reach_host
                 found.save(update_fields=["state", "error", "attempts", "host_access"])
@@ -130,6 +137,7 @@ def ask(
         if busy is not None:
             message = f"that source is being pulled already, as {busy.name!r}"
             raise PullConflict(message, {"source": [message]})
+        refuse_in_use(name, may_reach_host)
         if final_dir(name).exists():  # left by a pull whose row went: not this one's
             message = f"the store holds a folder {name!r} no stored model owns: remove it first"
             raise PullConflict(message, {"name": [message]})
@@ -151,10 +159,23 @@ def ask(
             user=user,
             actor=actor,
             object_repr=f"model {name}",
-            after={"source": source_text, "include": list(source.include)},
+            after={"source": redact_urls(source_text), "include": list(source.include)},
         )
         transaction.on_commit(lambda: queue(model.pk))
     return Asked(model, created=True)
+
+
+def refuse_in_use(name: str, may_reach_host: bool, *paths: str) -> None:
+    """PullForbidden where a deployment names `name` (by reference or by a path into its
+    folder) and the user may not reach the host: what the pull fetches becomes what that
+    deployment loads (with its trust_remote_code, say), as a new model path would."""
+    if may_reach_host or not (users := users_of_name(name, *paths)):
+        return
+    message = (
+        f"{name!r} is used by {', '.join(users)}: pulling it anew changes what they load,"
+        f" which needs the {RUN_ARBITRARY_ENGINE} permission"
+    )
+    raise PullForbidden(message, {"name": [message]})
 
 
 def queue(pk: int) -> None:
@@ -239,11 +260,12 @@ def pull(model: StoredModel) -> str:
         if disk_full(exc):
             return fail(model, f"the store's disk is full ({exc}); nothing was kept", keep=False)
         log.exception("pull %s failed", model.name)
-        return fail(model, f"{type(exc).__name__}: {str(exc)[:500]}", keep=True)
+        # Masked before it is cut: a URL cut in its credentials would not be seen as one.
+        return fail(model, f"{type(exc).__name__}: {redact_urls(str(exc))[:500]}", keep=True)
     if not updated:  # deleted as it landed
         shutil.rmtree(landed, ignore_errors=True)
         return "deleted"
-    log.info("pulled %s from %s: %s", model.name, model.source, described.format)
+    log.info("pulled %s from %s: %s", model.name, redact_urls(model.source), described.format)
     return "ready"
 
 
@@ -265,6 +287,9 @@ def unland(landed: Path | None, staging: Path) -> None:
 
 
 def fail(model: StoredModel, message: str, *, keep: bool) -> str:
+    """The pull failed: its error, with no URL's credentials (the row is shown to whoever
+    may view the store; the task's result is kept by the cluster)."""
+    message = redact_urls(message)
     if not keep:
         shutil.rmtree(staging_dir(model.pk), ignore_errors=True)
     updated = StoredModel.objects.filter(pk=model.pk).update(
@@ -319,5 +344,5 @@ def remove(model: StoredModel, *, actor: str = "system", user: object | None = N
         user=user,
         actor=actor,
         object_repr=f"model {model.name}",
-        before={"source": model.source, "path": model.path},
+        before={"source": redact_urls(model.source), "path": model.path},
     )

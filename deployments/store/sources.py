@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from urllib.parse import urlsplit
 
 from deployments.host_access import outside_model_dirs
 
@@ -118,8 +119,13 @@ def needs_host_access(source: Source) -> str | None:
 
 
 def default_name(source: str) -> str:
-    """A store name from a source: the repository's, the file's without its suffix."""
-    text = source.strip().removeprefix("hf:").removeprefix("pypi:").removeprefix("file:")
+    """A store name from a source: the repository's, the file's without its suffix (a URL's
+    path only: never its user:password@ nor its query's token)."""
+    text = source.strip()
+    if text.startswith(("http://", "https://")):
+        parts = urlsplit(text)
+        text = parts.path if parts.path.strip("/") else parts.hostname or ""
+    text = text.removeprefix("hf:").removeprefix("pypi:").removeprefix("file:")
     text = text.split("#")[0].split("@")[0].split("==")[0].split("?")[0].rstrip("/")
     last = PurePosixPath(text).name
     stem = last.rsplit(".", 1)[0] if "." in last else last

@@ -286,9 +286,17 @@ def link() -> Link | None:
 
 
 async def slot(
-    to: Link, view: dict[str, Any], priority: int, key_id: int | None, notice: WaitNotice | None
+    to: Link,
+    view: dict[str, Any],
+    priority: int,
+    key_id: int | None,
+    notice: WaitNotice | None,
+    waited_s: float = 0.0,
 ) -> RemoteSlot:
+    """A slot from the owner's controller; `waited_s`: what the request already waited (for a
+    max_concurrency place), which the owner counts against its queue timeout."""
     message = {"op": "slot", "view": view, "priority": priority, "key": key_id}
+    message["waited"] = waited_s
     message["notice"] = notice is not None
     ask = to.new_ask(message, notice)
     wait_status.follow(lambda: ask.figures)  # a stream's keepalives say what the owner said

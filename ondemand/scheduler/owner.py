@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any, cast
 
@@ -276,9 +277,11 @@ class Gateway:
         notice = Notice(self, ask_id) if message.get("notice") else None
         priority = int(message.get("priority") or 0)
         key = message.get("key")
+        waited = float(message.get("waited") or 0.0)
+        waited = waited if math.isfinite(waited) and waited > 0 else 0.0
         ctl = registry.controller()
         slot: Slot = await registry.acquire_here(
-            ctl, view, priority, None if key is None else int(key), notice
+            ctl, view, priority, None if key is None else int(key), notice, waited
         )
         return {"urls": list(slot.urls)}, functools.partial(ctl.release, slot)
 

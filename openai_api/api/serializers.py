@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from deployments.api.fields import StrictNumbers
+from deployments.api.fields import StrictFields, StrictNumbers
 from deployments.api.filters import MAX_ID
 from deployments.models import name_validator
 from openai_api.models import ApiKey, shown_prefix
@@ -27,7 +27,7 @@ class BudgetStatusSerializer(serializers.Serializer):
     resets_at = serializers.DateTimeField(help_text="The next UTC midnight, or next month's 1st.")
 
 
-class BudgetedSerializer(StrictNumbers, serializers.ModelSerializer):
+class BudgetedSerializer(StrictFields, StrictNumbers, serializers.ModelSerializer):
     budget_status = serializers.SerializerMethodField(
         help_text="Each budget it sets, with what was used of it this UTC day or month."
     )
@@ -57,7 +57,9 @@ class TeamField(serializers.RelatedField):
             self.fail("invalid")
         text = str(data)
         if text.isascii() and text.isdigit():
-            found = Team.objects.filter(pk=int(text)).first() if int(text) <= MAX_ID else None
+            # 20 digits at most: int() refuses past 4,300 (a 500), MAX_ID has 19.
+            small = len(text) <= 20 and int(text) <= MAX_ID
+            found = Team.objects.filter(pk=int(text)).first() if small else None
         else:
             found = Team.objects.filter(name=text).first()
         if found is None:
@@ -127,7 +129,8 @@ class ApiKeySerializer(BudgetedSerializer):
         else:
             guarded = [n for n in guarded if attrs[n] is not None]
         user = getattr(request, "user", None)
-        if guarded and user is not None and not user.has_perm("openai_api.change_team"):
+        # Fail closed: a serializer built without its request judges as one without the right.
+        if guarded and (user is None or not user.has_perm("openai_api.change_team")):
             raise serializers.ValidationError(
                 {n: "Setting this needs the permission to change teams." for n in guarded}
             )

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from rest_framework import serializers
 
+from deployments.api.fields import QUERY_NAMES, StrictFields
 from deployments.api.filters import MAX_ID
 from openai_api.models import KEY_PREFIX, ApiKey
 from openai_api.usage.models import Team
@@ -85,7 +86,8 @@ def team_id_of(text: str) -> int:
 PARAMS = ("since", "until", "key", "team", "model", "by")
 
 
-class UsageParams(serializers.Serializer):
+class UsageParams(StrictFields, serializers.Serializer):
+    also_known = QUERY_NAMES
     since = serializers.CharField(required=False, max_length=64, help_text=WHEN_HELP)
     until = serializers.CharField(required=False, max_length=64, help_text=WHEN_HELP)
     key = serializers.CharField(required=False, max_length=200)

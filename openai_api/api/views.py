@@ -67,7 +67,7 @@ class ApiKeyViewSet(
 
     @extend_schema(request=ApiKeySerializer, responses={201: IssuedKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = ApiKeySerializer(data=request.data)
+        body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)
         fields = dict(body.validated_data)
         key, secret = keys.issue(request.user, fields.pop("name"), **fields)

@@ -17,7 +17,6 @@ import httpx2
 
 from openai_api.mcp import egress
 
-LIST_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 60.0
 MAX_OUTPUT_BYTES = 2**20
 MAX_EVENT_BYTES = 32 * 2**20  # what the server may send; the output is cut to 1 MiB after
@@ -124,9 +123,10 @@ class Connection:
             yield session
 
     async def open(self) -> list[McpTool]:
-        """The server's tools (within LIST_TIMEOUT_S)."""
+        """The server's tools. No deadline of its own: its caller's, one for all of a
+        request's servers (MSHIP_MCP_LIST_TIMEOUT_S, loop.list_tools), cancels it."""
         try:
-            async with asyncio.timeout(LIST_TIMEOUT_S), self._session() as session:
+            async with self._session() as session:
                 listed = await session.list_tools()
         except Exception as exc:  # unreachable, not MCP, timed out: all the same to the model
             raise McpFailure(describe(exc), http_error(exc)) from exc

@@ -11,8 +11,11 @@ and output indexes that only grow.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
 
 from openai_api.engine_dialect import chat_body
 from openai_api.errors import GatewayError
@@ -139,27 +142,48 @@ async def list_tools(
     emit: Emit,
 ) -> dict[str, tuple[McpServer, McpTool]] | None:
     """Each server's tools (those it allows), as mcp_list_tools items; None when a server
-    could not be listed (the response failed)."""
+    could not be listed (the response failed). The servers are listed side by side, all
+    within one deadline (MSHIP_MCP_LIST_TIMEOUT_S, however many there are: this is before
+    any engine work), their items emitted in the request's order."""
+    limit = float(settings.MSHIP_MCP_LIST_TIMEOUT_S)
+    deadline = asyncio.get_running_loop().time() + limit
+    listing = [(server, Connection(server)) for server in servers]
+    tasks = [asyncio.create_task(connection.open()) for _, connection in listing]
     offered: dict[str, tuple[McpServer, McpTool]] = {}
-    for server in servers:
-        item, events = translator.open_list_tools(server.label)
-        await emit(events)
-        connection = Connection(server)
-        try:
-            tools = await connection.open()
-        except McpFailure as exc:
-            await emit(translator.finish_list_tools(item, [], error=str(exc)))
+    try:
+        for (server, connection), task in zip(listing, tasks, strict=True):
+            item, events = translator.open_list_tools(server.label)
+            await emit(events)
+            try:
+                async with asyncio.timeout_at(deadline):  # the wait only: not the emits
+                    tools = await task
+            except TimeoutError:
+                late = (
+                    "its tools were not listed in time (a request's MCP servers are all"
+                    f" listed within {limit:g} s)"
+                )
+                failure = McpFailure(late, {"type": "http_error", "code": 504, "message": late})
+            except McpFailure as exc:
+                failure = exc
+            else:
+                connections[server.label] = connection
+                visible = [tool for tool in tools if server.allows(tool)]
+                await emit(translator.finish_list_tools(item, [card(tool) for tool in visible]))
+                for tool in visible:
+                    offered.setdefault(tool.name, (server, tool))
+                continue
+            await emit(translator.finish_list_tools(item, [], error=str(failure)))
             await emit(
                 translator.fail(
-                    "mcp_list_tools_failed", f"The MCP server {server.label!r} failed: {exc}"
+                    "mcp_list_tools_failed", f"The MCP server {server.label!r} failed: {failure}"
                 )
             )
             return None
-        connections[server.label] = connection
-        visible = [tool for tool in tools if server.allows(tool)]
-        await emit(translator.finish_list_tools(item, [card(tool) for tool in visible]))
-        for tool in visible:
-            offered.setdefault(tool.name, (server, tool))
+    finally:
+        # Those not waited for (one before them failed, or the client went away) stop.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return offered
 
 

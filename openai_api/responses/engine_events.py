@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from openai_api.responses import compaction
 from openai_api.responses.image_urls import inlined
+from openai_api.responses.made_with import settle_cut
 from openai_api.responses.translator import Event, StreamTranslator
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class EngineEvents(StreamTranslator):
             status=status,
             incomplete_details=final.get("incomplete_details"),
         )
+        details = final.get("incomplete_details")
+        if isinstance(details, dict) and details.get("reason") == "max_output_tokens":
+            counted = (self.response["usage"] or {}).get("output_tokens")
+            settle_cut(self.response, final.get("max_output_tokens"), counted, self.ceiling)
         if status == "failed":
             self.response["error"] = final.get("error")
         if status == "completed":

@@ -14,6 +14,8 @@ import orjson
 from django.conf import settings
 
 from common import tracing
+from openai_api import access
+from openai_api.cache_figures import hides, without_figures
 from openai_api.dispatch import dispatcher
 from openai_api.engine_dialect import needs_lora, with_lora
 from openai_api.errors import GatewayError
@@ -38,7 +40,10 @@ async def generate(
     if (hint := hints.current.get()) is not None:
         # Keyed by the turn as the engine sees it (the stored conversation's history before
         # the new input), and remembered for the response it makes: the next turn names it.
-        prefix = hints.normalised(hints.leading_text(body), settings.MSHIP_ROUTING_PREFIX_CHARS)
+        prefix = hints.scoped(
+            hints.normalised(hints.leading_text(body), settings.MSHIP_ROUTING_PREFIX_CHARS),
+            hint.tenant,
+        )
         also = hints.response_key(hint.owner, str(translator.response.get("id", "")))
         hints.current.set(replace(hint, prefix=prefix or hint.prefix, also=also))
     async with AsyncExitStack() as held:
@@ -46,7 +51,9 @@ async def generate(
         if needs_lora(route):  # its place in the engine it got
             body = with_lora(route, base_url, body)
         try:
-            await call_engine(base_url, body, translator, emit, request_id, route.name)
+            await call_engine(
+                base_url, body, translator, emit, request_id, route.name, hides(route)
+            )
         except EngineFailed:
             return False
     return True
@@ -78,9 +85,12 @@ async def call_engine(
     emit: Emit,
     request_id: str,
     name: str,
+    hide_figures: bool = False,
 ) -> None:
     """Stream the engine's chat completion through the translator, or, for a deployment
-    with `responses: engine`, the engine's own Responses events (EngineEvents)."""
+    with `responses: engine`, the engine's own Responses events (EngineEvents).
+    `hide_figures`: its cache figures are the site's alone (openai_api/cache_figures.py)."""
+    record = access.current.get()
     by_engine = isinstance(translator, EngineEvents)
     url = base_url + ("/v1/responses" if by_engine else "/v1/chat/completions")
     headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -95,6 +105,8 @@ async def call_engine(
                 raise await engine_error(answer)
             try:
                 async for data in sse_objects(answer):
+                    if hide_figures and (count := without_figures(data)) is not None and record:
+                        record.cached_seen = max(record.cached_seen, count)
                     if (failure := failure_of(data)) is not None:
                         await emit(translator.fail(*failure))
                         raise EngineFailed

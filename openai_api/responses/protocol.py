@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from openai_api.responses import compaction
 from openai_api.responses.fields import (
     bad,
@@ -120,6 +122,7 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
             continue
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise bad(f"tools[{index}] must be a function tool with a name.", f"tools[{index}]")
+    check_mcp_count(tools)
     tool_choice = data.get("tool_choice", "auto")
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "mcp":
         raise bad("tool_choice cannot force an MCP tool here.", "tool_choice")
@@ -208,6 +211,18 @@ def parse(data: dict[str, Any]) -> ResponsesRequest:
         user=user,
         raw=data,
     )
+
+
+def check_mcp_count(tools: list[Any]) -> None:
+    """At most MSHIP_MCP_MAX_SERVERS MCP servers: each is listed before any engine work."""
+    cap = int(settings.MSHIP_MCP_MAX_SERVERS)
+    servers = sum(1 for tool in tools if tool.get("type") == "mcp")
+    if cap > 0 and servers > cap:
+        raise bad(
+            f"A request may list at most {cap} MCP servers among its tools; this one lists"
+            f" {servers}.",
+            "tools",
+        )
 
 
 def check_mcp_tool(tool: dict[str, Any], param: str) -> None:
@@ -385,7 +400,8 @@ def envelope(
     request: ResponsesRequest, response_id: str, created_at: int, status: str
 ) -> dict[str, Any]:
     """The response object before any output: what the request asked, echoed (a sampling
-    setting the request left out as the value the engine uses)."""
+    setting the request left out as the API's default: a turn puts the values its deployment
+    makes it with over temperature, top_p and max_output_tokens, made_with.py)."""
     raw = request.raw
     sampling = {name: raw.get(name, default) for name, default in DEFAULT_SAMPLING.items()}
     sampling = {name: DEFAULT_SAMPLING[name] if v is None else v for name, v in sampling.items()}

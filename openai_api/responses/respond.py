@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openai_api.cache_scope import with_cache_salt
 from openai_api.engine_dialect import chat_body
 from openai_api.mcp import loop as mcp_loop
 from openai_api.responses import protocol
@@ -27,7 +28,7 @@ async def respond(
     if request.uses_mcp:
         return await mcp_loop.run(route, request, history, translator, emit, request_id)
     if route.responses_by_engine:
-        body = engine_request(request, history)
+        body = with_cache_salt(route, engine_request(request, history))
     else:
         body = chat_body(route, protocol.chat_request(request, history))
     return await generate(route, body, translator, emit, request_id)

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from openai_api.responses.fields import new_id
+from openai_api.responses.made_with import settle_cut
 
 Event = dict[str, Any]
 
@@ -113,6 +114,9 @@ class StreamTranslator:
         self.usage_before: list[dict[str, Any]] = []  # earlier turns' (the MCP loop)
         self.mcp_tools: dict[str, str] = {}  # tool name -> server label: calls become mcp_call
         self.mcp_approval: set[str] = set()  # ... or mcp_approval_request, for these
+        # The limit a response cut by its length says it was made with, where neither its
+        # request nor its deployment said one and its engine did not count (made_with.py).
+        self.ceiling: int | None = None
 
     # --- events ----------------------------------------------------------------------------
 
@@ -336,6 +340,7 @@ class StreamTranslator:
         if self.finish_reason == "length":
             self.response["status"] = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
+            settle_cut(self.response, (self.usage or {}).get("completion_tokens"), self.ceiling)
             kind = "response.incomplete"
         else:
             self.response["status"] = "completed"

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from openai_api.dispatch import dispatcher
 from openai_api.mcp import loop as mcp_loop
+from openai_api.output_tokens import limit_of
 from openai_api.responses import protocol, store
 from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.fields import bad, new_id
 from openai_api.responses.input_items import image_parts
+from openai_api.responses.made_with import made_with
 from openai_api.responses.remote_images import fetch_images
 from openai_api.responses.translator import StreamTranslator
 
@@ -70,6 +72,8 @@ async def prepare(
             )
     request.images = await fetch_images(request.input_items, history, earlier)
     response = protocol.envelope(request, new_id("resp"), int(time.time()), status="in_progress")
+    response.update(made_with(request, route))  # what it is made with, not only what it asked
+    translator: StreamTranslator
     if route.responses_by_engine:
         if request.uses_mcp:
             raise bad(
@@ -77,7 +81,10 @@ async def prepare(
                 " /v1/responses to its engine (responses: engine).",
                 "tools",
             )
-        return Turn(route, identity, request, history, EngineEvents(response))
-    if request.uses_mcp:
-        await mcp_loop.check(request, history)
-    return Turn(route, identity, request, history, StreamTranslator(response))
+        translator = EngineEvents(response)
+    else:
+        if request.uses_mcp:
+            await mcp_loop.check(request, history)
+        translator = StreamTranslator(response)
+    translator.ceiling = limit_of(route)
+    return Turn(route, identity, request, history, translator)

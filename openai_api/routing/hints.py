@@ -10,7 +10,8 @@ for the dispatcher (the slot is taken further down, by routes that know nothing 
   callers' sessions never meet.
 - **Prefix key**: the leading text, whitespace collapsed, up to MSHIP_ROUTING_PREFIX_CHARS:
   a long shared system prompt keys by itself (every conversation under it meets its cached
-  KV), a short one keys with the conversation's opening.
+  KV), a short one keys with the conversation's opening. Scoped to the caller's tenant
+  (openai_api/cache_scope.py): one tenant's prefix never leads to another's cache.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from django.conf import settings
+
+from openai_api.auth import current_key
+from openai_api.cache_scope import tenant_of
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -43,6 +47,7 @@ class Hint:
     # turn names as its previous_response_id.
     also: str | None = None
     owner: str = ""  # the caller's key: every key is scoped to it
+    tenant: str = ""  # whose caches it may meet (openai_api/cache_scope.py)
 
 
 current: ContextVar[Hint | None] = ContextVar("modelship_routing_hint", default=None)
@@ -57,14 +62,18 @@ def response_key(owner: str, response_id: str) -> str:
 
 
 def hint_of(
-    data: dict[str, Any] | None, headers: dict[str, str], owner: str, prefix_chars: int
+    data: dict[str, Any] | None,
+    headers: dict[str, str],
+    owner: str,
+    prefix_chars: int,
+    tenant: str = "",
 ) -> Hint:
     """The keys of a chat, completions or Responses request (`owner`: the caller's key id,
     or "" for none). Anything the body does not have (an embeddings input) gives no key.
     Every field is cut before it is read whole: this runs on the event loop."""
     data = data or {}
     opening = leading_text(data)
-    prefix = normalised(opening, prefix_chars) or None
+    prefix = scoped(normalised(opening, prefix_chars), tenant) or None
     conversation = None
     if session := headers.get(SESSION_HEADER, "")[:ID_CHARS].strip():
         conversation = digest("session", owner, session)
@@ -76,7 +85,12 @@ def hint_of(
         user = data.get("user") or data.get("safety_identifier")
         user = user[:ID_CHARS] if isinstance(user, str) else ""
         conversation = digest("opening", owner, user, opening)
-    return Hint(conversation, prefix, owner=owner)
+    return Hint(conversation, prefix, owner=owner, tenant=tenant)
+
+
+def scoped(prefix: str, tenant: str) -> str:
+    """A prefix key within its tenant's: one tenant's prefix never leads to another's cache."""
+    return f"{tenant}\x1f{prefix}" if prefix and tenant else prefix
 
 
 def normalised(text: str, length: int) -> str:
@@ -88,7 +102,8 @@ def note(route: Route, data: dict[str, Any] | None, headers: dict[str, str], own
     """Leave the request's keys for the dispatcher, where there is a choice to make (a route
     with several replicas, or an on-demand one whose replicas are not known yet)."""
     if len(route.urls) != 1:
-        current.set(hint_of(data, headers, owner, settings.MSHIP_ROUTING_PREFIX_CHARS))
+        tenant = tenant_of(current_key.get())
+        current.set(hint_of(data, headers, owner, settings.MSHIP_ROUTING_PREFIX_CHARS, tenant))
 
 
 def conversation_id(data: dict[str, Any]) -> str:

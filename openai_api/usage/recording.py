@@ -13,7 +13,8 @@ from django.conf import settings
 
 from common import metrics
 from openai_api.models import shown_prefix
-from openai_api.usage.budgets import budgets
+from openai_api.output_tokens import FIELDS, limit_of
+from openai_api.usage.budgets import Reservation, budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import Row, ledger
 from openai_api.usage.models import (
@@ -33,21 +34,51 @@ from openai_api.usage.models import (
 )
 
 if TYPE_CHECKING:
-    from openai_api.catalog import Key
+    from openai_api.catalog import Key, Route
 
 # Endpoints whose answers are counted in tokens (estimated where the engine reports none).
 TEXT = frozenset({"chat/completions", "completions", "responses", "messages", "embeddings"})
 CHARS_PER_TOKEN = 4  # the gateway's estimate where an engine reports no usage
 
 
-def admit(key: Key | None) -> None:
-    """A request of `key` may start: 429 when it or its team is out of a budget."""
-    if key is not None and key.budget_owners and settings.MSHIP_USAGE_RECORD:
-        if sync.thread is None:
-            sync.start()
-        budgets.check(key.budget_owners)
-        # Counted as it is let in, not at its end: a burst cannot pass requests_per_day.
-        budgets.add_request(key.budget_owners)
+def admit(key: Key | None, tokens: int = 0) -> Reservation | None:
+    """A request of `key` may start: 429 when it or its team is out of a budget, or has not
+    `tokens` (the most it can spend: `most_tokens`) left; those are held for it until its
+    record is finished (openai_api/access.py releases them)."""
+    if key is None or not key.budget_owners or not settings.MSHIP_USAGE_RECORD:
+        return None
+    if sync.thread is None:
+        sync.start()
+    reservation = budgets.reserve(key.budget_owners, tokens)
+    # Counted as it is let in, not at its end: a burst cannot pass requests_per_day.
+    budgets.add_request(key.budget_owners)
+    return reservation
+
+
+MAX_COPIES = 128  # `n`: what a reservation multiplies by at most (engines cap it lower)
+
+
+def most_tokens(endpoint: str, route: Route, data: dict[str, Any] | None, body_bytes: int) -> int:
+    """The most tokens a request can spend, as its budget reserves it: its prompt (by the
+    gateway's estimate from its size, until the engine counts it) and the tokens it may
+    generate (its max_tokens, else the route's limit) for each of its `n` answers."""
+    if endpoint not in TEXT:
+        return 0
+    prompt = body_bytes // CHARS_PER_TOKEN
+    if endpoint == "embeddings" or not isinstance(data, dict):
+        return prompt
+    asked = [
+        value
+        for field in FIELDS
+        if isinstance(value := data.get(field), int) and not isinstance(value, bool) and value > 0
+    ]
+    copies = [
+        value
+        for field in ("n", "best_of")
+        if isinstance(value := data.get(field), int) and not isinstance(value, bool) and value > 1
+    ]
+    each = min(asked) if asked else limit_of(route)
+    return prompt + each * min(max(copies, default=1), MAX_COPIES)
 
 
 IMAGE_ENDPOINTS = frozenset({"images/generations", "images/edits", "images/variations"})

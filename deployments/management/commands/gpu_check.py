@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments import deployer, nvml
+from deployments import deployer, engine_secrets, nvml
 from deployments.memory import gpu_inventory, host_summary
 from deployments.models import Deployment, State
 from deployments.site_hints import hints
@@ -109,7 +109,8 @@ class Command(BaseCommand):
                 if demo.state != State.READY:
                     problems.append(f"{demo.name}: {demo.state}: {demo.state_reason}")
                     continue
-                seen = httpx.get(demo.engine_url + "/sim/env", timeout=10).json()
+                auth = engine_secrets.auth(demo)
+                seen = httpx.get(demo.engine_url + "/sim/env", timeout=10, auth=auth).json()
                 given = ",".join(str(i) for i in (demo.gpus or [[]])[0])
                 self.stdout.write(
                     f"{demo.name}: placed on GPU {given or 'none'}, the engine sees"
