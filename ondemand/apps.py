@@ -21,6 +21,7 @@ class OndemandConfig(AppConfig):
         from openai_api.dispatch import dispatcher  # noqa: PLC0415 - apps loaded
         from openai_api.rate_limits import rate_limiter  # noqa: PLC0415 - apps loaded
         from openai_api.usage import gpu_time  # noqa: PLC0415 - apps loaded
+        from openai_api.usage.budgets import budgets  # noqa: PLC0415 - apps loaded
 
         hooks.register(hooks.listing_changed, tasks.request_litellm_sync)
         hooks.register(hooks.state_changed, live.publish_state_change)
@@ -34,3 +35,4 @@ class OndemandConfig(AppConfig):
         dispatcher.site = registry.SiteChoices()
         gpu_time.site = registry.SiteMeter()
         rate_limiter.site = registry.SiteWindows()
+        budgets.site = registry.SiteBudgets()

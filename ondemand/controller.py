@@ -142,10 +142,10 @@ class Controller(RoomMaking):
             if slot is not None:
                 return slot
             changed, view = self.changed, None  # a stop was approved first: read it again
+        if key_id is not None and 0 < self.max_waiting_per_key <= self.waiting_of(key_id):
+            raise key_waits_too_much(self.max_waiting_per_key)  # before it takes a place
         if self.waiting_total() >= self.max_queued and not self._make_way(key_id):
             raise errors.queue_full()
-        if key_id is not None and 0 < self.max_waiting_per_key <= self.waiting_of(key_id):
-            raise key_waits_too_much(self.max_waiting_per_key)
         if view is not None:
             entry.priority, entry.start_s = view.priority, view.start_s
         now = self.clock.now()

@@ -146,6 +146,27 @@ class SiteWindows:
             raise
 
 
+class SiteBudgets:
+    """Token reservations held by the site's scheduler where this process is one of several
+    (openai_api/usage/budgets.py)."""
+
+    async def reserve(self, owners: list[dict[str, Any]], tokens: int) -> str | None:
+        to = client.link()
+        if to is None:
+            return None
+        try:
+            return await client.reserved(to, owners, tokens)
+        except GatewayError as exc:
+            if exc.code == "scheduler_unavailable":
+                return None  # this process's own holds meanwhile: no request fails for it
+            raise
+
+    def release(self, reservation_id: str) -> None:
+        to = client.link()
+        if to is not None:
+            to.release(reservation_id)
+
+
 class SiteMeter:
     """GPU time divided by the site's scheduler where this process is one of several
     (openai_api/usage/gpu_time.py; None: this process's own meter)."""

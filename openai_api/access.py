@@ -249,8 +249,8 @@ def finish(record: RequestRecord) -> None:
     ttfb = record.first_byte - record.started if record.first_byte is not None else None
     # Nothing went out: the caller left first (nginx's 499).
     status = record.status or CLIENT_GONE
-    used = record.measured(status) if record.model and settings.MSHIP_USAGE_RECORD else None
     try:
+        used = record.measured(status) if record.model and settings.MSHIP_USAGE_RECORD else None
         if used is not None:
             recording.count(
                 record.key_ref,

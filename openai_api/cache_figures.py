@@ -30,16 +30,23 @@ MARKERS = (b'"timings"', b'"id_slot"', b'"cached_tokens"', b'"cache_read_input_t
 WHOLE_CAP = 8 * 2**20
 
 
-def hides(route: Route) -> bool:
+def hides(route: Route, endpoint: str = "") -> bool:
     figures = settings.MSHIP_CACHE_FIGURES
-    return figures == "none" or (figures == "own" and not keeps_apart(route))
+    # vLLM's Anthropic messages take no cache salt: its cache there is everyone's.
+    apart = keeps_apart(route) and not (endpoint == "messages" and route.loader == "vllm")
+    return figures == "none" or (figures == "own" and not apart)
 
 
-def without_figures(doc: Any) -> int | None:
-    """Takes the cache figures out of an answer (or a stream's chunk); the count it had."""
+def without_figures(doc: Any, depth: int = 0) -> int | None:
+    """Takes the cache figures out of an answer (or a stream's chunk, its `message` or
+    `response` included: Anthropic's message_start, a Responses event); the count it had."""
     if not isinstance(doc, dict):
         return None
     found: int | None = None
+    if depth < 2:
+        for inner in ("message", "response"):
+            count = without_figures(doc.get(inner), depth + 1)
+            found = count if count is not None else found
     timings = doc.pop("timings", None)
     if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
         found = timings["cache_n"]
@@ -86,7 +93,11 @@ class FigureHider:
         more = bool(message.get("more_body", False))
         body = self.carry + message.get("body", b"")
         if self.streaming:
-            cut = body.rfind(b"\n\n") + 2 if more else len(body)
+            end = body.rfind(b"\n\n")
+            if more and end < 0 and len(body) <= WHOLE_CAP:
+                self.carry = body  # no whole event yet: it goes once it is whole
+                return
+            cut = end + 2 if more and end >= 0 else len(body)
             body, self.carry = self.events(body[:cut]), body[cut:]
         elif more and len(body) <= WHOLE_CAP:
             self.carry = body  # a whole answer is rewritten at its end
@@ -100,8 +111,13 @@ class FigureHider:
             return block
         kept = []
         for event in block.split(b"\n\n"):
-            if event.startswith(b"data: {") and any(marker in event for marker in MARKERS):
-                event = b"data: " + self.rewritten(event[6:], event[6:])
+            if any(marker in event for marker in MARKERS):
+                # Its data line, after any `event:` line (Anthropic's streams name theirs).
+                lines = event.split(b"\n")
+                for n, line in enumerate(lines):
+                    if line.startswith(b"data: {"):
+                        lines[n] = b"data: " + self.rewritten(line[6:], line[6:])
+                event = b"\n".join(lines)
             kept.append(event)
         return b"\n\n".join(kept)
 

@@ -142,7 +142,10 @@ def giving_way(waiting: Sequence[W], key_id: int | None) -> W | None:
     held: dict[int | None, list[W]] = {}
     for waiter in waiting:
         held.setdefault(waiter.key_id, []).append(waiter)
-    heaviest = max(held.values(), key=len, default=[])
+    # Requests of no key (LiteLLM's /ondemand, a gateway without keys) are no one tenant:
+    # never the ones that give way.
+    keyed = [found for key, found in held.items() if key is not None]
+    heaviest = max(keyed, key=len, default=[])
     if len(heaviest) <= len(held.get(key_id, ())) + 1 or heaviest[0].key_id == key_id:
         return None
     # Its latest (the last to come among equal times): the one its key would send last.
@@ -262,16 +265,18 @@ class Limits:
         keys_own = ticket.key_cap is not None and (
             self.by_key.get(ticket.key_id or 0, 0) >= ticket.key_cap
         )
-        same = [t for t in self.waiting if t.deployment_id == ticket.deployment_id]
-        full = len(same) >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED)
-        if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject" or (
-            full and not self._make_way(ticket, same)
-        ):
+        if settings.MSHIP_CONCURRENCY_OVERFLOW == "reject":
             raise too_many(claim, keys_own)
+        # Its key's share first: a request refused anyway never takes another's place.
         per_key = int(settings.MSHIP_MAX_WAITING_PER_KEY)
         mine = sum(t.key_id == ticket.key_id for t in self.waiting)
         if ticket.key_id is not None and 0 < per_key <= mine:
             raise key_waits_too_much(per_key)
+        same = [t for t in self.waiting if t.deployment_id == ticket.deployment_id]
+        if len(same) >= int(settings.MSHIP_ONDEMAND_MAX_QUEUED) and not self._make_way(
+            ticket, same
+        ):
+            raise too_many(claim, keys_own)
         if ticket.key_id not in self.turns:
             # Joins the round just ahead of the waiting keys (the next turn is its own), not
             # at nought, where a late burst would go before all of them.

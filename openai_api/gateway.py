@@ -99,7 +99,7 @@ async def handle(exchange: Exchange) -> None:
     route = route_for(snapshot, caller, name)
     record.model = route.name
     # Its budgets, once it asks a model for something: the most it can spend is held.
-    record.reservation = admit(caller.key, most_tokens(endpoint, route, data, len(body)))
+    record.reservation = await admit(caller.key, most_tokens(endpoint, route, data, len(body)))
     record.body_bytes, record.streaming = len(body), streaming
     record.images, record.characters = media_units(endpoint, data)
     check_output_tokens(route, data)
@@ -268,7 +268,7 @@ async def warm(exchange: Exchange, snapshot: Snapshot, caller: Caller, name: str
     idle timer restarts as after a request."""
     route = route_for(snapshot, caller, name)
     exchange.record.model = route.name
-    admit(caller.key)
+    await admit(caller.key)
     async with dispatcher.slot(route):
         pass
     body = {"id": name, "object": "model", "owned_by": "modelship", "status": "ready"}

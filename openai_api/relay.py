@@ -98,7 +98,7 @@ async def relay(
             metrics.last_request_at[route.name] = time.time()
             try:
                 send = exchange.send
-                if hides(route):
+                if hides(route, traffic.endpoint):
                     send = FigureHider(send, exchange.record, traffic.streaming)
                 if traffic.strip_usage:
                     send = UsageStripper(send, exchange.record)

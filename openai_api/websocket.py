@@ -304,7 +304,7 @@ class Socket:
             record.key = shown_prefix(caller.key.prefix) if caller.key is not None else ""
         # Its budgets, as a POST's: the most it can spend held until its record ends.
         size = record.body_bytes if record is not None else 0
-        held = admit(caller.key, most_tokens("responses", route, data, size))
+        held = await admit(caller.key, most_tokens("responses", route, data, size))
         if record is not None:
             record.reservation = held
         check_output_tokens(route, data)

@@ -6,6 +6,7 @@ and a budgeted key runs a bounded number of requests at once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,9 @@ from openai_api.models import ApiKey
 from openai_api.usage.budgets import Owner, budgets
 from openai_api.usage.ledger import ledger
 from openai_api.usage.models import UsageMinute
-from openai_api.usage.recording import admit
+from openai_api.usage.recording import admit, most_tokens
 from tests.conftest import wait_until
+from tests.test_concurrency import route
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -150,19 +152,58 @@ def test_it_caps_a_budgeted_keys_requests_at_once(
     assert [a.status_code for a in asyncio.run(burst())] == [200] * 4
 
 
-def test_it_holds_a_reservation_until_it_is_released(site: Any, db: None) -> None:
+async def test_it_holds_a_reservation_until_it_is_released(site: Any, db: None) -> None:
     owner = Owner("key", 9, "held-ref", "held", (("tokens_per_day", "tokens", "day", 100),))
     key = Key(9, "held", "held", "", False, frozenset(), None, budget_owners=(owner,))
-    first = admit(key, 60)
+    first = await admit(key, 60)
     assert first is not None and budgets.held == {"held-ref": 60}
     with pytest.raises(GatewayError) as refused:
-        admit(key, 41)
+        await admit(key, 41)
     assert "100 left" in refused.value.message and "60 of them held" in refused.value.message
-    second = admit(key, 40)
+    second = await admit(key, 40)
     assert second is not None
     budgets.release(first)
     budgets.release(first)  # once only
     assert budgets.held == {"held-ref": 40}
     budgets.release(second)
     assert budgets.held == {}
-    assert admit(key, 0) is None  # nothing to hold: checked only
+    assert await admit(key, 0) is None  # nothing to hold: checked only
+
+
+def test_it_holds_a_background_runs_reservation_until_the_run_ends(
+    gateway_url: str, api_key: Callable[..., str], serving: Serving
+) -> None:
+    """The POST ends at once; the run it queued spends the tokens: the hold goes with it."""
+    serving("sim", config={"reply": "hi", "first_token_delay_s": 2})
+    secret = api_key("background", tokens_per_day=100_000)
+    ref = ApiKey.objects.get(name="background").prefix
+    answer = httpx.post(
+        gateway_url + "/v1/responses",
+        json={"model": "sim", "input": "hi", "background": True, "max_output_tokens": 50},
+        headers={"authorization": f"Bearer {secret}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200 and answer.json()["status"] == "queued", answer.text
+    assert budgets.held.get(ref, 0) > 50  # the POST has ended; its run holds the tokens
+    wait_until(lambda: budgets.held == {}, 20)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "each", "copies"),
+    [
+        ("chat/completions", {"max_tokens": 1, "max_completion_tokens": 300}, 300, 1),
+        ("chat/completions", {"max_output_tokens": 1}, 1000, 1),  # not chat's: the limit
+        ("chat/completions", {"max_tokens": 10, "n": "64"}, 10, 64),  # as vLLM reads "64"
+        ("chat/completions", {"max_tokens": 10, "n": 64.0}, 10, 64),
+        ("chat/completions", {"max_tokens": 10, "n_predict": -1}, 1000, 1),  # llama: no end
+        ("chat/completions", {"max_tokens": True}, 1000, 1),
+        ("completions", {"max_tokens": 5, "prompt": ["a", "b", "c"], "best_of": 2}, 5, 6),
+        ("responses", {"max_tokens": 1}, 1000, 1),  # the Responses API's is another field
+        ("responses/compact", {}, 1000, 1),
+    ],
+)
+def test_it_reserves_the_most_an_engine_may_make_of_any_spelling(
+    endpoint: str, body: dict[str, Any], each: int, copies: int
+) -> None:
+    limited = dataclasses.replace(route(), max_output_tokens=1000)
+    assert most_tokens(endpoint, limited, body, 400) == 100 + each * copies

@@ -14,7 +14,9 @@ import pytest
 from django.db.models import Sum
 
 from deployments.models import Deployment, State
+from openai_api.access import RequestRecord
 from openai_api.auth import current_key
+from openai_api.cache_figures import FigureHider
 from openai_api.cache_scope import salt, tenant_of, with_cache_salt
 from openai_api.catalog import Key, Route
 from openai_api.models import ApiKey
@@ -235,3 +237,31 @@ def usage_cached(key_id: int) -> int:
     ledger.flush()
     found = UsageMinute.objects.filter(key_id=key_id).aggregate(n=Sum("tokens_cached"))["n"]
     return int(found or 0)
+
+
+async def test_it_takes_figures_out_of_events_however_the_engine_splits_them() -> None:
+    """An event across three reads, one named by an `event:` line (Anthropic's), its usage
+    inside `message` (message_start): each rewritten whole, the stream's framing kept."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    record = RequestRecord("POST", "/v1/messages", "r")
+    hider = FigureHider(send, record, streaming=True)
+    start = {"type": "message_start", "message": {"usage": {"cache_read_input_tokens": 9}}}
+    stream = (
+        b"event: message_start\ndata: " + json.dumps(start).encode() + b"\n\n"
+        b'data: {"choices": [], "timings": {"cache_n": 4}, "id_slot": 1}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    await hider(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]}
+    )
+    for at, part in enumerate((stream[:30], stream[30:90], stream[90:])):
+        await hider({"type": "http.response.body", "body": part, "more_body": at < 2})
+    assert sent[0]["headers"] == []  # its length changed
+    out = b"".join(m.get("body", b"") for m in sent[1:])
+    assert figures_in(out.decode()) == set() and b"cache_read_input_tokens" not in out
+    assert out.startswith(b"event: message_start\ndata: {") and out.endswith(b"data: [DONE]\n\n")
+    assert out.count(b"\n\n") == 3 and record.cached_seen == 9

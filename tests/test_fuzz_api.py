@@ -145,3 +145,79 @@ def test_it_answers_deep_json_on_every_operation_with_a_body_in_json(
                 answer = client.request(method, path, content=deep(depth))
                 assert answer.status_code == 400, (method, path, depth, answer.text[:200])
                 assert "nests deeper" in answer.json()["detail"]
+
+
+# Field names no operation knows: hypothesis's, kept apart from every real one.
+UNKNOWN_NAMES = st.from_regex(r"[a-z][a-z_]{0,24}", fullmatch=True)
+
+
+def body_fields(raw: dict[str, Any], operation: dict[str, Any]) -> set[str]:
+    """Every property the operation's JSON body schema names (its $ref followed)."""
+    content = operation["requestBody"]["content"]
+    schema = next(iter(content.values()))["schema"]
+    if "$ref" in schema:
+        schema = raw["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return set(schema.get("properties", {}))
+
+
+def test_it_refuses_an_unknown_field_on_every_operation_with_a_body(
+    token: str, live_server: Any
+) -> None:
+    """Strict input (issue 58): a field `/api` does not know is a 400 naming it, never
+    dropped; nothing is created or changed by the request."""
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    ids = {
+        "deployments": Deployment.objects.get(name="a").pk,
+        "keys": ApiKey.issue("k")[0].pk,
+        "teams": Team.objects.create(name="t").pk,
+    }
+    operations = [
+        (method.upper(), path.replace("{id}", str(ids.get(path.split("/")[2], 0))), known)
+        for path, methods in raw["paths"].items()
+        for method, operation in methods.items()
+        if "requestBody" in operation and (known := body_fields(raw, operation))
+    ]
+    assert len(operations) >= 6
+    headers = {"Authorization": f"Token {token}"}
+    before = (Deployment.objects.count(), ApiKey.objects.count(), Team.objects.count())
+    with httpx.Client(base_url=live_server.url, headers=headers) as client:
+
+        @FUZZ
+        @given(operation=st.sampled_from(operations), name=UNKNOWN_NAMES)
+        def refused(operation: tuple[str, str, set[str]], name: str) -> None:
+            method, path, known = operation
+            if name in known or name in ("csrfmiddlewaretoken", "format"):
+                return
+            answer = client.request(method, path, json={name: 1})
+            assert answer.status_code == 400, (method, path, name, answer.text[:200])
+            assert name in answer.json(), (method, path, name, answer.text[:200])
+
+        refused()
+    assert (Deployment.objects.count(), ApiKey.objects.count(), Team.objects.count()) == before
+
+
+def test_it_refuses_an_unknown_query_parameter_on_every_list(token: str, live_server: Any) -> None:
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    lists = [
+        (path, {p["name"] for p in operation.get("parameters", [])})
+        for path, methods in raw["paths"].items()
+        for method, operation in methods.items()
+        if method == "get"
+        and "{id}" not in path
+        and any(p["name"] == "limit" for p in operation.get("parameters", []))
+    ]
+    assert len(lists) >= 5
+    headers = {"Authorization": f"Token {token}"}
+    with httpx.Client(base_url=live_server.url, headers=headers) as client:
+
+        @FUZZ
+        @given(listed=st.sampled_from(lists), name=UNKNOWN_NAMES)
+        def refused(listed: tuple[str, set[str]], name: str) -> None:
+            path, known = listed
+            if name in known or name == "format":
+                return
+            answer = client.get(path, params={name: "1"})
+            assert answer.status_code == 400, (path, name, answer.text[:200])
+            assert name in answer.json(), (path, name, answer.text[:200])
+
+        refused()

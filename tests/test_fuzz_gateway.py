@@ -388,6 +388,42 @@ def test_it_reads_a_form_only_in_the_charsets_clients_send(
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_form"
 
 
+@FUZZ
+@given(models=st.lists(st.sampled_from(["sim", "emb", "od", "x"]), min_size=2, max_size=5))
+def test_it_refuses_a_form_that_gives_its_model_more_than_once(
+    fuzz_site: Site, models: list[str]
+) -> None:
+    parts = b"".join(
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + m.encode() + b"\r\n"
+        for m in models
+    )
+    answer = fuzz_site.v1.post(
+        "/v1/audio/transcriptions",
+        content=parts + b"--b--\r\n",
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    check(answer)
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["param"]) == (400, "invalid_form", "model")
+
+
+@settings(FUZZ, max_examples=min(EXAMPLES, 60))  # each one a Responses run: fewer
+@given(servers=st.integers(min_value=0, max_value=40), stream=st.booleans())
+def test_it_answers_any_number_of_mcp_servers_in_shape(
+    fuzz_site: Site, servers: int, stream: bool
+) -> None:
+    tools = [
+        {"type": "mcp", "server_label": f"s{n}", "server_url": f"https://mcp.invalid/{n}"}
+        for n in range(servers)
+    ]
+    body = {**TEMPLATES["responses"], "tools": tools, "stream": stream}
+    answer = fuzz_site.v1.post("/v1/responses", json=body)
+    check(answer)
+    if servers > 8:  # MSHIP_MCP_MAX_SERVERS: refused before any server is asked
+        error = answer.json()["error"]
+        assert (answer.status_code, error["param"]) == (400, "tools"), answer.text[:300]
+
+
 def test_it_leaves_the_engines_as_it_found_them(fuzz_site: Site) -> None:
     """After the fuzzing above, a plain request still works end to end."""
     answer = fuzz_site.v1.post("/v1/chat/completions", json=TEMPLATES["chat/completions"])

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from ondemand.scheduler import client as client_module
 from ondemand.scheduler import owner as owner_module
-from ondemand.scheduler import wire
+from ondemand.scheduler import reservations, wire
 from ondemand.scheduler.client import GpuShare, Link, place
 from ondemand.scheduler.owner import Gateway, Owner
 from openai_api.auth import RateLimiter
@@ -337,3 +337,43 @@ async def test_it_never_unloads_an_adapter_another_gateway_is_using(
     finally:
         await forwarder.retire(set())
         await runner.cleanup()
+
+
+async def test_it_holds_every_gateways_token_reservations_in_one_place() -> None:
+    """Two gateways ask for a key's tokens: the second is refused what the first holds; a
+    release, or the first's link ending, gives it back; a malformed ask ends the link."""
+    site = Owner(rebuild_s=0)
+    site.rebuilt.set()
+    one, two = Written(), Written()
+    first = Gateway(site, one, "one")  # type: ignore[arg-type]
+    second = Gateway(site, two, "two")  # type: ignore[arg-type]
+    budget = {
+        "kind": "key",
+        "ref": "pfx",
+        "name": "k",
+        "limits": [["tokens_per_day", "day", 100, 10]],
+    }
+
+    def reserve(gateway: Gateway, ask_id: str, tokens: int) -> None:
+        gateway.handle({"op": "reserve", "id": ask_id, "owners": [budget], "tokens": tokens})
+
+    reserve(first, "a", 60)
+    await heard(one, lambda said: any(m.get("id") == "a" for m in said))
+    assert "ok" in one.said[-1] and reservations.held == {"pfx": 60}
+    reserve(second, "b", 31)  # 10 used + 60 held + 31 > 100
+    await heard(two, lambda said: any(m.get("id") == "b" for m in said))
+    refused = two.said[-1]["error"]
+    assert (refused["status"], refused["code"]) == (429, "budget_exceeded")
+    assert "60 of them held" in refused["message"]
+    first.handle({"op": "release", "id": "a"})
+    assert reservations.held == {}
+    reserve(second, "c", 31)
+    reserve(first, "d", 20)
+    await heard(one, lambda said: any(m.get("id") == "d" for m in said))
+    first.close()  # its process went: what it held goes too
+    assert reservations.held == {"pfx": 31}
+    second.close()
+    assert reservations.held == {}
+    for wrong in ({"tokens": 0}, {"tokens": 1.5}, {"owners": []}, {"owners": [{"kind": "x"}]}):
+        with pytest.raises(wire.WireError):
+            await reservations.reserve("x", {"owners": [budget], "tokens": 5, **wrong})

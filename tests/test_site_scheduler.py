@@ -463,3 +463,35 @@ def test_it_holds_the_limits_and_starts_once_across_gateway_hosts(
             host.terminate()
         for host in hosts:
             host.wait(60)
+
+
+@pytest.mark.heavy
+def test_it_holds_a_keys_token_reservations_for_the_site(
+    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
+) -> None:
+    """20 requests at once of a key with 1,000 tokens a day, each able to spend its prompt
+    and 50, from new connections over the workers: as many served as fit once (each process
+    holding only its own let up to four times as many in)."""
+    name = "reserved"
+    started(make_deployment, name, config={**sim(), "reply": "hi", "first_token_delay_s": 2})
+    key = api_key(name, tokens_per_day=1000)
+    shown(served.url, known(served.url, api_key("unlimited-reserved")), name, "ready")
+    body = json.dumps({"model": name, "messages": HI, "max_tokens": 50}).encode()
+    statuses: list[int] = []
+
+    def one() -> None:
+        with httpx.Client(timeout=60) as client:
+            answer = client.post(
+                served.url + "/v1/chat/completions",
+                content=body,
+                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            )
+            statuses.append(answer.status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    fit = 1000 // (len(body) // 4 + 50)
+    assert sorted(statuses) == [200] * fit + [429] * (20 - fit)

@@ -250,6 +250,8 @@ def test_it_refuses_to_delete_a_stored_model_a_deployment_names_in_any_spelling(
         (str(link), {}),  # a link into it
         (str(link / "m.gguf"), {}),
         ("acme/vision", {"mmproj": str(folder / "m.gguf")}),  # a path option of its loader
+        ("acme/vision", {"extra_args": [f"--mmproj={folder}/m.gguf"]}),  # an engine flag's
+        ("acme/vision", {"extra_args": ["-md", str(link / "m.gguf")]}),
     ]
     for spelling, config in spellings:
         Deployment.objects.create(name="chat", loader="llama_server", model=spelling, config=config)

@@ -385,7 +385,7 @@ def test_it_counts_a_background_run_by_its_response_and_the_post_once(
     assert used["estimated"] == 0
 
 
-def test_it_counts_a_request_against_a_daily_request_budget_when_it_is_let_in(
+async def test_it_counts_a_request_against_a_daily_request_budget_when_it_is_let_in(
     site: Any, db: None
 ) -> None:
     """A burst of concurrent requests cannot pass requests_per_day: each counts on entry."""
@@ -393,7 +393,7 @@ def test_it_counts_a_request_against_a_daily_request_budget_when_it_is_let_in(
     owner = Owner("key", 7, "burst-ref", "bursty", limits)
     key = Key(7, "bursty", "burst", "", False, frozenset(), None, budget_owners=(owner,))
     for _ in range(3):
-        admit(key)  # none of them has ended yet
+        await admit(key)  # none of them has ended yet
     with pytest.raises(GatewayError) as refused:
-        admit(key)
+        await admit(key)
     assert refused.value.code == "budget_exceeded"

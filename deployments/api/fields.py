@@ -63,6 +63,7 @@ class StrictNumbers:
     }
 
 
+MAX_NAMED = 20  # unknown fields one answer names, with their suggestions
 # A query's parameters that are DRF's, not a serializer's.
 QUERY_NAMES = frozenset({"format"})
 # What a browser's form adds to what it posts.
@@ -88,6 +89,8 @@ class StrictFields:
         for name in data:
             if name in known:
                 continue
+            if len(found) >= MAX_NAMED:
+                break  # named so far: a body of 250,000 made-up keys costs no more
             meant = self.other_spellings.get(name)
             found[name] = [
                 f"Unknown field {name!r}: /api calls it {meant!r}."

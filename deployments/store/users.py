@@ -16,7 +16,6 @@ from typing import Any
 
 from django.conf import settings
 
-from deployments.loaders import LOADERS
 from deployments.models import Deployment
 from deployments.store.models import StoredModel, store_dir
 from deployments.store.refs import is_reference, split
@@ -33,20 +32,33 @@ def users_of_name(name: str, *paths: str) -> list[str]:
     roots = {real_path(store_dir() / name)} | {real_path(path) for path in paths if path}
     return sorted(
         deployment
-        for deployment, model, loader, config in Deployment.objects.values_list(
-            "name", "model", "loader", "config"
+        for deployment, *fields in Deployment.objects.values_list(
+            "name", "model", "config", "command", "docker_options"
         )
-        if any(names_it(value, name, roots) for value in spellings(model, loader, config))
+        if any(names_it(value, name, roots) for value in spellings(*fields))
     )
 
 
-def spellings(model: Any, loader: Any, config: Any) -> list[str]:
-    """What of a deployment names a model on the host: its model, its loader's path options."""
-    found = [model] if isinstance(model, str) else []
-    options = getattr(LOADERS.get(str(loader or "")), "path_options", ())
-    if isinstance(config, dict):
-        found += [value for key, value in config.items() if key in options]
-    return [value for value in found if isinstance(value, str) and value.strip()]
+MAX_STRINGS = 4096  # of one deployment's configuration: it is an operator's, bounded anyway
+
+
+def spellings(*fields: Any) -> list[str]:
+    """Every string of a deployment that may name a model on the host: its model, and any
+    in its configuration, command and container options (an `extra_args` `--mmproj=…`, a
+    vLLM `tokenizer`, a volume), `--flag=value` read as its value too."""
+    found: list[str] = []
+    pending = list(fields)
+    while pending and len(found) < MAX_STRINGS:
+        item = pending.pop()
+        if isinstance(item, str) and item.strip():
+            found.append(item)
+            if item.startswith("-") and "=" in item:
+                found.append(item.split("=", 1)[1])
+        elif isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            pending += list(item)
+    return found
 
 
 def names_it(value: str, name: str, roots: set[str]) -> bool:

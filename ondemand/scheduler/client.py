@@ -426,6 +426,17 @@ async def admitted(to: Link, key_id: int, limit: int) -> bool:
     return True
 
 
+async def reserved(to: Link, owners: list[dict[str, Any]], tokens: int) -> str | None:
+    """A token reservation held by the owner for every process (its 429 where it does not
+    fit), released by its id; None: the link is not up, this process's own holds judge."""
+    to._run()
+    if not to.up.is_set():
+        return None
+    ask = to.new_ask({"op": "reserve", "owners": owners, "tokens": tokens})
+    await to.answer(ask)
+    return ask.id
+
+
 async def status(to: Link, deployment_id: int, state: str) -> dict[str, Any]:
     return await to.answer(
         to.new_ask({"op": "status", "deployment": deployment_id, "state": state})

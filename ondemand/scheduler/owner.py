@@ -29,7 +29,7 @@ from django.db import DatabaseError
 
 from common.redis_errors import with_redis_errors
 from ondemand import registry
-from ondemand.scheduler import client, wire
+from ondemand.scheduler import client, reservations, wire
 from ondemand.state import Slot, View
 from openai_api import access, wait_status
 from openai_api.auth import RateLimiter
@@ -174,8 +174,7 @@ class Gateway:
                 self.meter_from(held_id, item, adopted=True)
 
     def meter_from(self, held_id: str, said: dict[str, Any], adopted: bool = False) -> None:
-        """A request began on a replica with a GPU share: counted in its division until it
-        ends (or its link does)."""
+        """A request began on a replica with a GPU share: in its division until it ends."""
         url, share = said.get("url"), said.get("share")
         if not isinstance(url, str) or len(url) > 2048:
             raise wire.WireError("a GPU share without an engine address")
@@ -200,7 +199,7 @@ class Gateway:
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))[:32]
-        if op in ("slot", "place", "status", "replica", "adapter", "rpm"):
+        if op in ("slot", "place", "status", "replica", "adapter", "rpm", "reserve"):
             if ask_id in self.asking or ask_id in self.held:
                 raise wire.WireError(f"a question id in use: {ask_id!r}")
             if len(self.asking) >= MAX_ASKING:
@@ -212,6 +211,7 @@ class Gateway:
                 "replica": self.replica,
                 "adapter": self.adapter,
                 "rpm": self.rpm,
+                "reserve": reservations.reserve,
             }[op]
             self.asking[ask_id] = asyncio.create_task(self.answer(ask_id, work(ask_id, message)))
         elif op == "cancel":

@@ -29,12 +29,14 @@ from openai_api.responses.replay import ReplayLog, replay_log, tail
 from openai_api.responses.respond import respond
 from openai_api.responses.run_notices import notices
 from openai_api.responses.translator import DONE, Event, sse
+from openai_api.usage.budgets import budgets
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from openai_api.exchange import Exchange
     from openai_api.responses.turn import Turn
+    from openai_api.usage.budgets import Reservation
 
 log = logging.getLogger(__name__)
 _runs: dict[str, asyncio.Task[None]] = {}  # this process's live runs, by response id
@@ -61,7 +63,11 @@ async def start(exchange: Exchange, turn: Turn) -> None:
     # The POST counts as the request; the run's tokens and GPU-seconds are the run's own
     # record's (it ends after the POST's), not read from what the POST sends.
     exchange.record.reported = (0, 0, 0)
-    task = asyncio.ensure_future(_run(turn, replay, exchange.request_id, exchange.record))
+    # Its tokens are the run's: the POST's reservation goes with it, held until it ends.
+    held, exchange.record.reservation = exchange.record.reservation, None
+    task = asyncio.ensure_future(_run(turn, replay, exchange.request_id, exchange.record, held))
+    if held is not None:
+        task.add_done_callback(lambda _: budgets.release(held))  # once, however it ended
     _runs[rid] = task
     notices.listen(_cancel_here)
     task.add_done_callback(lambda _: _runs.pop(rid, None))
@@ -75,12 +81,18 @@ def _error(code: str, message: str = "") -> dict[str, str]:
 
 
 async def _run(
-    turn: Turn, replay: ReplayLog | None, request_id: str, began: access.RequestRecord
+    turn: Turn,
+    replay: ReplayLog | None,
+    request_id: str,
+    began: access.RequestRecord,
+    held: Reservation | None = None,
 ) -> None:
-    """The run, counted apart from the POST that queued it: its usage, its GPU-seconds."""
+    """The run, counted apart from the POST that queued it: its usage, its GPU-seconds, the
+    tokens its budgets hold for it."""
     with access.counted_apart(
         request_id, gateway="background", like=began, counts_request=False
     ) as record:
+        record.reservation = held
         record.status = 200
         await _respond(turn, replay, request_id)
         access.note_usage(turn.translator.response.get("usage"))

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from django.conf import settings
 
@@ -52,6 +53,17 @@ class Reservation:
     owners: tuple[Owner, ...]
     tokens: int
     released: bool = False
+    site_id: str | None = None  # its hold at the site's scheduler, where there is one
+
+
+class SiteBudgets(Protocol):
+    """The site scheduler's reservations, where this process is one of several
+    (ondemand/scheduler/reservations.py): every process's requests under way held in one
+    place."""
+
+    async def reserve(self, owners: list[dict[str, Any]], tokens: int) -> str | None: ...
+
+    def release(self, reservation_id: str) -> None: ...
 
 
 class Budgets:
@@ -59,6 +71,7 @@ class Budgets:
         self.totals: dict[Tally, float] = {}  # every process's, as last read
         self.local: dict[Tally, float] = {}  # this process's since
         self.held: dict[str, int] = {}  # owner ref: tokens reserved by requests under way
+        self.site: SiteBudgets | None = None
         self.lock = threading.Lock()
         self.watched: dict[str, Owner] = {}  # owners whose requests this process has seen
         self.synced_at = time.monotonic()
@@ -110,8 +123,35 @@ class Budgets:
                 self.held[owner.ref] = self.held.get(owner.ref, 0) + tokens
         return Reservation(owners, tokens)
 
+    async def reserve_on_site(self, reservation: Reservation) -> None:
+        """The reservation held by the site's scheduler too, where there is one: it judges
+        with every process's holds (its 429 where they leave too little)."""
+        if self.site is None:
+            return
+        periods = self.periods()
+        said = [
+            {
+                "kind": o.kind,
+                "ref": o.ref,
+                "name": o.name,
+                "limits": [
+                    [field, period, limit, self.used((o.ref, what, periods[period]))]
+                    for field, what, period, limit in o.limits
+                    if what == "tokens"
+                ],
+            }
+            for o in reservation.owners
+        ]
+        try:
+            reservation.site_id = await self.site.reserve(said, reservation.tokens)
+        except BaseException:
+            self.release(reservation)
+            raise
+
     def release(self, reservation: Reservation) -> None:
         """The request ended (what it spent counts from now on): its hold goes, once."""
+        if reservation.site_id is not None and self.site is not None and not reservation.released:
+            self.site.release(reservation.site_id)
         with self.lock:
             if reservation.released:
                 return

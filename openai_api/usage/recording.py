@@ -13,7 +13,7 @@ from django.conf import settings
 
 from common import metrics
 from openai_api.models import shown_prefix
-from openai_api.output_tokens import FIELDS, limit_of
+from openai_api.output_tokens import limit_of
 from openai_api.usage.budgets import Reservation, budgets
 from openai_api.usage.counters import sync
 from openai_api.usage.ledger import Row, ledger
@@ -41,7 +41,7 @@ TEXT = frozenset({"chat/completions", "completions", "responses", "messages", "e
 CHARS_PER_TOKEN = 4  # the gateway's estimate where an engine reports no usage
 
 
-def admit(key: Key | None, tokens: int = 0) -> Reservation | None:
+async def admit(key: Key | None, tokens: int = 0) -> Reservation | None:
     """A request of `key` may start: 429 when it or its team is out of a budget, or has not
     `tokens` (the most it can spend: `most_tokens`) left; those are held for it until its
     record is finished (openai_api/access.py releases them)."""
@@ -50,35 +50,60 @@ def admit(key: Key | None, tokens: int = 0) -> Reservation | None:
     if sync.thread is None:
         sync.start()
     reservation = budgets.reserve(key.budget_owners, tokens)
+    if reservation is not None:
+        await budgets.reserve_on_site(reservation)  # every process's holds, where several
     # Counted as it is let in, not at its end: a burst cannot pass requests_per_day.
     budgets.add_request(key.budget_owners)
     return reservation
 
 
 MAX_COPIES = 128  # `n`: what a reservation multiplies by at most (engines cap it lower)
+# The answer-length fields each endpoint's engines read (vLLM's chat takes
+# max_completion_tokens first; llama.cpp's n_predict overrides them): the largest counts.
+LENGTH_FIELDS = {
+    "chat/completions": ("max_tokens", "max_completion_tokens", "n_predict"),
+    "completions": ("max_tokens", "n_predict"),
+    "responses": ("max_output_tokens",),
+    "messages": ("max_tokens",),
+}
+RESERVED = TEXT | {"responses/compact"}
+
+
+def count_of(value: Any) -> int | None:
+    """A count as engines read it (vLLM's pydantic takes "64" and 64.0 as 64); None: not
+    one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit() and len(value) < 20:
+        value = int(value)
+    return value if isinstance(value, int) else None
 
 
 def most_tokens(endpoint: str, route: Route, data: dict[str, Any] | None, body_bytes: int) -> int:
     """The most tokens a request can spend, as its budget reserves it: its prompt (by the
     gateway's estimate from its size, until the engine counts it) and the tokens it may
-    generate (its max_tokens, else the route's limit) for each of its `n` answers."""
-    if endpoint not in TEXT:
+    generate (the largest length field its engine reads, else the route's limit, which a
+    field that is not a positive count also gets) for each of its answers (`n`, `best_of`,
+    each prompt of a completions list)."""
+    if endpoint not in RESERVED:
         return 0
     prompt = body_bytes // CHARS_PER_TOKEN
     if endpoint == "embeddings" or not isinstance(data, dict):
         return prompt
-    asked = [
-        value
-        for field in FIELDS
-        if isinstance(value := data.get(field), int) and not isinstance(value, bool) and value > 0
-    ]
-    copies = [
-        value
-        for field in ("n", "best_of")
-        if isinstance(value := data.get(field), int) and not isinstance(value, bool) and value > 1
-    ]
-    each = min(asked) if asked else limit_of(route)
-    return prompt + each * min(max(copies, default=1), MAX_COPIES)
+    limit = limit_of(route)
+    lengths = [data[field] for field in LENGTH_FIELDS.get(endpoint, ()) if field in data]
+    counted = [count_of(value) for value in lengths]
+    if not lengths or any(n is None or n <= 0 for n in counted):
+        each = limit
+    else:
+        each = min(max(n for n in counted if n is not None), limit)
+    copies = min(max([1, *(count_of(data.get(f)) or 1 for f in ("n", "best_of"))]), MAX_COPIES)
+    prompts = data.get("prompt")
+    if endpoint == "completions" and isinstance(prompts, list) and prompts:
+        copies *= len(prompts) if not isinstance(prompts[0], int) else 1  # a batch of prompts
+    return prompt + each * copies
 
 
 IMAGE_ENDPOINTS = frozenset({"images/generations", "images/edits", "images/variations"})
