@@ -374,6 +374,12 @@ async def test_it_holds_every_gateways_token_reservations_in_one_place() -> None
     assert reservations.held == {"pfx": 31}
     second.close()
     assert reservations.held == {}
-    for wrong in ({"tokens": 0}, {"tokens": 1.5}, {"owners": []}, {"owners": [{"kind": "x"}]}):
+    wrongs: list[dict[str, Any]] = [
+        {"tokens": 0},
+        {"tokens": 1.5},
+        {"owners": []},
+        {"owners": [{"kind": "x"}]},
+    ]
+    for wrong in wrongs:
         with pytest.raises(wire.WireError):
             await reservations.reserve("x", {"owners": [budget], "tokens": 5, **wrong})
