@@ -319,22 +319,21 @@ def login(_: Api, args: argparse.Namespace) -> int:
     """Save a site and its /api token for every later command, from any directory. The
     token from --token-file, else MODELSHIP_TOKEN (or MSHIP_TOKEN), else asked or read from
     stdin: never from the command line, which every user of the host sees (ps)."""
-    if args.token is not None:
+    if args.token is not None or args.api_key is not None:
+        said, instead = (
+            ("--token", "--token-file PATH or MODELSHIP_TOKEN, or give it when asked (or on stdin)")
+            if args.token is not None
+            else ("--api-key", "--api-key-file PATH or MODELSHIP_API_KEY")
+        )
         raise CliError(
-            "--token is refused: a token on the command line is seen by every user of this "
-            "host (ps); use --token-file PATH or MODELSHIP_TOKEN, or give it when asked "
-            "(or on stdin)",
+            f"{said} is refused: a secret on the command line is seen by every user of this "
+            f"host (ps); use {instead}",
             REFUSED,
         )
     url = (args.url or Config.from_env().url).rstrip("/")
     named = os.environ.get("MODELSHIP_TOKEN") or os.environ.get("MSHIP_TOKEN")
     if args.token_file:
-        try:
-            token = Path(args.token_file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "not text"
-            message = f"cannot read the token file {args.token_file}: {reason}"
-            raise CliError(message, NOT_FOUND) from exc
+        token = read_secret(args.token_file, "token")
     elif named:
         token = named
     elif sys.stdin.isatty():
@@ -344,13 +343,22 @@ def login(_: Api, args: argparse.Namespace) -> int:
     token = token.strip()
     if not token:
         raise CliError("no token given (--token-file, MODELSHIP_TOKEN, or on stdin)", REFUSED)
-    config = Config(url=url, token=token, api_key=args.api_key or "")
+    api_key = read_secret(args.api_key_file, "key") if args.api_key_file else ""
+    config = Config(url=url, token=token, api_key=api_key)
     Api(config).get("/api/host")  # the site answers and takes the token
     values = {"url": url, "token": token}
-    if args.api_key:
-        values["api_key"] = args.api_key
+    if api_key:
+        values["api_key"] = api_key
     print(f"logged in to {url}; saved in {write_saved(values)}")
     return OK
+
+
+def read_secret(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise CliError(f"cannot read the {what} file {path}: {reason}", NOT_FOUND) from exc
 
 
 def parser() -> argparse.ArgumentParser:
@@ -425,7 +433,10 @@ def parser() -> argparse.ArgumentParser:
         help="a file holding the /api token (default: MODELSHIP_TOKEN, else asked, or stdin)",
     )
     sign_in.add_argument("--token", help=argparse.SUPPRESS)  # refused: seen in ps
-    sign_in.add_argument("--api-key", help="a /v1 key for `modelship run`")
+    sign_in.add_argument(
+        "--api-key-file", metavar="PATH", help="a file holding a /v1 key for `modelship run`"
+    )
+    sign_in.add_argument("--api-key", help=argparse.SUPPRESS)  # refused: seen in ps
     sign_in.set_defaults(handler=login)
     return top
 

@@ -99,6 +99,9 @@ def test_it_refuses_a_token_on_the_command_line(tmp_path: Path) -> None:
     assert "--token is refused" in refused.stderr and "ps" in refused.stderr
     assert "--token-file PATH or MODELSHIP_TOKEN" in refused.stderr
     assert "a-secret" not in refused.stderr
+    keyed = cli(tmp_path, "login", nowhere, "--api-key", "msk-secret")
+    assert keyed.returncode == 1 and "--api-key is refused" in keyed.stderr
+    assert "--api-key-file PATH or MODELSHIP_API_KEY" in keyed.stderr
     assert not (tmp_path / "config").exists()
 
 
@@ -121,7 +124,14 @@ def test_it_logs_in_with_a_token_from_a_file_or_the_environment(tmp_path: Path) 
         assert json.loads(saved.read_text()) == {"url": url, "token": Site.TOKEN}
         absent = cli(tmp_path, "login", url, "--token-file", str(tmp_path / "absent"))
         assert absent.returncode == 2 and "cannot read the token file" in absent.stderr
-    assert Site.seen == [f"Token {token}" for token in ("wrong", Site.TOKEN, Site.TOKEN)]
+        key_file = tmp_path / "key"
+        key_file.write_text("msk-kept\n")
+        keyed = cli(
+            tmp_path, "login", url, "--api-key-file", str(key_file), MODELSHIP_TOKEN=Site.TOKEN
+        )
+        assert keyed.returncode == 0, keyed.stderr
+        assert json.loads(saved.read_text())["api_key"] == "msk-kept"
+    assert Site.seen == [f"Token {t}" for t in ("wrong", Site.TOKEN, Site.TOKEN, Site.TOKEN)]
     assert "warning" not in logged.stderr + named.stderr  # 127.0.0.1: this machine
 
 
