@@ -30,6 +30,10 @@ MARKERS = (b'"timings"', b'"id_slot"', b'"cached_tokens"', b'"cache_read_input_t
 WHOLE_CAP = 8 * 2**20
 
 
+def without_length(start: dict[str, Any]) -> list[Any]:
+    return [h for h in start.get("headers", []) if h[0].lower() != b"content-length"]
+
+
 def hides(route: Route, endpoint: str = "") -> bool:
     figures = settings.MSHIP_CACHE_FIGURES
     # vLLM's Anthropic messages take no cache salt: its cache there is everyone's.
@@ -66,9 +70,11 @@ def without_figures(doc: Any, depth: int = 0) -> int | None:
 
 
 class FigureHider:
-    """A `send` that passes an answer on without its cache figures."""
+    """A `send` that passes an answer on without its cache figures: a stream's events as
+    each is whole; a whole answer once it is in, its length said again (its start is held
+    until then)."""
 
-    __slots__ = ("carry", "record", "send", "streaming")
+    __slots__ = ("carry", "record", "send", "start", "streaming")
 
     def __init__(
         self,
@@ -80,18 +86,21 @@ class FigureHider:
         self.record = record
         self.streaming = streaming
         self.carry = b""
+        self.start: dict[str, Any] | None = None
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            # Its length changes: sent chunked instead.
-            headers = [h for h in message.get("headers", []) if h[0].lower() != b"content-length"]
-            await self.send({**message, "headers": headers})
+            if self.streaming:  # an event's length changes: no length for the whole
+                await self.send({**message, "headers": without_length(message)})
+            else:
+                self.start = message
             return
         if message["type"] != "http.response.body":
             await self.send(message)
             return
         more = bool(message.get("more_body", False))
         body = self.carry + message.get("body", b"")
+        self.carry = b""
         if self.streaming:
             end = body.rfind(b"\n\n")
             if more and end < 0 and len(body) <= WHOLE_CAP:
@@ -99,11 +108,17 @@ class FigureHider:
                 return
             cut = end + 2 if more and end >= 0 else len(body)
             body, self.carry = self.events(body[:cut]), body[cut:]
-        elif more and len(body) <= WHOLE_CAP:
-            self.carry = body  # a whole answer is rewritten at its end
-            return
-        else:
-            body, self.carry = self.whole(body), b""
+        elif self.start is not None:
+            if more and len(body) <= WHOLE_CAP:
+                self.carry = body  # a whole answer is rewritten at its end
+                return
+            start, self.start = self.start, None
+            if not more:  # whole: rewritten, its length said anew (past the cap: as it came)
+                body = self.whole(body)
+                if len(without_length(start)) != len(start.get("headers", [])):
+                    length = (b"content-length", str(len(body)).encode())
+                    start = {**start, "headers": [*without_length(start), length]}
+            await self.send(start)
         await self.send({**message, "body": body})
 
     def events(self, block: bytes) -> bytes:

@@ -152,9 +152,12 @@ def test_it_shares_the_outstanding_counts_and_the_conversations_between_processe
     wait_until(lambda: httpx.get(other + "/v1/models", headers=bearer(secret)).status_code == 200)
     urls = tuple(trio.engine_urls)
     x = opening("Ada", "Be brief.")  # a conversation
-    home = urls.index(place(urls, x))
+    tenant = f"key:{owner}"  # whose caches its prefixes meet (openai_api/cache_scope.py)
+    home = urls.index(place(urls, x, tenant))
     # A stream of another opening that hashes to X's replica, held open through this process.
-    held = next(m for i in range(500) if place(urls, m := opening(f"h{i}", "Hold.")) == urls[home])
+    held = next(
+        m for i in range(500) if place(urls, m := opening(f"h{i}", "Hold."), tenant) == urls[home]
+    )
     body = {"model": "trio", "messages": held, "stream": True, "max_tokens": 400}
     with httpx.stream(
         "POST", gateway_url + "/v1/chat/completions", json=body, headers=bearer(secret), timeout=30
@@ -180,9 +183,10 @@ def answers_of(kept: list[httpx.Response], answer: httpx.Response) -> httpx.Resp
     return answer
 
 
-def place(urls: tuple[str, ...], messages: list[dict[str, str]]) -> str:
-    """Where an idle deployment sends a conversation's first turn."""
-    return choose(urls, {}, prefix=hint_of({"messages": messages}, {}, "", 1000).prefix)[0]
+def place(urls: tuple[str, ...], messages: list[dict[str, str]], tenant: str = "") -> str:
+    """Where an idle deployment sends a conversation's first turn (of `tenant`'s requests)."""
+    prefix = hint_of({"messages": messages}, {}, "", 1000, tenant).prefix
+    return choose(urls, {}, prefix=prefix)[0]
 
 
 def bearer(key: str) -> dict[str, str]:
