@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 
@@ -25,6 +25,7 @@ from openai_api.concurrency import Claim, limits
 from openai_api.errors import GatewayError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from contextlib import AbstractAsyncContextManager
 
     from openai_api.catalog import Key
@@ -130,20 +131,30 @@ class SiteChoices:
         return None if to is None else client.adapter(to, route, url)
 
 
+T = TypeVar("T")
+
+
+async def site_or_own(ask: Callable[[client.Link], Awaitable[T]], own: T) -> T:
+    """The site scheduler's answer where this process is one of several; `own` where it is
+    not, or where the scheduler does not answer (this process judges meanwhile: no request
+    fails for it)."""
+    to = client.link()
+    if to is None:
+        return own
+    try:
+        return await ask(to)
+    except GatewayError as exc:
+        if exc.code == "scheduler_unavailable":
+            return own
+        raise
+
+
 class SiteWindows:
     """Requests per minute per key, counted by the site's scheduler where this process is one
     of several and no Redis holds them (openai_api/rate_limits.py)."""
 
     async def admit(self, key_id: int, limit: int) -> bool:
-        to = client.link()
-        if to is None:
-            return False
-        try:
-            return await client.admitted(to, key_id, limit)
-        except GatewayError as exc:
-            if exc.code == "scheduler_unavailable":
-                return False  # this process's own window meanwhile: no request fails for it
-            raise
+        return await site_or_own(lambda to: client.admitted(to, key_id, limit), False)
 
 
 class SiteBudgets:
@@ -151,15 +162,7 @@ class SiteBudgets:
     (openai_api/usage/budgets.py)."""
 
     async def reserve(self, owners: list[dict[str, Any]], tokens: int) -> str | None:
-        to = client.link()
-        if to is None:
-            return None
-        try:
-            return await client.reserved(to, owners, tokens)
-        except GatewayError as exc:
-            if exc.code == "scheduler_unavailable":
-                return None  # this process's own holds meanwhile: no request fails for it
-            raise
+        return await site_or_own(lambda to: client.reserved(to, owners, tokens), None)
 
     def release(self, reservation_id: str) -> None:
         to = client.link()

@@ -70,7 +70,8 @@ def test_it_lets_a_burst_in_only_as_far_as_its_reservations_fit(
 ) -> None:
     """20 requests at once of a key with 1,000 tokens a day, each able to spend its prompt
     and 50: once as many are in as fit, the rest are refused, not all let in."""
-    serving("sim", config={"reply": "hi", "first_token_delay_s": 1})
+    # Slow enough that every request is in before the first ends (none gives back early).
+    serving("sim", config={"reply": "hi", "first_token_delay_s": 3})
     secret = api_key("bursty", tokens_per_day=1000)
     body = body_of(max_tokens=50)
     each = len(body) // 4 + 50  # the gateway's estimate of the prompt, and its max_tokens

@@ -4,6 +4,7 @@ key), and a caller cannot name another tenant's salt."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from openai_api.usage.ledger import ledger
 from openai_api.usage.models import Team, UsageMinute
 from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
+from tests.test_concurrency import route as a_route
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -35,18 +37,7 @@ JSON = "application/json"
 
 
 def route(loader: str) -> Route:
-    return Route(
-        deployment_id=1,
-        name="m",
-        aliases=(),
-        loader=loader,
-        usecase="generate",
-        endpoints=frozenset({"chat/completions"}),
-        state="ready",
-        on_demand=False,
-        urls=("http://127.0.0.1:1",),
-        created=0,
-    )
+    return dataclasses.replace(a_route(), loader=loader)
 
 
 def key(id: int, team: int = 0) -> Key:

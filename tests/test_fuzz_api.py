@@ -122,17 +122,26 @@ def test_it_answers_every_id_route_in_json_whatever_the_id(token: str, live_serv
         answers_json()
 
 
-def test_it_answers_deep_json_on_every_operation_with_a_body_in_json(
-    token: str, live_server: Any
-) -> None:
-    raw = SchemaGenerator().get_schema(request=None, public=True)
-    ids = {
+def real_ids() -> dict[str, int]:
+    """An object of each kind an {id} route names, by its route's collection."""
+    return {
         "deployments": Deployment.objects.get(name="a").pk,
         "keys": ApiKey.issue("k")[0].pk,
         "teams": Team.objects.create(name="t").pk,
     }
+
+
+def with_id(path: str, ids: dict[str, int]) -> str:
+    return path.replace("{id}", str(ids.get(path.split("/")[2], 0)))
+
+
+def test_it_answers_deep_json_on_every_operation_with_a_body_in_json(
+    token: str, live_server: Any
+) -> None:
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    ids = real_ids()
     operations = [
-        (method.upper(), path.replace("{id}", str(ids.get(path.split("/")[2], 0))))
+        (method.upper(), with_id(path, ids))
         for path, methods in raw["paths"].items()
         for method, operation in methods.items()
         if "requestBody" in operation
@@ -166,13 +175,9 @@ def test_it_refuses_an_unknown_field_on_every_operation_with_a_body(
     """Strict input (issue 58): a field `/api` does not know is a 400 naming it, never
     dropped; nothing is created or changed by the request."""
     raw = SchemaGenerator().get_schema(request=None, public=True)
-    ids = {
-        "deployments": Deployment.objects.get(name="a").pk,
-        "keys": ApiKey.issue("k")[0].pk,
-        "teams": Team.objects.create(name="t").pk,
-    }
+    ids = real_ids()
     operations = [
-        (method.upper(), path.replace("{id}", str(ids.get(path.split("/")[2], 0))), known)
+        (method.upper(), with_id(path, ids), known)
         for path, methods in raw["paths"].items()
         for method, operation in methods.items()
         if "requestBody" in operation and (known := body_fields(raw, operation))

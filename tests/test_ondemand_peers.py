@@ -159,6 +159,34 @@ def test_it_guards_the_gateway_in_a_container_on_its_docker_networks(
     assert call(decider_network.name) == 404
 
 
+class Asker:
+    """What a guarded app was reached by, and a GET of the on-demand models from 127.0.0.1
+    through the guard, with what the guard answered."""
+
+    def __init__(self) -> None:
+        self.reached: list[str] = []
+        self.sent: list[dict[str, Any]] = []
+
+    async def app(self, scope: Any, receive: Any, send: Any) -> None:
+        self.reached.append(scope["path"])
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def get(self, guard: peers.PeerGuard) -> None:
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/ondemand/1/v1/models",
+            "headers": [],
+            "client": ("127.0.0.1", 5000),
+        }
+        await guard(scope, self.receive, self.send)
+
+
 async def test_it_lets_nobody_through_before_the_first_policy_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -172,34 +200,15 @@ async def test_it_lets_nobody_through_before_the_first_policy_read(
 
     monkeypatch.setattr(peers, "read_policy", slow_read)
     monkeypatch.setattr(peers, "FIRST_REFRESH_WAIT_S", 0.1)
-    reached: list[str] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        reached.append(scope["path"])
-
-    guard = peers.PeerGuard(app)
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b""}
-
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/ondemand/1/v1/models",
-        "headers": [],
-        "client": ("127.0.0.1", 5000),
-    }
-    await guard(scope, receive, send)
-    assert reached == [] and sent[0]["status"] == 404
+    asker = Asker()
+    guard = peers.PeerGuard(asker.app)
+    await asker.get(guard)
+    assert asker.reached == [] and asker.sent[0]["status"] == 404
     docker_answers.set()
     assert guard._refreshing is not None
     await guard._refreshing
-    await guard(scope, receive, send)
-    assert reached == ["/ondemand/1/v1/models"]
+    await asker.get(guard)
+    assert asker.reached == ["/ondemand/1/v1/models"]
 
 
 async def test_it_reads_the_policy_at_start_and_again_ahead_of_any_request(
@@ -220,37 +229,18 @@ async def test_it_reads_the_policy_at_start_and_again_ahead_of_any_request(
 
     monkeypatch.setattr(peers, "read_policy", read)
     monkeypatch.setattr(peers, "REFRESH_S", 0.05)
-    reached: list[str] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        reached.append(scope["path"])
-
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b""}
-
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/ondemand/1/v1/models",
-        "headers": [],
-        "client": ("127.0.0.1", 5000),
-    }
-    guard = peers.PeerGuard(app)
+    asker = Asker()
+    guard = peers.PeerGuard(asker.app)
     await guard.start()
     try:
         assert reads == ["127.0.0.1/32"]  # before any request
-        await guard(scope, receive, send)
-        assert reached == ["/ondemand/1/v1/models"]
+        await asker.get(guard)
+        assert asker.reached == ["/ondemand/1/v1/models"]
         docker_says[0] = "10.0.0.0/8"  # the lull: no request comes while Docker changes
         assert await asyncio.to_thread(read_again.wait, 10)
         assert guard._refreshing is not None
         await asyncio.wait({guard._refreshing})  # the read that saw it, or a later one
-        await guard(scope, receive, send)
-        assert reached == ["/ondemand/1/v1/models"] and sent[0]["status"] == 404
+        await asker.get(guard)
+        assert asker.reached == ["/ondemand/1/v1/models"] and asker.sent[0]["status"] == 404
     finally:
         await guard.stop()

@@ -473,7 +473,8 @@ def test_it_holds_a_keys_token_reservations_for_the_site(
     and 50, from new connections over the workers: as many served as fit once (each process
     holding only its own let up to four times as many in)."""
     name = "reserved"
-    started(make_deployment, name, config={**sim(), "reply": "hi", "first_token_delay_s": 2})
+    # Slow enough that every request is in before the first ends (none gives back early).
+    started(make_deployment, name, config={**sim(), "reply": "hi", "first_token_delay_s": 8})
     key = api_key(name, tokens_per_day=1000)
     shown(served.url, known(served.url, api_key("unlimited-reserved")), name, "ready")
     body = json.dumps({"model": name, "messages": HI, "max_tokens": 50}).encode()
