@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from cold_start import CHAT, direct  # noqa: E402
-from gateway import cpu_seconds, wait_up  # noqa: E402
+from gateway import cpu_seconds, settled, wait_up  # noqa: E402
 from start_to_ready import setup_django  # noqa: E402
 
 NAME = "burst"
@@ -146,7 +146,7 @@ def main() -> None:
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_up(base + "/health")
+            wait_up(base + "/health", proc=server)
             # A server that has answered before (its route table loaded): what is measured
             # is the burst, not the process's first request.
             httpx.get(base + "/v1/models", headers={"authorization": f"Bearer {key}"})
@@ -155,6 +155,7 @@ def main() -> None:
             results = asyncio.run(burst(base + "/v1/chat/completions", key, args.clients))
             wall = time.monotonic() - began
             running = Deployment.objects.get(pk=deployment.pk)
+            assert running.state_changed_at is not None  # it started: its state changed
             ready_after = running.state_changed_at.timestamp() - began_at
             engine_pid = int(running.runtime_handle["replicas"][0]["pid"])
             # Where the burst's time went: the CPU each process used over it (the engine's
@@ -164,7 +165,8 @@ def main() -> None:
                 "engine (with its start)": cpu_seconds(engine_pid),
                 "client": time.process_time() - client_before,
             }
-            time.sleep(1.0)  # the gauges of the last streams' ends
+            # The gauges of the last streams' ends: a moment after their answers.
+            settled(lambda: sum(counters(base).values()))
             left = counters(base)
             # The same burst straight to the engine now running (with its own secret): its
             # own share of the waits.

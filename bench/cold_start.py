@@ -8,7 +8,7 @@ key and once on /ondemand/{id}/v1 with the on-demand key; the first byte comes a
 controller started the engine (fit check, start-up gate, health wait). Runs alternate, and
 the deployment is stopped again between them.
 
-    .venv/bin/python bench/cold_start.py [--runs 8] [--engine simulated|tiny|vllm]
+    .venv/bin/python bench/cold_start.py [--runs 8] [--engine simulated|tiny|vllm] [--tokens N]
 
 The overhead is (first byte through the gateway) minus (the direct spawn's first byte).
 With `--engine tiny` the engine is llama.cpp's server with the project's tiny GGUF, and the
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -39,14 +39,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import wait_up  # noqa: E402
+from gateway import route_table_read, wait_up  # noqa: E402
 from start_to_ready import setup_django, wait_healthy  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 PEER = "127.0.0.2"
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
+CHAT: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+    "max_tokens": 4,
+}
 VLLM = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
 
 
@@ -80,13 +84,15 @@ def direct(argv: list[str], name: str, env: dict[str, str]) -> float:
         proc.wait()
 
 
-def through_gateway(client: httpx.Client, url: str, body: dict[str, object], pk: int) -> float:
+def through_gateway(
+    client: httpx.Client, base: str, url: str, body: dict[str, object], pk: int
+) -> float:
     from deployments import deployer  # noqa: PLC0415 - after setup_django()
 
     began = time.perf_counter()
     elapsed = first_byte(client, url, body, began)
     deployer.stop(pk)
-    time.sleep(1.0)  # the gateway's route table sees the stop (it reloads every 0.5 s)
+    route_table_read(base, time.time())  # the gateway's route table sees the stop
     return elapsed
 
 
@@ -94,6 +100,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--engine", choices=["simulated", "tiny", "vllm"], default="simulated")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        help="the throughput streams' length (default: 1,000; vLLM's 480, its context is 512)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -146,7 +157,7 @@ def main() -> None:
         )
         try:
             base = f"http://127.0.0.1:{port}"
-            wait_up(base + "/health")
+            wait_up(base + "/health", proc=server)
             v1 = httpx.Client(timeout=120, headers={"authorization": f"Bearer {api_key}"})
             od = httpx.Client(
                 timeout=120,
@@ -157,10 +168,15 @@ def main() -> None:
             runs: dict[str, Callable[[], float]] = {
                 "direct": lambda: direct(argv, "cold", engine_env),
                 "/v1": lambda: through_gateway(
-                    v1, base + "/v1/chat/completions", {**CHAT, "model": "cold"}, deployment.pk
+                    v1,
+                    base,
+                    base + "/v1/chat/completions",
+                    {**CHAT, "model": "cold"},
+                    deployment.pk,
                 ),
                 "/ondemand": lambda: through_gateway(
                     od,
+                    base,
                     f"{base}/ondemand/{deployment.pk}/v1/chat/completions",
                     {**CHAT, "model": "cold"},
                     deployment.pk,
@@ -170,9 +186,8 @@ def main() -> None:
                 for name, run in runs.items():
                     rows[name].append(run())
             if args.engine != "simulated":
-                throughput(
-                    v1, base, deployment.pk, args.runs, 480 if args.engine == "vllm" else 1000
-                )
+                tokens = args.tokens or (480 if args.engine == "vllm" else 1000)
+                throughput(v1, base, deployment.pk, args.runs, tokens)
         finally:
             deployer.stop(deployment.pk)  # the engine the last run started ends with it
             server.terminate()
@@ -196,9 +211,9 @@ def throughput(v1: httpx.Client, base: str, pk: int, runs: int, tokens: int) -> 
     from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
 
     deployer.restart(pk)
+    route_table_read(base, time.time())  # the gateway sees it ready
     running = Deployment.objects.get(pk=pk)
     engine = running.engine_url
-    time.sleep(1.0)  # the gateway sees it ready
     body = {**CHAT, "model": "cold", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     body["stream_options"] = {"include_usage": True}
     # The Responses API passes no ignore_eos: its baseline is the same chat without it.

@@ -10,7 +10,7 @@ both is split by whose code ran (Modelship's, aiohttp's, uvicorn's, asyncio's...
 libraries alone cost in the gateway against the yardstick's whole request.
 
     .venv/bin/python bench/flame.py [--seconds 10] [--concurrency 32] [--lean]
-        [--out bench/flame-gateway.svg]
+        [--out bench/flame-gateway.svg] [--warm-up 1]
 """
 
 from __future__ import annotations
@@ -137,10 +137,12 @@ def profile(
     concurrency: int,
     samples: Path,
     graph: Path | None,
+    warm_up: float = 1.0,
 ) -> tuple[dict[str, float], float]:
-    """`app` served as `make run` serves the gateway, warmed, loaded by wrk and sampled by
-    py-spy meanwhile (its folded samples to `samples`, a flame graph to `graph`): wrk's
-    figures, and the share of the server's CPU its event loop's thread spent (/proc)."""
+    """`app` served as `make run` serves the gateway, warmed (`warm_up` s of load at c=4; 0:
+    not), loaded by wrk and sampled by py-spy meanwhile (its folded samples to `samples`, a
+    flame graph to `graph`): wrk's figures, and the share of the server's CPU its event
+    loop's thread spent (/proc)."""
     port = free_port()
     argv = server_argv("modelship", app, port)
     # Both on the loop `make run` serves on (the yardstick's argv names it; the gateway reads
@@ -149,7 +151,8 @@ def profile(
     with process(argv, served_env, f"http://127.0.0.1:{port}/v1/models") as pid:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}"}
-        measure("wrk", url, headers, 4, 1.0)  # warm up
+        if warm_up:
+            measure("wrk", url, headers, 4, warm_up)
         record = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "250", "--nonblocking"]
         outputs = [("raw", samples)] + ([("flamegraph", graph)] if graph else [])
         samplers = [
@@ -175,6 +178,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--lean", action="store_true", help="the access log off")
     parser.add_argument(
+        "--warm-up", type=float, default=1.0, help="seconds of load at c=4 first (0: none)"
+    )
+    parser.add_argument(
         "--out",
         default=str(REPO / "bench" / "flame-gateway.svg"),
         help="the flame graph (its folded samples beside it, .txt, and the yardstick's,"
@@ -196,10 +202,10 @@ def main() -> None:
         load = (args.seconds, args.concurrency)
         raw, raw_yardstick = Path(tmp) / "raw.txt", Path(tmp) / "yardstick.txt"
         gateway = "modelship_site.asgi:application"
-        found, main_share = profile(spy, gateway, env, key, *load, raw, graph)
+        found, main_share = profile(spy, gateway, env, key, *load, raw, graph, args.warm_up)
         yardstick_env = {**env, "YARDSTICK_UPSTREAM": engine}
         yardstick, yardstick_share = profile(
-            spy, "bench.yardstick:app", yardstick_env, key, *load, raw_yardstick, None
+            spy, "bench.yardstick:app", yardstick_env, key, *load, raw_yardstick, None, args.warm_up
         )
         parts, modules, owners = summary(raw)
         _, _, yardstick_owners = summary(raw_yardstick)

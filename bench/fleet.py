@@ -78,7 +78,8 @@ class SimClock:
         timer = self.at(self.t + timeout)
         woken = asyncio.ensure_future(event.wait())
         try:
-            await asyncio.wait({timer, woken}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {timer, woken}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woken.cancel()
             timer.cancel()

@@ -11,6 +11,7 @@ per second per stream (a fast real engine: the proxy must not slow it), and time
 token.
 
     .venv/bin/python bench/gateway.py [--seconds 5] [--servers daphne,uvicorn,modelship]
+        [--warm-up 1] [--stream-tokens 1000]
     .venv/bin/python bench/gateway.py --servers modelship,modelship-w2   # one process vs two
     .venv/bin/python bench/gateway.py --servers modelship,modelship-uvloop   # the two loops
 
@@ -26,12 +27,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,15 +43,19 @@ import aiohttp
 import httpx
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import run_site  # noqa: E402
+import site_db  # noqa: E402
 import wrk  # noqa: E402
 
+# When a gateway process last loaded or checked its route table (each check that finds it
+# unchanged moves it too).
+ROUTE_TABLE = re.compile(r"^modelship_route_table_loaded_timestamp_seconds (\S+)$", re.MULTILINE)
 CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 
 
@@ -58,15 +65,44 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_up(url: str, timeout: float = 60) -> None:
+def wait_up(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until `url` answers; `proc`, the server that should: its exit ends the wait at once
+    (a port another process took first, an error at start-up), not after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{proc.args!r} exited ({proc.returncode}) before {url} answered")
         try:
             httpx.get(url, timeout=1)
             return
         except httpx.HTTPError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not come up")
+
+
+def settled(read: Callable[[], float], timeout: float = 10.0) -> float:
+    """`read()` once it is zero, or what it still is after `timeout` seconds: a gateway's
+    gauge comes down a moment after the last answer ends (its hang-ups, its bookkeeping)."""
+    deadline = time.monotonic() + timeout
+    while (value := read()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def route_table_read(base: str, since: float, timeout: float = 30.0) -> None:
+    """Until the gateway at `base` has read its route table since `since` (time.time()):
+    two loads or checks of it after `since` from /metrics (the second began after the first
+    ended, so after `since`), in place of sleeping through its reload period."""
+    deadline = time.monotonic() + timeout
+    seen: set[float] = set()
+    while time.monotonic() < deadline:
+        found = ROUTE_TABLE.search(httpx.get(base + "/metrics", timeout=10).text)
+        if found and float(found.group(1)) > since:
+            seen.add(float(found.group(1)))
+            if len(seen) > 1:
+                return
+        time.sleep(0.02)
+    raise SystemExit(f"{base} did not read its route table in {timeout:.0f} s")
 
 
 @contextmanager
@@ -76,7 +112,7 @@ def process(argv: list[str], env: dict[str, str], probe: str, timeout: float = 6
         argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        wait_up(probe, timeout)
+        wait_up(probe, timeout, proc)
         yield proc.pid
     finally:
         proc.terminate()
@@ -94,16 +130,19 @@ def simulated_engine(port: int, tokens_per_second: float) -> list[str]:
 
 
 @contextmanager
-def simulated_site(tokens_per_second: float) -> Iterator[tuple[Path, dict[str, str], str]]:
+def simulated_site(
+    tokens_per_second: float, then: str = ""
+) -> Iterator[tuple[Path, dict[str, str], str]]:
     """A simulated engine running and a site in a temporary folder that routes `bench` and
-    `bench-stream` to it, access lines off: (its folder, a server's environment, an API key)."""
+    `bench-stream` to it, access lines off: (its folder, a server's environment, an API key).
+    `then`: as prepare_site's."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with (
         tempfile.TemporaryDirectory() as tmp,
         process(simulated_engine(port, tokens_per_second), dict(os.environ), url + "/health"),
     ):
-        env, key = prepare_site(Path(tmp), url, url)
+        env, key = prepare_site(Path(tmp), url, url, then)
         env["MSHIP_ACCESS_LOG"] = "off"
         yield Path(tmp), env, key
 
@@ -202,8 +241,8 @@ async def load(
             while time.monotonic() < stop:
                 began = time.perf_counter()
                 async with session.post(url, json=CHAT, headers=headers) as answer:
-                    await answer.read()
-                    assert answer.status == 200, answer.status
+                    said = await answer.read()
+                    assert answer.status == 200, (url, answer.status, said[:300])
                 latencies.append(time.perf_counter() - began)
 
         began = time.monotonic()
@@ -248,23 +287,40 @@ async def stream(url: str, headers: dict[str, str], streams: int, tokens: int) -
     return {"tokens_per_s": counted / elapsed, "ttft_ms": 1000 * statistics.median(ttfts)}
 
 
-def prepare_site(workdir: Path, engine_url: str, stream_url: str) -> tuple[dict[str, str], str]:
+def prepare_site(
+    workdir: Path, engine_url: str, stream_url: str, then: str = ""
+) -> tuple[dict[str, str], str]:
+    """A site in `workdir` that routes `bench` to `engine_url` and `bench-stream` to
+    `stream_url`, and an API key of it: (a server's environment, the key). Beside its
+    database, the same with the key and no deployments yet (run_site.KEYS_ONLY), for a site
+    that starts its own engines. `then`: more Python for the process that made the site,
+    once it is made (what it prints goes nowhere): a Django start-up, not another."""
+    database = workdir / "bench.sqlite3"
     env = {
         **os.environ,
-        "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
+        "DATABASE_URL": f"sqlite:///{database}",
         "MSHIP_VAR_DIR": str(workdir),
         "DJANGO_SETTINGS_MODULE": "modelship_site.settings",
     }
+    migrate = "" if site_db.copy_to(database) else site_db.MIGRATE_HERE
     script = (
+        "import sqlite3\n"
         "import django; django.setup()\n"
-        "from django.core.management import call_command; call_command('migrate', verbosity=0)\n"
+        f"{migrate}"
+        "from django.db import connection\n"
         "from deployments.models import Deployment\n"
         "from openai_api.models import ApiKey\n"
+        "key = ApiKey.issue('bench', requests_per_minute=10**9)[1]\n"
+        "connection.ensure_connection()\n"
+        f"copy = sqlite3.connect({str(workdir / run_site.KEYS_ONLY)!r})\n"
+        "connection.connection.backup(copy)\n"
+        "copy.close()\n"
         f"Deployment.objects.create(name='bench', model='m', loader='simulated', memory_gib=1,"
         f" state='ready', engine_urls=['{engine_url}'])\n"
         f"Deployment.objects.create(name='bench-stream', model='m', loader='simulated',"
         f" memory_gib=1, state='ready', engine_urls=['{stream_url}'])\n"
-        "print(ApiKey.issue('bench', requests_per_minute=10**9)[1])\n"
+        f"{then}"
+        "print(key)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -288,6 +344,13 @@ def main() -> None:
         default=1,
         help="each load this many times, the targets taking turns; each figure is the median",
     )
+    parser.add_argument(
+        "--warm-up",
+        type=float,
+        default=1.0,
+        help="seconds of load at c=4 on each target before the first figure (0: none)",
+    )
+    parser.add_argument("--stream-tokens", type=int, default=1000, help="per stream, 8 at once")
     parser.add_argument("--json", help="also write the results here")
     wrk.driver_option(parser)
     args = parser.parse_args()
@@ -314,14 +377,22 @@ def main() -> None:
         auth = {"authorization": f"Bearer {key}"}
         with ExitStack() as up:
             # Every target up at once, so each round of a load visits all of them in turn
-            # (the same minute's machine for each), each in another order per round.
-            served = {
-                label: (up.enter_context(serving(kind, server, env, engine_url, key)), kind)
-                for label, kind, server in targets
-            }
+            # (the same minute's machine for each), each in another order per round. They
+            # start side by side: a start is mostly waits (imports, engines, health polls).
+            with ThreadPoolExecutor(len(targets)) as pool:
+                starting = {
+                    label: pool.submit(
+                        up.enter_context, serving(kind, server, env, engine_url, key)
+                    )
+                    for label, kind, server in targets
+                }
+            kinds = {label: kind for label, kind, _ in targets}
+            served = {label: (future.result(), kinds[label]) for label, future in starting.items()}
             for (url, _), kind in served.values():
                 headers = auth if kind == "gateway" else {}
-                measure(args.driver, url + "/v1/chat/completions", headers, 4, 1.0)  # warm up
+                chat = url + "/v1/chat/completions"
+                if args.warm_up:
+                    measure(args.driver, chat, headers, 4, args.warm_up)
             for c in levels:
                 runs: dict[str, list[dict[str, float]]] = {label: [] for label in served}
                 labels = list(served)
@@ -348,8 +419,11 @@ def main() -> None:
                             serving(kind, server, env, stream_url, key)
                         )
                     chat = url + "/v1/chat/completions"
-                    asyncio.run(stream(chat, headers, 1, 10))  # warm up
-                    results[label]["stream"] = asyncio.run(stream(chat, headers, 8, 1000))
+                    if args.warm_up:
+                        asyncio.run(stream(chat, headers, 1, 10))
+                    results[label]["stream"] = asyncio.run(
+                        stream(chat, headers, 8, args.stream_tokens)
+                    )
     report(results, levels)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))

@@ -19,6 +19,7 @@ mean. Ratios are against fewest outstanding, run in the same process tree.
 
     .venv/bin/python bench/prefix_routing.py [--tenants 3] [--conversations 12] [--turns 4]
         [--system-words 600] [--policies least-outstanding,round-robin,cache-aware]
+        [--replicas 3]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import wait_up  # noqa: E402
+from gateway import route_table_read, wait_up  # noqa: E402
 from start_to_ready import setup_django  # noqa: E402
 
 TOPICS = ("the bakery's ledger", "a cycling club's calendar", "a clinic's rota")
@@ -139,18 +140,25 @@ def run_policy(
     from deployments.runtimes.process import free_port  # noqa: PLC0415 - after setup_django()
 
     deployer.stop(pk)  # new engine processes: no cache carried over from the last policy
-    deployer.restart(pk)
-    row = Deployment.objects.get(pk=pk)
-    urls, auth = list(row.engine_urls), engine_secrets.auth(row)
     port = free_port("127.0.0.1")
+    # The gateway starts while the replicas do (its imports take seconds), and is asked once
+    # its route table has them ready: on /metrics, where the last policy's gateway, gone
+    # without marking itself dead, would still count (its own metrics folder each).
+    metrics = Path(env["MSHIP_VAR_DIR"]) / f"metrics-{policy}"
+    metrics.mkdir()
     server = subprocess.Popen(
         [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
         cwd=REPO,
-        env={**env, "MSHIP_ROUTING_POLICY": policy},
+        env={**env, "MSHIP_ROUTING_POLICY": policy, "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
     )
     try:
+        deployer.restart(pk)
+        ready = time.time()
+        row = Deployment.objects.get(pk=pk)
+        urls, auth = list(row.engine_urls), engine_secrets.auth(row)
         base = f"http://127.0.0.1:{port}"
-        wait_up(base + "/health")
+        wait_up(base + "/health", proc=server)
+        route_table_read(base, ready)
         before = computed(urls, auth)
         results: list[dict[str, Any]] = []
         systems = [system_prompt(t, args.system_words) for t in range(args.tenants)]
@@ -200,6 +208,7 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=3.0, help="s between conversations")
     parser.add_argument("--think", type=float, default=1.0, help="s between a conversation's turns")
     parser.add_argument("--policies", default="least-outstanding,round-robin,cache-aware")
+    parser.add_argument("--replicas", type=int, default=3)
     args = parser.parse_args()
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +231,7 @@ def main() -> None:
             name="smol",
             model=str(models / CATALOG["smollm2"].filename),
             loader="llama_server",
-            num_replicas=3,
+            num_replicas=args.replicas,
             memory_gib=0.5,
             config=config,
         )
@@ -243,7 +252,8 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     base = rows.get("least-outstanding") or next(iter(rows.values()))
     print(
         f"{args.tenants} tenants, {args.conversations} conversations x {args.turns} turns,"
-        f" system prompts of {args.system_words} words; 3 llama.cpp replicas of SmolLM2-135M"
+        f" system prompts of {args.system_words} words; {args.replicas} llama.cpp replicas of"
+        " SmolLM2-135M"
     )
     print()
     print(

@@ -10,7 +10,7 @@ engine with no token pacing, so the gateway and the transport are what is measur
   store: false"), continued from the socket's memory either way: p50 and p99 of a turn,
   first byte sent to terminal event received.
 
-    .venv/bin/python bench/responses_socket.py [--rounds 3]
+    .venv/bin/python bench/responses_socket.py [--rounds 3] [--tokens 1000] [--turns 40]
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ def p(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=1000, help="per response, 8 at once")
+    parser.add_argument("--turns", type=int, default=40, help="responses one after another")
     args = parser.parse_args()
     engine_port, gateway_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
@@ -164,22 +166,27 @@ def main() -> None:
             for _ in range(args.rounds):  # alternating, so drift hits all alike
                 for label in rows:
                     transport, row = label.split(",")[0], results[label]
-                    row["tok_s"].append(asyncio.run(throughput(base, key, transport, 8, 1000)))
-                    took = asyncio.run(turns(base, key, transport, 40, "false" not in label))
+                    row["tok_s"].append(
+                        asyncio.run(throughput(base, key, transport, 8, args.tokens))
+                    )
+                    stored = "false" not in label
+                    took = asyncio.run(turns(base, key, transport, args.turns, stored))
                     row["p50"].append(p(took, 0.5))
                     row["p99"].append(p(took, 0.99))
-    print("| transport | text deltas/s (8 x 1,000 tokens) | turn p50 ms | turn p99 ms |")
+    print(f"| transport | text deltas/s (8 x {args.tokens:,} tokens) | turn p50 ms | turn p99 ms |")
     print("| --- | --- | --- | --- |")
-    medians = {t: {k: statistics.median(v) for k, v in row.items()} for t, row in results.items()}
-    for transport, row in medians.items():
-        print(f"| {transport} | {row['tok_s']:.0f} | {row['p50']:.1f} | {row['p99']:.1f} |")
+    medians = {t: {k: statistics.median(v) for k, v in got.items()} for t, got in results.items()}
+    for transport, median in medians.items():
+        print(
+            f"| {transport} | {median['tok_s']:.0f} | {median['p50']:.1f} | {median['p99']:.1f} |"
+        )
     sse = medians["sse"]
     for label in rows[1:]:
-        row = medians[label]
+        median = medians[label]
         print(
             f"{label} over SSE (median of {args.rounds}): throughput "
-            f"{row['tok_s'] / sse['tok_s']:.2f}x, turn p50 {row['p50'] / sse['p50']:.2f}x, "
-            f"turn p99 {row['p99'] / sse['p99']:.2f}x"
+            f"{median['tok_s'] / sse['tok_s']:.2f}x, turn p50 {median['p50'] / sse['p50']:.2f}x, "
+            f"turn p99 {median['p99'] / sse['p99']:.2f}x"
         )
 
 

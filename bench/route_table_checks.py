@@ -26,11 +26,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench import site_db  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 
 def machine_cpu() -> float:
@@ -65,6 +70,7 @@ async def measure(way: str, checks: int, opened: list[Any]) -> dict[str, float]:
             connection.close()
 
     kept = DatabaseThread("bench-route-table")
+    check: Callable[[], Awaitable[Any]]
     if way == "kept":
         await kept.run(stamps)  # its connection open, as in a gateway that has run a while
         check = functools.partial(kept.run, stamps)
@@ -93,16 +99,17 @@ def main() -> None:
     parser.add_argument("--postgres", help="a PostgreSQL server's URL (its postgres database)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        dropped = None
+        dropped, database = None, None
         if args.postgres:
             url, dropped = postgres_database(args.postgres)
         else:
-            url = f"sqlite:///{tmp}/bench.sqlite3"
+            database = Path(tmp, "bench.sqlite3")
+            url = f"sqlite:///{database}"
         os.environ.update(
             DATABASE_URL=url, MSHIP_VAR_DIR=tmp, DJANGO_SETTINGS_MODULE="modelship_site.settings"
         )
         try:
-            run(args.checks, args.rounds)
+            run(args.checks, args.rounds, database)
         finally:
             if dropped:
                 from django.db import connections  # noqa: PLC0415
@@ -112,15 +119,19 @@ def main() -> None:
                 subprocess.run(["psql", args.postgres, "-qc", drop], check=True)
 
 
-def run(checks: int, rounds: int) -> None:
+def run(checks: int, rounds: int, database: Path | None) -> None:
+    """`database`: the site's SQLite file, where run_all's migrated template goes (None: a
+    PostgreSQL database, migrated here)."""
     import django  # noqa: PLC0415
 
+    copied = database is not None and site_db.copy_to(database)
     django.setup()
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connection  # noqa: PLC0415
     from django.db.backends.signals import connection_created  # noqa: PLC0415
 
-    call_command("migrate", verbosity=0)
+    if not copied:
+        call_command("migrate", verbosity=0)
     connection.close()
     opened: list[Any] = []
     connection_created.connect(lambda **kwargs: opened.append(1), weak=False)

@@ -1,7 +1,9 @@
 """`make run`'s shape for bench/gateway.py's `modelship-run` target: `manage.py serve` with
 its django-q cluster and autoscaler beside the server, the access log on, and the engines
 started and watched by Modelship itself (simulated ones, as `make run`'s sim-chat), from a
-models.yaml. It runs on a copy of the bench site's database, so the bench's key works there.
+models.yaml. It runs on a copy of the bench site's database as it was before its deployments
+were added (KEYS_ONLY, which bench/gateway.py's prepare_site leaves), so the bench's key
+works there.
 """
 
 from __future__ import annotations
@@ -38,12 +40,10 @@ MODELS = {
         for name, pace in (("bench", 0), ("bench-stream", 1000))
     ]
 }
-# The bench site's rows point at engines the bench started; this site starts its own.
-FORGET = (
-    "import django; django.setup()\n"
-    "from deployments.models import Deployment\n"
-    "Deployment.objects.all().delete()\n"
-)
+# The bench site's database with its key and none of its deployments (their rows point at
+# engines the bench started; this site starts its own): a copy, not a Django process of its
+# own to delete them.
+KEYS_ONLY = "bench-keys-only.sqlite3"
 
 
 def server_pid(serve_pid: int) -> int:
@@ -60,7 +60,7 @@ def serve(env: dict[str, str], port: int, key: str) -> Iterator[int]:
     """`serve` up with both bench models ready; yields its server process's pid."""
     with tempfile.TemporaryDirectory() as own:
         site = Path(own)
-        shutil.copy(Path(env["MSHIP_VAR_DIR"]) / "bench.sqlite3", site / "bench.sqlite3")
+        shutil.copy(Path(env["MSHIP_VAR_DIR"]) / KEYS_ONLY, site / "bench.sqlite3")
         models = site / "models.yaml"
         models.write_text(json.dumps(MODELS))  # JSON is YAML
         run_env = {
@@ -68,7 +68,6 @@ def serve(env: dict[str, str], port: int, key: str) -> Iterator[int]:
             "DATABASE_URL": f"sqlite:///{site / 'bench.sqlite3'}",
             "MSHIP_VAR_DIR": str(site),
         }
-        subprocess.run([sys.executable, "-c", FORGET], env=run_env, cwd=REPO, check=True)
         argv = [sys.executable, "manage.py", "serve", "--port", str(port)]
         proc = subprocess.Popen(
             [*argv, "--models", str(models)],

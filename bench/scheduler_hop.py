@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import site_db  # noqa: E402
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractAsyncContextManager
@@ -97,12 +99,14 @@ async def measure(url: str, count: int, concurrency: int) -> dict[str, dict[str,
 def run(count: int, rounds: int, concurrency: int, tmp: str) -> int:
     import django  # noqa: PLC0415
 
+    copied = site_db.copy_to(Path(tmp, "bench.sqlite3"))  # run_all's migrated template
     django.setup()
     from django.core.management import call_command  # noqa: PLC0415
 
     from deployments.models import Deployment, Mode, State  # noqa: PLC0415
 
-    call_command("migrate", verbosity=0)
+    if not copied:
+        call_command("migrate", verbosity=0)
     common = {"model": "simulated", "loader": "simulated", "runtime": "process"}
     one = ["http://127.0.0.1:9"]
     Deployment.objects.create(

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from gateway import free_port, simulated_site, wait_up  # noqa: E402
+from gateway import free_port, settled, simulated_site, wait_up  # noqa: E402
 
 MODEL = "bench-stream"
 
@@ -180,11 +180,11 @@ def main() -> None:
                 stderr=subprocess.STDOUT,
             )
             try:
-                wait_up(base + "/health")
+                wait_up(base + "/health", proc=server)
                 httpx.get(base + "/v1/models", headers={"authorization": f"Bearer {key}"})
                 result = asyncio.run(soak(args, base, key, server.pid))
-                time.sleep(1.0)  # the last hang-ups reach the gateway
-                result["inflight_after"] = inflight(base)
+                # The last hang-ups reach the gateway a moment after the clients let go.
+                result["inflight_after"] = settled(lambda: inflight(base))
                 result["fds_after"] = open_fds(server.pid)
             finally:
                 server.terminate()

@@ -22,16 +22,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import docker
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import site_db  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def setup_django(workdir: Path) -> None:
-    os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
+    database = workdir / "bench.sqlite3"
+    os.environ.setdefault("DATABASE_URL", f"sqlite:///{database}")
     os.environ["MSHIP_VAR_DIR"] = str(workdir)
     # The engine environments stay the repository's (installed once, minutes each).
     os.environ.setdefault("MSHIP_ENGINE_ENVS_DIR", str(REPO / "var" / "engines"))
@@ -39,8 +47,12 @@ def setup_django(workdir: Path) -> None:
     import django  # noqa: PLC0415 - once the environment above is set
     from django.core.management import call_command  # noqa: PLC0415 - once the environment above is set
 
+    # run_all's migrated template, where the site is this folder's SQLite (not a caller's
+    # DATABASE_URL); in place before Django could open it
+    copied = os.environ["DATABASE_URL"] == f"sqlite:///{database}" and site_db.copy_to(database)
     django.setup()
-    call_command("migrate", verbosity=0)
+    if not copied:
+        call_command("migrate", verbosity=0)
 
 
 def wait_healthy(url: str) -> None:
@@ -116,7 +128,10 @@ def main() -> None:
             name="bench", model="simulated", loader="simulated", memory_gib=1
         )
         argv = get_loader("simulated").argv(EngineSpec.of(deployment), "{host}", "{port}")
-        rows = [("process", "direct launch + health poll", direct_start, (argv,), deployment)]
+        # (runtime, baseline, the baseline's start and its arguments, the deployment)
+        rows: list[tuple[str, str, Callable[..., float], tuple[Any, ...], Deployment]] = [
+            ("process", "direct launch + health poll", direct_start, (argv,), deployment)
+        ]
         if args.docker:
             from django.conf import settings  # noqa: PLC0415 - after setup_django()
 

@@ -10,6 +10,7 @@ CPU per request at concurrency 32; the figures are each configuration's median o
 rounds, and the ratios are against "off".
 
     .venv/bin/python bench/usage_cost.py [--seconds 5] [--rounds 3] [--json out.json]
+        [--warm-up 1] [--finish-requests 20000]
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,19 +42,29 @@ CONFIGS = {
     "on, budgets": {"MSHIP_USAGE_RECORD": "1"},
     "on, traces": {"MSHIP_USAGE_RECORD": "1"},  # the collector's address is added below
 }
-BUDGETED = (
-    "import django; django.setup()\n"
-    "from openai_api.models import ApiKey\n"
-    "print(ApiKey.issue('budgeted', requests_per_minute=10**9, tokens_per_day=10**15,"
-    " requests_per_day=10**12)[1])\n"
-)
 
 
-def budgeted_key(env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", BUDGETED], env=env, cwd=REPO, check=True, capture_output=True
+def budgeted_key_and_engine(env: dict[str, str]) -> tuple[str, str]:
+    """A key with budgets, and the engine the site routes `bench` to (simulated_site made
+    it), from this process's Django on the site's database: the one start-up that
+    finish_cost's loops use later, not a process each."""
+    for name in ("DATABASE_URL", "MSHIP_VAR_DIR", "DJANGO_SETTINGS_MODULE"):
+        os.environ[name] = env[name]
+    os.environ["MSHIP_ACCESS_LOG"] = "off"  # as finish_cost wants it, read once at set-up
+    import django  # noqa: PLC0415 - once the site's environment is this process's
+
+    django.setup()
+    from django.db import connection  # noqa: PLC0415 - after django.setup()
+
+    from deployments.models import Deployment  # noqa: PLC0415 - after django.setup()
+    from openai_api.models import ApiKey  # noqa: PLC0415 - after django.setup()
+
+    _, key = ApiKey.issue(
+        "budgeted", requests_per_minute=10**9, tokens_per_day=10**15, requests_per_day=10**12
     )
-    return done.stdout.decode().strip().splitlines()[-1]
+    engine = Deployment.objects.get(name="bench").engine_urls[0]
+    connection.close()  # nothing of this process holds the site's database while it is served
+    return key, engine
 
 
 def main() -> None:
@@ -61,13 +72,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--warm-up", type=float, default=1.0, help="seconds of load at c=4 first (0: none)"
+    )
+    parser.add_argument(
+        "--finish-requests",
+        type=int,
+        default=20000,
+        help="requests' ends timed in this process, per run of each way",
+    )
     parser.add_argument("--json", help="also write the results here")
     wrk.driver_option(parser)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
     with simulated_site(0) as (_, env, key), collector() as traces:
-        engine = env_engine(env)
-        keys = {"off": key, "on": key, "on, budgets": budgeted_key(env), "on, traces": key}
+        budgeted, engine = budgeted_key_and_engine(env)
+        keys = {"off": key, "on": key, "on, budgets": budgeted, "on, traces": key}
         CONFIGS["on, traces"]["OTEL_EXPORTER_OTLP_ENDPOINT"] = traces
         names = list(CONFIGS)
         for round_ in range(args.rounds):
@@ -77,15 +97,18 @@ def main() -> None:
                 headers = {"authorization": f"Bearer {keys[name]}"}
                 with serving("gateway", "modelship", {**env, **extra}, engine) as (url, pid):
                     target = url + "/v1/chat/completions"
-                    measure(args.driver, target, headers, 4, 1.0)  # warm up
+                    if args.warm_up:
+                        measure(args.driver, target, headers, 4, args.warm_up)
                     measured = measure(
                         args.driver, target, headers, args.concurrency, args.seconds, pid
                     )
                 runs[name].append(measured)
                 print(name, json.dumps(measured), flush=True)
+        # This process's Django is the site's: its folder (the metrics' files, the database
+        # a usage flush would reach) is there until the site ends.
+        in_process = finish_cost(args.finish_requests)
     results = summary(runs)
     report(results, args.concurrency)
-    in_process = finish_cost()
     print(
         f"\nIn process, one request's end (access.finish): {in_process['off_us']:.1f} µs with"
         f" recording off, {in_process['on_us']:.1f} µs on; the tracing calls of a request"
@@ -99,8 +122,6 @@ def finish_cost(requests: int = 20000) -> dict[str, float]:
     """What the end of one request costs this process, recording off and on (the median of
     three alternating runs each), and what a request's tracing calls cost with tracing off:
     steadier figures than a rate on two shared cores."""
-    import os  # noqa: PLC0415 - the bench's own Django, set up only for this part
-
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelship_site.settings")
     os.environ["MSHIP_ACCESS_LOG"] = "off"
     import django  # noqa: PLC0415
@@ -178,19 +199,6 @@ def collector() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def env_engine(env: dict[str, str]) -> str:
-    """The engine the site routes `bench` to (simulated_site made it)."""
-    script = (
-        "import django; django.setup()\n"
-        "from deployments.models import Deployment\n"
-        "print(Deployment.objects.get(name='bench').engine_urls[0])\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=REPO, check=True, capture_output=True
-    )
-    return done.stdout.decode().strip().splitlines()[-1]
 
 
 def summary(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, Any]]:

@@ -5,10 +5,10 @@ The route table asks whether its tables changed twice a second in every gateway 
 on a pool thread that closes its connection after each read, each check opened a new
 connection: on PostgreSQL a backend forked (and authenticated, and logged where connections
 are logged) twice a second per process, forever. This thread opens one and keeps it while
-reads keep coming. It lets go of it after any error (a connection the server dropped is not
-kept: the next read opens another), once no read came for IDLE_S, once it is MAX_AGE_S old
-(a database moved to another address, a primary demoted behind a proxy: the next connection
-follows), and at `release()`: a connection left open would hold the database (a test
+reads keep coming. It lets go of it after any error (a read that failed on a connection
+the server dropped is read once more on a new one), once no read came for IDLE_S, once it is
+MAX_AGE_S old (a database moved to another address, a primary demoted behind a proxy: the next
+connection follows), and at `release()`: a connection left open would hold the database (a test
 database cannot be dropped under it). Each gateway process so holds one connection of its
 own (`serve --workers 16`: sixteen).
 """
@@ -22,7 +22,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connection
+from django.db import DatabaseError, connection
+
+from common.db_calls import lost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,16 +93,26 @@ class DatabaseThread:
                 continue
             if time.monotonic() - self._closed_at >= self.max_age_s:
                 self._close()
-            try:
-                result, error = read(), None
-            except BaseException as exc:  # handed to the caller; the connection is not kept
-                self._close()
-                result, error = None, exc
+            result, error = self._read(read)
             # A loop that closed meanwhile has no one waiting for the answer.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, future, result, error)
             if error is not None and not isinstance(error, Exception):
                 raise error  # SystemExit and the like end the thread, its caller told
+
+    def _read(self, read: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+        """`read()`, and once more on a new connection where the kept one failed because the
+        server had dropped it (it stood idle through a restart): the caller never sees that.
+        An error is handed to the caller, and the connection is not kept after it."""
+        for last in (False, True):
+            try:
+                return read(), None
+            except BaseException as exc:
+                again = not last and isinstance(exc, DatabaseError) and lost()
+                self._close()
+                if not again:
+                    return None, exc
+        raise AssertionError("read twice")  # the second pass returns
 
     def _close(self) -> None:
         self._closed_at = time.monotonic()

@@ -184,12 +184,18 @@ def make_venv(target: Path, log: TextIO, timeout: float) -> None:
         run([sys.executable, "-m", "venv", str(target)], log, timeout)
 
 
-def install(python: str, args: list[str], log: TextIO, timeout: float) -> None:
-    """`pip install ARGS` into the environment of `python`, by uv or pip."""
+def install(
+    python: str, args: list[str], log: TextIO, timeout: float, compiled: bool = False
+) -> None:
+    """`pip install ARGS` into the environment of `python`, by uv or pip. `compiled`: its
+    modules byte-compiled as they are installed, as pip does and uv does not by default (an
+    engine's environment: a vLLM start otherwise compiles torch's and vLLM's sources, tens
+    of seconds of CPU, at every start where Python may not write its caches)."""
     if installer(python) == "uv":
         uv = uv_binary(python) or "uv"
         index = uv_index_args(python)
-        run([uv, "pip", "install", "--python", python, *index, *args], log, timeout)
+        extra = ["--compile-bytecode"] if compiled else []
+        run([uv, "pip", "install", "--python", python, *index, *extra, *args], log, timeout)
     else:
         run([python, "-m", "pip", "--disable-pip-version-check", "install", *args], log, timeout)
 

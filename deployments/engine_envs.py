@@ -218,7 +218,7 @@ def build(family: str, target: Path, log: TextIO) -> None:
         installer.make_venv(target, log, timeout)
         wanted = target / "requirements.txt"
         wanted.write_text(with_copied_plugin(family, target))
-        installer.install(python(family), ["-r", str(wanted)], log, timeout)
+        installer.install(python(family), ["-r", str(wanted)], log, timeout, compiled=True)
         unwanted = removed_after_install(family)
         if unwanted:
             installer.uninstall(python(family), unwanted, log, timeout)

@@ -13,10 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
 
+from common.db_calls import fresh, off_loop
 from deployments import audit, deployer, engine_secrets, memory, out_of_memory
 from deployments.engine_metrics import Load, replicas_load
 from deployments.gate import start_gate
@@ -36,23 +35,6 @@ ACTOR = "ondemand"
 T = TypeVar("T")
 
 
-def _closing(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run in a worker thread: the thread's database connection is closed after, and one
-    that other work left open on the thread is checked first (the server may have dropped it
-    since: a restart, pg_terminate_backend), so that the read does not fail on it."""
-    if connection.connection is not None and not connection.is_usable():
-        connection.close()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        connection.close()
-
-
-async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    run = functools.partial(_closing, fn, *args, **kwargs)
-    return await sync_to_async(run, thread_sensitive=False)()
-
-
 @functools.cache
 def engine_pool() -> ThreadPoolExecutor:
     """Threads for starts, wakes and stops: each may hold one for the start gate, an image
@@ -63,7 +45,7 @@ def engine_pool() -> ThreadPoolExecutor:
 
 
 async def in_engine_thread(fn: Callable[..., T], *args: Any) -> T:
-    run = functools.partial(_closing, fn, *args)
+    run = functools.partial(fresh, fn, *args)
     return await asyncio.get_running_loop().run_in_executor(engine_pool(), run)
 
 
@@ -207,14 +189,14 @@ def _queue_timed_out(deployment_id: int, waited_s: float) -> None:
 class DjangoDeployer:
     def __init__(self) -> None:
         # A burst of requests reads the row and writes the lease once, not once each.
-        self._read = Coalesced(lambda deployment_id, _: _closing(_read, deployment_id))
-        self._hold = Coalesced(lambda deployment_id, s: _closing(lease.extend, deployment_id, s))
+        self._read = Coalesced(lambda deployment_id, _: fresh(_read, deployment_id))
+        self._hold = Coalesced(lambda deployment_id, s: fresh(lease.extend, deployment_id, s))
 
     async def view(self, deployment_id: int) -> View | None:
         return await self._read(deployment_id)
 
     async def views(self) -> list[View]:
-        return await in_thread(_views)
+        return await off_loop(_views)
 
     async def restart(self, deployment_id: int, claimed: Callable[[], None] | None = None) -> None:
         await in_engine_thread(_restart, deployment_id, claimed)
@@ -235,15 +217,15 @@ class DjangoDeployer:
         return await in_engine_thread(_stop, deployment_id, precheck, reason, room_for)
 
     async def budget(self) -> Budget:
-        return await in_thread(_budget)
+        return await off_loop(_budget)
 
     async def load(self, deployment_id: int) -> tuple[float, Load] | None:
         taken = time.monotonic()
-        load = await in_thread(_sample, deployment_id)
+        load = await off_loop(_sample, deployment_id)
         return None if load is None else (taken, load)
 
     async def hold(self, deployment_id: int, seconds: float) -> bool:
         return await self._hold(deployment_id, seconds) is not None
 
     async def queue_timed_out(self, deployment_id: int, waited_s: float) -> None:
-        await in_thread(_queue_timed_out, deployment_id, waited_s)
+        await off_loop(_queue_timed_out, deployment_id, waited_s)

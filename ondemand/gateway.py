@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
-from django.db import connection
 
+from common.db_calls import fresh
 from deployments.models import State
 from ondemand import health_probe
 from ondemand.guard import (
@@ -52,13 +52,7 @@ keyfile.on_change.append(failures.clear)
 def _sync_on_rotation() -> None:
     """A new key is registered with LiteLLM by a sync (queued off the event loop)."""
 
-    def enqueue() -> None:
-        try:
-            enqueue_litellm_sync()
-        finally:
-            connection.close()  # this pool thread keeps no connection
-
-    asyncio.get_running_loop().run_in_executor(None, enqueue)
+    asyncio.get_running_loop().run_in_executor(None, fresh, enqueue_litellm_sync)
 
 
 keyfile.on_change.append(_sync_on_rotation)

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from common.db_calls import off_loop
 from common.networks import networks
 from deployments.runtimes import get_runtime
 from deployments.runtimes.docker_network import AttachedNetwork, attached_networks, in_container
@@ -202,7 +202,7 @@ class PeerGuard:
 
     async def refresh(self) -> None:
         try:
-            self.policy = await sync_to_async(read_policy, thread_sensitive=False)()
+            self.policy = await off_loop(read_policy)
         except Exception as exc:  # Docker away: keep the last policy (or nobody)
             log.warning("could not read the on-demand peer policy: %s", exc)
         self.read_at = time.monotonic()

@@ -13,11 +13,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
+from common.db_calls import off_loop
 from common.networks import Network, networks
 from openai_api.errors import GatewayError
 from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
@@ -183,16 +182,13 @@ class LastUsed:
         if now - self.written.get(key.id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
             return
         self.written[key.id] = now
-        task = asyncio.create_task(sync_to_async(_write_last_used, thread_sensitive=False)(key.id))
+        task = asyncio.create_task(off_loop(_write_last_used, key.id))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
 
 def _write_last_used(key_id: int) -> None:
-    try:
-        ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
-    finally:
-        connection.close()
+    ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
 
 
 last_used = LastUsed()

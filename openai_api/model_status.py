@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
-
+from common.db_calls import off_loop
 from deployments import display
 from deployments.models import Deployment
 from openai_api.dispatch import dispatcher
@@ -35,7 +34,7 @@ def _read(deployment_id: int) -> Deployment | None:
 
 
 async def answer(exchange: Exchange, route: Route, name: str) -> None:
-    row = await sync_to_async(_read, thread_sensitive=False)(route.deployment_id)
+    row = await off_loop(_read, route.deployment_id)
     if row is None:
         raise GatewayError(404, f"The model {name!r} does not exist.", "model_not_found")
     counts = await dispatcher.on_demand.status(route) if dispatcher.on_demand else None

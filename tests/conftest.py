@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,20 +54,44 @@ pytest_plugins = [
     "tests.store_support",
     "tests.ray_support",
     "tests.site_support",
+    "tests.time_budget",
 ]
 
 
-# A test touches the back-ends (the database, django-q's broker, the channel layer, Redis) when
-# one of these is among its fixtures, or a fixture of ours that unblocks the database (a
-# server started for the session), or it has the django_db or backend marker: only such tests
-# run again on PostgreSQL + Redis (MSHIP_TEST_BACKENDS_ONLY=1). A test that reaches one
-# without saying so fails (backend_guard).
+# Where a test runs. `make test` runs the whole suite on SQLite, then again on PostgreSQL +
+# Redis only what differs there (MSHIP_TEST_BACKENDS_ONLY=1): the tests marked as exercising
+# the database's own behaviour (postgres), a Redis path (redis), or as their API family's
+# sample (sample). A test that uses a Redis path without saying so fails on SQLite, and one
+# skipped there for PostgreSQL's or Redis's sake without saying so fails there too: neither
+# may run on SQLite alone (backend_guard, pytest_runtest_makereport).
+EACH_MARKERS = ("postgres", "redis", "sample")
+REDIS_HINT = "mark it @pytest.mark.redis (it runs again on PostgreSQL + Redis)"
+# The API families whose sample runs on each back-end: make test-postgres refuses to start
+# without one of each (a family left with none would be tested on SQLite alone).
+SAMPLED_FAMILIES = (
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "messages",
+    "audio",
+    "images",
+    "models",
+    "ondemand",
+    "rest",
+    "admin",
+)
+
+# A test touches the database when one of these is among its fixtures, or a fixture of ours
+# that unblocks the database (a server started for the session), or it has the django_db
+# marker. A test that reaches it without saying so fails (backend_guard): it would run outside
+# the transaction or flush that keeps tests apart.
 BACKEND_FIXTURES = frozenset({"db", "transactional_db", "live_server"})
-BACKEND_ONLY_HINT = "mark it @pytest.mark.backend or give it the db fixture"
+BACKEND_ONLY_HINT = "give it the db fixture"
 
 
 def touches_backends(item: pytest.Item) -> bool:
-    if item.get_closest_marker("django_db") or item.get_closest_marker("backend"):
+    if item.get_closest_marker("django_db") or runs_on_each(item):
         return True
     if set(getattr(item, "fixturenames", ())) & BACKEND_FIXTURES:
         return True
@@ -79,16 +104,45 @@ def touches_backends(item: pytest.Item) -> bool:
     return False
 
 
+def runs_on_each(item: pytest.Item) -> bool:
+    """Whether the test runs on PostgreSQL + Redis too, not on SQLite alone."""
+    return any(item.get_closest_marker(name) for name in EACH_MARKERS)
+
+
+def sampled_families(items: list[pytest.Item]) -> set[str]:
+    return {
+        str(family)
+        for item in items
+        for mark in item.iter_markers("sample")
+        for family in mark.args
+    }
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The heavy real-engine suites run once per `make test`: the second database's run
-    (MSHIP_TEST_HEAVY=0) skips them, as they do not depend on the database. That run
-    (MSHIP_TEST_BACKENDS_ONLY=1) also leaves out every test that touches no back-end: it
-    ran on the first."""
+    """The second back-end's run (MSHIP_TEST_BACKENDS_ONLY=1) leaves out every test that is
+    not marked to run on each: it ran on SQLite. The heavy real-engine suites run once per
+    `make test`: that run (MSHIP_TEST_HEAVY=0) skips them, as they do not depend on the
+    database."""
+    unknown = sampled_families(items) - set(SAMPLED_FAMILIES)
+    if unknown:
+        raise pytest.UsageError(f"@pytest.mark.sample of no family: {sorted(unknown)}")
     if os.environ.get("MSHIP_TEST_BACKENDS_ONLY") == "1":
-        once = [item for item in items if not touches_backends(item)]
+        once = [item for item in items if not runs_on_each(item)]
         if once:
             config.hook.pytest_deselected(items=once)
-            items[:] = [item for item in items if touches_backends(item)]
+            items[:] = [item for item in items if runs_on_each(item)]
+        missing = set(SAMPLED_FAMILIES) - sampled_families(items)
+        whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        if (
+            missing
+            and whole
+            and not config.getoption("keyword")
+            and not config.getoption("markexpr")
+        ):
+            raise pytest.UsageError(
+                f"no test of the API families {sorted(missing)} runs on this back-end: mark"
+                " one of each @pytest.mark.sample(family)"
+            )
     if os.environ.get("MSHIP_TEST_HEAVY", "1") != "0":
         return
     skip = pytest.mark.skip(reason="a heavy engine suite: run once, on SQLite (make test-sqlite)")
@@ -98,10 +152,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str:
-    both = sum(touches_backends(item) for item in items)
+    each = sum(runs_on_each(item) for item in items)
     if os.environ.get("MSHIP_TEST_BACKENDS_ONLY") == "1":
-        return f"{both} tests touch the back-ends: run again here (the others ran once)"
-    return f"{both} tests touch the back-ends (run on each), {len(items) - both} do not"
+        return f"{each} tests run again on this back-end (the others ran once, on SQLite)"
+    return f"{each} tests run on each back-end, {len(items) - each} on this one alone"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test skipped here for PostgreSQL's or Redis's sake must run on them: it fails
+    unless marked to (it would otherwise run nowhere)."""
+    report = yield
+    if report.skipped and not runs_on_each(item):
+        reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else "")
+        if re.search(r"postgres|redis", reason, re.IGNORECASE):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid} is skipped here ({reason}) and does not run on PostgreSQL +"
+                " Redis: mark it @pytest.mark.postgres or @pytest.mark.redis"
+            )
+    return report
 
 
 class BackendUsed(AssertionError):
@@ -110,38 +180,60 @@ class BackendUsed(AssertionError):
 
 @pytest.fixture(autouse=True)
 def backend_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test that touches no back-end by its fixtures and markers fails where it reaches
-    the database, the channel layer, a Redis client or a Modelship subprocess sharing the
-    database: it would otherwise run on one back-end only. Only its own thread is watched
-    (a server another test started may serve in the background)."""
-    if touches_backends(request.node):
+    """A test fails where it reaches what it did not say it uses: the database, the channel
+    layer or a Modelship subprocess sharing the database without the db fixture (it would
+    run outside the flush that keeps tests apart), and Redis (a client, or a subprocess on
+    it) without the redis marker (it would run on SQLite alone). Only its own thread is
+    watched (a server another test started may serve in the background)."""
+    if runs_on_each(request.node):
         return
     watched = threading.get_ident()
 
-    def refuse(what: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def refuse(what: str, hint: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def guarded(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == watched:
-                raise BackendUsed(f"{request.node.nodeid} uses {what}: {BACKEND_ONLY_HINT}")
+                raise BackendUsed(f"{request.node.nodeid} uses {what}: {hint}")
             return original(*args, **kwargs)
 
         return guarded
 
-    layers = ChannelLayerManager.__getitem__
-    monkeypatch.setattr(ChannelLayerManager, "__getitem__", refuse("the channel layer", layers))
     for client in (redis.Redis, redis.asyncio.Redis):
-        monkeypatch.setattr(client, "__init__", refuse("Redis", client.__init__))
+        monkeypatch.setattr(client, "__init__", refuse("Redis", REDIS_HINT, client.__init__))
     # Modelship subprocesses: env_for_subprocess looks here (tests import it by name).
-    GUARDED[watched] = request.node.nodeid
+    GUARDED[watched] = (request.node.nodeid, touches_backends(request.node))
     request.addfinalizer(lambda: GUARDED.pop(watched, None))
+    if touches_backends(request.node):
+        # The product's own use of the channel layer (in memory on SQLite) is no Redis
+        # path of the test's: only a test that reaches it with no back-end at all is told.
+        return
+    layers = ChannelLayerManager.__getitem__
+    hint = f"{BACKEND_ONLY_HINT}, or {REDIS_HINT}"
+    monkeypatch.setattr(
+        ChannelLayerManager, "__getitem__", refuse("the channel layer", hint, layers)
+    )
     # pytest-django refuses the ORM only until a session's server unblocks it: this thread's
     # connection refuses it for the test, whatever was unblocked before.
-    refused = refuse("the database", lambda execute, *args: execute(*args))
+    refused = refuse("the database", BACKEND_ONLY_HINT, lambda execute, *args: execute(*args))
     connection.execute_wrappers.append(refused)
     request.addfinalizer(lambda: connection.execute_wrappers.remove(refused))
 
 
-# The thread of the running test that touches no back-end, to its id.
-GUARDED: dict[int, str] = {}
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A test that points this process's gateway at Redis (`site.REDIS_URL = ...`) uses a
+    Redis path, as one that makes a client does."""
+    phase_redis = os.environ.get("REDIS_URL", "")
+    result = yield
+    from django.conf import settings  # noqa: PLC0415 - read at the test's end
+
+    if not runs_on_each(item) and getattr(settings, "REDIS_URL", "") not in ("", phase_redis):
+        raise BackendUsed(f"{item.nodeid} sets REDIS_URL: {REDIS_HINT}")
+    return result
+
+
+# The thread of a running test that is not marked to run on each back-end, to its id and
+# whether it touches the database.
+GUARDED: dict[int, tuple[str, bool]] = {}
 
 
 def time_scale() -> float:
@@ -433,8 +525,10 @@ def in_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
 def env_for_subprocess(**extra: str) -> dict[str, str]:
     """The environment a Modelship subprocess needs to share this test's database."""
     guarded = GUARDED.get(threading.get_ident())
-    if guarded:
-        raise BackendUsed(f"{guarded} starts a subprocess on the database: {BACKEND_ONLY_HINT}")
+    if guarded and not guarded[1]:
+        raise BackendUsed(f"{guarded[0]} starts a subprocess on the database: {BACKEND_ONLY_HINT}")
+    if guarded and extra.get("REDIS_URL"):
+        raise BackendUsed(f"{guarded[0]} starts a subprocess on Redis: {REDIS_HINT}")
     env = dict(os.environ)
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):

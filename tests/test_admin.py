@@ -71,6 +71,7 @@ def test_it_offers_on_demand_for_a_new_deployment_where_litellm_is_ready(
     assert made["effective_mode"] == "always_on"
 
 
+@pytest.mark.sample("admin")
 def test_it_lists_deployments_with_state_badges(staff: Client, make_deployment: Any) -> None:
     make_deployment("shown", mode="on_demand")
     page = staff.get("/admin/deployments/deployment/")
@@ -104,6 +105,7 @@ def test_it_queues_actions_and_reports_what_cannot_be_done(
     ) == ["small"]
 
 
+@pytest.mark.sample("admin")
 def test_it_audits_a_change_made_in_the_admin(staff: Client, make_deployment: Any) -> None:
     deployment = make_deployment("edited")
     form = {
@@ -235,6 +237,7 @@ def test_it_shows_aliases_as_names_and_an_unset_command_as_empty(
     ]
 
 
+@pytest.mark.sample("admin")
 @pytest.mark.usefixtures("engines")
 def test_it_operates_a_deployment_from_its_page(staff: Client, make_deployment: Any) -> None:
     """The buttons on a deployment's page: each one operation (through the operations

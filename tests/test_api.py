@@ -43,6 +43,7 @@ def test_it_accepts_a_token(transactional_db: None) -> None:
     assert answer.status_code == 200
 
 
+@pytest.mark.sample("rest")
 def test_it_creates_reads_updates_and_deletes_with_audit(api: APIClient) -> None:
     created = api.post("/api/deployments/", {**SIM, "aliases": ["s"]}, format="json")
     assert created.status_code == 201, created.json()
@@ -66,6 +67,7 @@ def test_it_creates_reads_updates_and_deletes_with_audit(api: APIClient) -> None
     assert update.request_id  # every request carries one
 
 
+@pytest.mark.sample("rest")
 def test_it_answers_bad_input_with_field_errors(api: APIClient) -> None:
     api.post("/api/deployments/", SIM, format="json")
     answer = api.post(
@@ -118,6 +120,7 @@ def test_it_refuses_an_alias_another_deployment_serves(api: APIClient) -> None:
     assert answer.json()["aliases"] == ["'sim' is served by both 'sim' and 'other'"]
 
 
+@pytest.mark.sample("rest")
 def test_it_queues_a_start_and_answers_202(api: APIClient) -> None:
     pk = api.post("/api/deployments/", SIM, format="json").json()["id"]
     before = queued()
@@ -225,6 +228,7 @@ def test_it_shows_the_host_budget(api: APIClient) -> None:
     assert body["free_gib"] == 8.0
 
 
+@pytest.mark.sample("rest")
 def test_it_filters_audit_entries_and_events(api: APIClient, engines: None) -> None:
     deployment = Deployment.objects.create(**SIM)
     deployer.restart(deployment.pk)
@@ -244,6 +248,7 @@ def test_it_serves_the_openapi_schema(api: APIClient) -> None:
     assert "/api/deployments/{id}/mode/" in paths
 
 
+@pytest.mark.postgres
 def test_it_takes_any_iso_time_in_filters_and_refuses_what_is_not_an_id(api: APIClient) -> None:
     # PostgreSQL takes offsets up to ±15:59 only: times are compared in UTC.
     for query in ("since=4817-03-29T15:09:10.677-23:39", "until=0001-01-01T00:00:00%2B00:00"):
@@ -256,6 +261,7 @@ def test_it_takes_any_iso_time_in_filters_and_refuses_what_is_not_an_id(api: API
     assert api.get("/api/deployments/?system=AAA").status_code == 400
 
 
+@pytest.mark.postgres
 def test_it_pages_within_what_the_database_takes(api: APIClient) -> None:
     api.post("/api/deployments/", SIM, format="json")
     for query in ("limit=3255031453454229307392", "offset=99999999999999999999999"):

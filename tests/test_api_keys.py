@@ -38,6 +38,7 @@ def chat(url: str, secret: str, model: str) -> httpx.Response:
     )
 
 
+@pytest.mark.sample("rest")
 def test_it_creates_restricts_and_revokes_a_key_that_the_gateway_honours(
     staff: APIClient, gateway_url: str, serving: Callable[..., Deployment], site: Any
 ) -> None:

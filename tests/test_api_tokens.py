@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+pytestmark = [pytest.mark.postgres]
+
+
 def get_as(token: str, path: str = "/api/deployments/") -> Any:
     return APIClient().get(path, HTTP_AUTHORIZATION=f"Token {token}")
 

@@ -34,6 +34,9 @@ SLOW = {"reply": "word " * 12, "tokens_per_second": 6}
 # --- the config and the decision -------------------------------------------------------------
 
 
+pytestmark = [pytest.mark.postgres]
+
+
 def test_it_takes_ray_serves_form_and_refuses_what_it_cannot_mean() -> None:
     assert problems(SCALING) == []
     assert problems({"max_replicas": 2, "min_replicas": 3, "bogus": 1, "upscale_delay_s": -1}) == [

@@ -15,7 +15,7 @@ from tests.conftest import REPO
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = pytest.mark.heavy  # minutes of servers and engines: once per make test
+pytestmark = pytest.mark.heavy  # a minute of servers and engines on both cores: once per make test
 
 
 def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
@@ -29,24 +29,29 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr + out.read_text()
     report = out.read_text()
+    # Every script, in RUNS' order: run_all runs several at once, and its report keeps that
+    # order whichever finishes first.
     scripts = (
+        "fleet",
+        "scheduler",
+        "scheduler_site",
         "gateway",
+        "flame",
+        "usage_cost",
+        "route_table_checks",
+        "scheduler_hop",
+        "prefix_routing",
         "cold_start",
         "cold_burst",
         "soak",
         "responses_socket",
-        "litellm",
         "body_scans",
-        "usage_cost",
-        "prefix_routing",
-        "flame",
-        "route_table_checks",
-        "scheduler_hop",
-        "scheduler_site",
+        "litellm_anchor",
     )
-    for script in (*scripts, "fleet"):
-        assert f"bench/{script}" in report
-    assert report.count("(exit 0,") == 16
+    places = [report.find(f"`bench/{script}.py ") for script in scripts]
+    assert -1 not in places, dict(zip(scripts, places, strict=True))
+    assert places == sorted(places), dict(zip(scripts, places, strict=True))
+    assert report.count("(exit 0,") == 16  # cold_start twice: the simulated engine, the tiny GGUF
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     Serving = Callable[..., Deployment]
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.redis]
 HELLO = [{"role": "user", "content": "say hello to me"}]
 JSON = "application/json"
 

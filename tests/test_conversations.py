@@ -34,6 +34,7 @@ def texts(items: Any) -> list[str]:
     return [part.text for item in items for part in item.content]
 
 
+@pytest.mark.sample("responses")
 def test_it_creates_reads_updates_and_deletes_a_conversation(client: openai.OpenAI) -> None:
     made = client.conversations.create(
         metadata={"topic": "demo"}, items=[said("hi"), said("hello", "assistant")]
@@ -122,6 +123,7 @@ def test_it_refuses_bad_conversation_requests_by_field(
     assert texts(client.conversations.items.list(conversation.id)) == []
 
 
+@pytest.mark.sample("responses")
 def test_it_reads_and_extends_the_conversation_of_a_response(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:

@@ -30,6 +30,7 @@ def client(gateway_url: str, key: str, **options: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0, **options)
 
 
+@pytest.mark.sample("models")
 def test_it_lists_and_retrieves_models(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -42,6 +43,7 @@ def test_it_lists_and_retrieves_models(
     assert missing.value.code == "model_not_found"
 
 
+@pytest.mark.sample("chat")
 def test_it_answers_chat_by_name_and_by_alias(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -60,6 +62,7 @@ def test_it_answers_chat_by_name_and_by_alias(
     assert raw.headers["x-request-id"] == "abc-123"
 
 
+@pytest.mark.sample("chat")
 def test_it_streams_chunks_while_the_engine_is_still_generating(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -85,6 +88,7 @@ def test_it_streams_chunks_while_the_engine_is_still_generating(
     assert len(texts) == 30
 
 
+@pytest.mark.sample("completions", "embeddings")
 def test_it_serves_completions_and_embeddings(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -97,6 +101,7 @@ def test_it_serves_completions_and_embeddings(
     assert vectors[0].embedding == vectors[2].embedding != vectors[1].embedding
 
 
+@pytest.mark.sample("models")
 def test_it_refuses_missing_wrong_and_revoked_keys(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -119,6 +124,7 @@ def test_it_refuses_missing_wrong_and_revoked_keys(
     assert "revoked" in str(revoked.value)
 
 
+@pytest.mark.redis
 def test_it_enforces_allowed_models_and_the_rate_limit(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -249,6 +255,7 @@ def test_it_words_an_engine_error_code_but_passes_a_huge_error_on_as_it_came(
         engine.server.shutdown()
 
 
+@pytest.mark.sample("messages")
 def test_it_speaks_anthropic_messages(
     gateway_url: str, api_key: Callable[..., str], serving: Serving
 ) -> None:
@@ -297,6 +304,7 @@ def test_it_forwards_a_multipart_upload_intact(
     assert result.text == f"{len(audio)} bytes sha256={hashlib.sha256(audio).hexdigest()}"
 
 
+@pytest.mark.postgres
 def test_it_makes_no_database_query_while_it_streams(
     gateway_url: str,
     api_key: Callable[..., str],

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.redis]
 HI: list[Any] = [{"role": "user", "content": "hi"}]
 
 

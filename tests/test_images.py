@@ -26,6 +26,7 @@ from PIL import Image
 from deployments.models import Deployment, State
 from tests.conftest import REPO, env_for_subprocess, reap, wait_until
 from tests.gateway_support import seen_by_gateway
+from tests.tiny_models import made
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,11 +36,9 @@ pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory: pytest.TempPathFactory, django_db_blocker: Any) -> Path:
-    path = tmp_path_factory.mktemp("images") / "tiny-sd"
+def tiny_sd(django_db_blocker: Any) -> Path:
     with django_db_blocker.unblock():  # the settings the command reads, not the database
-        call_command("make_tiny_model", str(path), "--kind", "image", "--seed", "1")
-    return path
+        return made("image", seed=1, name="tiny-sd")
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
-from django.core.management import call_command
 from PIL import Image
 
 from deployments import deployer
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import Deployment, State
 from tests.test_images import metrics
+from tests.tiny_models import made
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,11 +29,9 @@ pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")
-def sd15(tmp_path_factory: pytest.TempPathFactory, django_db_blocker: Any) -> Path:
-    path = tmp_path_factory.mktemp("sdcpp") / "sd15-random"
+def sd15(django_db_blocker: Any) -> Path:
     with django_db_blocker.unblock():  # the settings the command reads, not the database
-        call_command("make_tiny_model", str(path), "--kind", "sd15-random", "--seed", "1")
-    return path
+        return made("sd15-random", seed=1, name="sd15-random")
 
 
 @pytest.fixture
@@ -98,10 +96,9 @@ def test_it_generates_and_edits_images_on_stable_diffusion_cpp(
 
 
 def test_it_fails_the_start_of_a_model_stable_diffusion_cpp_does_not_know(
-    make_deployment: Any, tmp_path: Path, django_db_blocker: Any
+    make_deployment: Any, django_db_blocker: Any
 ) -> None:
-    tiny = tmp_path / "tiny-sd"  # a real pipeline, of no size stable-diffusion.cpp knows
-    call_command("make_tiny_model", str(tiny), "--kind", "image", "--seed", "1")
+    tiny = made("image", seed=1, name="tiny-sd")  # a real pipeline, of no size sd.cpp knows
     loader = get_loader("stable_diffusion_cpp")
     spec = EngineSpec("bad", str(tiny), usecase="image", config={"sample_steps": 0})
     assert any("sample_steps is 1 to 999" in issue for issue in loader.validate(spec))

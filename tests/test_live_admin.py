@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 PAGE = b"http://127.0.0.1:8000"
 
 
+pytestmark = [pytest.mark.redis]
+
+
 def session_of(user: User) -> bytes:
     client = Client()
     client.force_login(user)

@@ -18,7 +18,7 @@ from tests.conftest import REPO, as_gateway, in_thread, pid_alive, reply_of
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.postgres]
 
 
 def write(tmp_path: Path, models: list[dict[str, Any]], name: str = "models.yaml") -> Path:

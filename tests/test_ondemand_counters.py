@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from channels.layers import InMemoryChannelLayer
 
 from ondemand.counters import GROUP, CounterPublisher
 from tests.fake_clock import FakeClock, settle
+
+pytestmark = [pytest.mark.redis]
 
 
 async def test_it_publishes_the_first_change_at_once_and_folds_the_rest() -> None:

@@ -61,6 +61,7 @@ CHAT = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
 # --- traffic --------------------------------------------------------------------------------
 
 
+@pytest.mark.sample("ondemand")
 def test_it_starts_the_model_on_the_first_request_and_returns_its_answer(
     ondemand_site: OnDemandSite, make_deployment: Any
 ) -> None:

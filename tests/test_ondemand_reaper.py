@@ -15,10 +15,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
+from common.db_calls import off_loop as off_the_loop
 from deployments import deployer, engine_secrets
 from deployments.models import AuditEntry, Deployment, DeploymentEvent, State
 from ondemand.adapter import DjangoDeployer, in_engine_thread
-from ondemand.adapter import in_thread as off_the_loop
 from ondemand.controller import Controller
 from ondemand.lease import extend
 from ondemand.reaper import reap_once

@@ -46,6 +46,7 @@ def ask(client: openai.OpenAI, model: str) -> str:
     return str(answer.choices[0].message.content)
 
 
+@pytest.mark.sample("ondemand")
 def test_it_starts_a_stopped_model_on_its_first_request(
     gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
 ) -> None:
@@ -68,6 +69,7 @@ def test_it_starts_a_stopped_model_on_its_first_request(
     ).exists()
 
 
+@pytest.mark.postgres
 def test_it_starts_once_for_fifty_concurrent_first_requests(
     gateway_url: str, api_key: Callable[..., str], make_deployment: Any, site: Any
 ) -> None:

@@ -26,7 +26,7 @@ from tests.conftest import reply_of, run_queue, sim, take_queue
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.postgres]
 
 DOORS = ("admin", "api", "models_yaml")
 # The fields of the admin's change form (its fieldsets, less what is read-only).

@@ -36,6 +36,7 @@ def seconds_of(data: bytes) -> float:
         return len(wav.readframes(2**31)) / 2 / wav.getframerate()
 
 
+@pytest.mark.sample("audio")
 def test_it_serves_a_plugins_speech_through_the_openai_voices_and_formats(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -79,6 +80,7 @@ def test_it_serves_a_plugins_embeddings(
     assert np.allclose(plain.data[0].embedding, a, atol=1e-6)
 
 
+@pytest.mark.sample("images")
 def test_it_serves_a_plugins_images_through_the_image_routes(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:

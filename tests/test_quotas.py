@@ -15,7 +15,7 @@ from tests.gateway_support import seen_by_gateway
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.postgres]
 
 
 def sdk(gateway_url: str, key: str) -> openai.OpenAI:

@@ -53,6 +53,7 @@ def client(gateway_url: str, api_key: Callable[..., str]) -> openai.OpenAI:
     return sdk(gateway_url, api_key())
 
 
+@pytest.mark.sample("responses")
 def test_it_answers_text_and_stores_it(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -129,6 +130,7 @@ def test_it_round_trips_a_function_call_with_previous_response_id(
     assert sent[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}
 
 
+@pytest.mark.sample("responses")
 def test_it_chains_three_turns_and_branches_from_an_earlier_one(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -208,6 +210,7 @@ def test_it_passes_responses_to_an_engines_own_and_keeps_the_state_itself(
     assert refused.value.param == "tools" and "responses: engine" in refused.value.message
 
 
+@pytest.mark.sample("responses")
 def test_it_pages_input_items_both_ways(
     client: openai.OpenAI, serving: Callable[..., Deployment], gateway_url: str
 ) -> None:
@@ -317,6 +320,7 @@ def wait_for_status(client: openai.OpenAI, response_id: str, *statuses: str) -> 
     return found[0]
 
 
+@pytest.mark.redis
 def test_it_runs_a_background_response_and_is_polled_to_completion(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -329,6 +333,7 @@ def test_it_runs_a_background_response_and_is_polled_to_completion(
         client.responses.cancel(client.responses.create(model="sim", input="y").id)
 
 
+@pytest.mark.redis
 def test_it_cancels_a_background_run_and_the_engine_sees_it(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -342,6 +347,7 @@ def test_it_cancels_a_background_run_and_the_engine_sees_it(
     assert client.responses.retrieve(queued.id).status == "cancelled"  # never undone
 
 
+@pytest.mark.redis
 def test_it_deletes_a_background_run_in_flight(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -354,6 +360,7 @@ def test_it_deletes_a_background_run_in_flight(
         client.responses.retrieve(queued.id)
 
 
+@pytest.mark.redis
 def test_it_resumes_a_background_stream_from_any_sequence_number(
     client: openai.OpenAI, serving: Callable[..., Deployment]
 ) -> None:
@@ -381,6 +388,7 @@ def test_it_resumes_a_background_stream_from_any_sequence_number(
     assert wait_for_status(client, response_id, "completed").output_text == text
 
 
+@pytest.mark.redis
 def test_it_reports_a_background_run_whose_process_died_as_failed(
     serving: Callable[..., Deployment],
     gateway_url: str,
@@ -418,6 +426,7 @@ def test_it_reports_a_background_run_whose_process_died_as_failed(
 # --- the store unavailable --------------------------------------------------------------------
 
 
+@pytest.mark.postgres
 def test_it_answers_503_before_any_engine_work_when_the_store_is_unavailable(
     client: openai.OpenAI, serving: Callable[..., Deployment], site: Any
 ) -> None:
@@ -540,6 +549,7 @@ def test_it_starts_an_on_demand_model_for_a_response_with_no_notice(
     assert lazy.state == "ready"
 
 
+@pytest.mark.postgres
 def test_it_wakes_a_database_log_reader_on_append_instead_of_polling(
     transactional_db: None, settings: Any
 ) -> None:

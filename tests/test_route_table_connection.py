@@ -13,8 +13,8 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
 
+from common.db_calls import fresh
 from common.db_thread import DatabaseThread
-from ondemand.adapter import _closing
 from openai_api.catalog import catalog
 from openai_api.models import ApiKey
 from tests.conftest import wait_until
@@ -22,7 +22,7 @@ from tests.conftest import wait_until
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.postgres]
 
 
 # Threads that write on their own schedule (usage every MSHIP_USAGE_FLUSH_S, budgets every
@@ -152,7 +152,7 @@ def test_it_reads_for_the_controller_on_a_thread_whose_connection_the_server_dro
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
-        assert pool.submit(_closing, ApiKey.objects.count).result() == ApiKey.objects.count()
+        assert pool.submit(fresh, ApiKey.objects.count).result() == ApiKey.objects.count()
     finally:
         pool.submit(connections.close_all).result()
         pool.shutdown()

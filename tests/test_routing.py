@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from deployments.models import Deployment
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.redis]
 # Longer than the prefix key (MSHIP_ROUTING_PREFIX_CHARS, 1000): it alone is the key.
 SYSTEM = "You answer questions about the ledger of the accounts team. " * 30
 

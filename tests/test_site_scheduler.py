@@ -405,6 +405,7 @@ def start_serve(folder: Path, port: int, *args: str, **env: str) -> subprocess.P
 @pytest.mark.skipif(
     connection.vendor != "postgresql", reason="several hosts share the site's PostgreSQL"
 )
+@pytest.mark.postgres
 def test_it_holds_the_limits_and_starts_once_across_gateway_hosts(
     tmp_path: Path, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
 ) -> None:

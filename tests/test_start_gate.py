@@ -40,6 +40,9 @@ with start_gate():
 """
 
 
+pytestmark = [pytest.mark.postgres]
+
+
 class Taker:
     """Another process that takes the gate, and holds it until `release`."""
 

@@ -31,6 +31,9 @@ print(" ".join(sorted(loaded)))
 """
 
 
+pytestmark = [pytest.mark.redis]
+
+
 def test_it_loads_no_engine_server_nor_twisted_in_a_modelship_process() -> None:
     done = subprocess.run(
         [sys.executable, "-c", PROBE.replace("{NAMES}", repr(NOT_LOADED))],

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-pytestmark = pytest.mark.usefixtures("engines")
+pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.redis]
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from deployments.engines.whisper_server import from_wav
 from deployments.loaders import EngineSpec, get_loader
 from deployments.models import Deployment, State
 from tests.conftest import scaled
+from tests.tiny_models import made
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,10 +43,8 @@ def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_whisper_ct2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper") / "tiny-whisper-ct2"
-    call_command("make_tiny_model", str(path), "--kind", "whisper-ct2", "--seed", "1")
-    return path
+def tiny_whisper_ct2() -> Path:
+    return made("whisper-ct2", seed=1, name="tiny-whisper-ct2")
 
 
 @pytest.fixture
@@ -190,6 +189,7 @@ def test_it_refuses_a_folder_faster_whisper_cannot_load_offline(
     assert "cannot be loaded" in deployment.state_reason
 
 
+@pytest.mark.sample("audio")
 def test_it_answers_the_gateways_audio_paths_for_a_whisper_deployment(
     gateway_url: str, api_key: Callable[..., str], ears: Deployment, speech: Callable[[str], bytes]
 ) -> None:

@@ -36,6 +36,9 @@ Serving = Callable[..., Deployment]
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "say hello to me"}]
 
 
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
 def client(gateway_url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway_url + "/v1", api_key=key, max_retries=0)
 

@@ -32,7 +32,6 @@ import httpx
 import openai
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
 from django.utils import timezone
 
 from deployments import deployer, engine_envs, nvml
@@ -45,6 +44,7 @@ from openai_api.catalog import catalog
 from openai_api.runtime_adapters import runtime_adapters
 from tests.conftest import as_gateway, in_thread, reap, tree_resident_bytes, wait_until
 from tests.gateway_support import OnDemandSite, seen_by_gateway
+from tests.tiny_models import made
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -88,11 +88,9 @@ RESTED = State.ASLEEP if ON_GPU else State.STOPPED
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory, django_db_blocker: Any) -> Path:
-    path = tmp_path_factory.mktemp("vllm") / "tiny-hf-llama"
+def tiny_llama(django_db_blocker: Any) -> Path:
     with django_db_blocker.unblock():  # the settings the command reads, not the database
-        call_command("make_tiny_model", str(path), "--kind", "hf-llama", "--seed", "1")
-    return path
+        return made("hf-llama", seed=1, name="tiny-hf-llama")
 
 
 def counter(url: str, name: str) -> float:
@@ -406,14 +404,12 @@ def test_it_transcribes_with_a_whisper_served_by_vllm(
     serving: Callable[..., Deployment],
     gateway_url: str,
     api_key: Callable[..., str],
-    tmp_path_factory: pytest.TempPathFactory,
     django_db_blocker: Any,
 ) -> None:
     """vLLM's CPU build serves Whisper (its transcription endpoints, with its audio extra):
     a tiny Hugging Face Whisper made here, through /v1 with the SDK."""
-    path = tmp_path_factory.mktemp("vllm-whisper") / "tiny-hf-whisper"
     with django_db_blocker.unblock():
-        call_command("make_tiny_model", str(path), "--kind", "hf-whisper", "--seed", "1")
+        path = made("hf-whisper", seed=1, name="tiny-hf-whisper")
     serving(
         "tiny-vllm-ears",
         loader="vllm",
@@ -434,7 +430,6 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     gateway_url: str,
     api_key: Callable[..., str],
     tiny_llama: Path,
-    tmp_path: Path,
     site: Any,
 ) -> None:
     """A PEFT LoRA for the tiny Llama, made here, served by its own name: vLLM starts with
@@ -442,8 +437,7 @@ def test_it_loads_an_adapter_into_a_running_vllm_on_its_first_request(
     site.MSHIP_ROUTE_REFRESH_S = 0.05
     loras = {}
     for seed, name in ((3, "tiny-vllm-poet"), (4, "tiny-vllm-bard")):
-        loras[name] = tmp_path / name
-        call_command("make_tiny_model", str(loras[name]), "--kind", "hf-lora", "--seed", str(seed))
+        loras[name] = made("hf-lora", seed=seed, name=name)
     # One adapter slot: a second adapter unloads the first.
     config = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True, "max_loras": 1}
     base = make_deployment(

@@ -10,11 +10,11 @@ import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from common.db_calls import off_loop
 from openai_api.errors import GatewayError
 from openai_api.models import ResponseHeartbeat, StoredResponse
 from openai_api.responses import compaction, conversations, quotas
@@ -44,14 +44,10 @@ def not_found(response_id: str) -> GatewayError:
 async def run(fn: Any, *args: Any) -> Any:
     """A store call in a thread, its database failures turned into 503."""
 
-    def call() -> Any:
-        close_old_connections()
-        try:
-            return fn(*args)
-        except DatabaseError as exc:
-            raise unavailable(exc) from exc
-
-    return await sync_to_async(call, thread_sensitive=False)()
+    try:
+        return await off_loop(fn, *args)
+    except DatabaseError as exc:
+        raise unavailable(exc) from exc
 
 
 def _live(identity: str, response_id: str) -> StoredResponse | None:
