@@ -474,8 +474,10 @@ def test_it_holds_a_keys_token_reservations_for_the_site(
     and 50, from new connections over the workers: as many served as fit once (each process
     holding only its own let up to four times as many in)."""
     name = "reserved"
-    # Slow enough that every request is in before the first ends (none gives back early).
-    started(make_deployment, name, config={**sim(), "reply": "hi", "first_token_delay_s": 8})
+    # Slow enough that every request is in before the first ends, on most machines.
+    deployment = started(
+        make_deployment, name, config={**sim(), "reply": "hi", "first_token_delay_s": 8}
+    )
     key = api_key(name, tokens_per_day=1000)
     shown(served.url, known(served.url, api_key("unlimited-reserved")), name, "ready")
     body = json.dumps({"model": name, "messages": HI, "max_tokens": 50}).encode()
@@ -496,4 +498,11 @@ def test_it_holds_a_keys_token_reservations_for_the_site(
     for thread in threads:
         thread.join()
     fit = 1000 // (len(body) // 4 + 50)
-    assert sorted(statuses) == [200] * fit + [429] * (20 - fit)
+    # Never more at once than fit (each process holding only its own let up to four times
+    # as many in). A request let in after one ended may fit in what that one gave back (its
+    # reservation settled at what it spent): on a loaded machine (CI at 966ef56) the last
+    # requests came in more than 8 s after the first, and one more was served in all.
+    assert engine_stats(deployment)["peak_running"] <= fit
+    admitted = statuses.count(200)
+    assert fit <= admitted < 20
+    assert sorted(statuses) == [200] * admitted + [429] * (20 - admitted)
