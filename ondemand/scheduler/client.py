@@ -426,17 +426,13 @@ async def admitted(to: Link, key_id: int, limit: int) -> bool:
     return True
 
 
-async def reserved(to: Link, owners: list[dict[str, Any]], tokens: int) -> str | None:
+async def reserved(to: Link, owners: list[dict[str, Any]], tokens: int) -> str:
     """A token reservation held by the owner for every process (its 429 where it does not
-    fit), released by its id; None: the owner has been unreachable for longer than
-    MSHIP_SCHEDULER_WAIT_S, this process's own holds judge. A link still connecting (a
-    worker's first request) is waited for, as a slot's ask is: judged here meanwhile, a
-    burst's first requests on each process were let in by their process alone, and the site
-    served more than its budget held (14 at once where 13 fit, in about one run of four)."""
-    to._run()
-    down = to.down_since
-    if down is not None and time.monotonic() - down > settings.MSHIP_SCHEDULER_WAIT_S:
-        return None
+    fit), released by its id. A link still connecting (a worker's first request) is waited
+    for, as a slot's ask is; one down for longer than MSHIP_SCHEDULER_WAIT_S is refused by
+    `answer` with scheduler_unavailable, and this process's own holds judge (site_or_own).
+    Judged here while the link connected, a burst's first requests on each process were let
+    in by their process alone: 14 at once where 13 fit, in about one run of four."""
     ask = to.new_ask({"op": "reserve", "owners": owners, "tokens": tokens})
     await to.answer(ask)
     return ask.id
