@@ -388,6 +388,8 @@ def wake(
         fit_or_refuse(deployment, actor, waking=True)
         if on_start is not None:
             on_start()
+        # Its memory is taken back from here: held, and a load (openai_api/usage/held.py).
+        event(deployment, "waking", actor=actor)
         try:
             steps = sleep_tiers.wake_steps(deployment.sleep_level)
             sleep_tiers.call_each(

@@ -33,6 +33,7 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("TOKENS OUT", "tokens_out", "int"),
     ("CACHED", "tokens_cached", "int"),
     ("GPU-S", "gpu_seconds", "float"),
+    ("LOAD GPU-S", "load_gpu_seconds", "float"),
     ("IDLE GPU-S", "idle_gpu_seconds", "float"),
     ("TTFT", "ttft_mean_s", "seconds"),
     ("IMAGES", "images", "int"),
@@ -40,7 +41,7 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("CHARACTERS", "characters", "int"),
 )
 # Shown only where some row has one: most sites serve no images, audio or speech.
-SPARSE = {"idle_gpu_seconds", "images", "audio_s", "characters"}
+SPARSE = {"load_gpu_seconds", "idle_gpu_seconds", "images", "audio_s", "characters"}
 THINGS = {"tokens": "tokens", "gpu_seconds": "GPU-s", "requests": "requests"}
 
 out = Console(highlight=False)

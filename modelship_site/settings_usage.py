@@ -27,6 +27,10 @@ MSHIP_BUDGET_STALE_S = env_float("MSHIP_BUDGET_STALE_S", 30)
 # this many requests at once on the site (0: no cap): each holds its reservation until it
 # ends, and a burst of a budgeted key cannot fill every engine.
 MSHIP_BUDGET_MAX_CONCURRENCY = env_int("MSHIP_BUDGET_MAX_CONCURRENCY", 16)
+# On: the GPU-seconds of an on-demand start or wake (launch to ready) count against the
+# GPU-second budgets of the keys whose requests waited for it, shared equally among them.
+# Off (the default): they are the deployment's load account, shown beside the keys' use.
+MSHIP_USAGE_BUDGET_LOADS = env_bool("MSHIP_USAGE_BUDGET_LOADS", False)
 # Streamed chat and completions ask the engine for usage (stream_options.include_usage)
 # and drop its usage chunk from the answer of a client that did not ask for it.
 MSHIP_USAGE_FROM_STREAMS = env_bool("MSHIP_USAGE_FROM_STREAMS", True)

@@ -17,7 +17,7 @@ from common.priority import label as class_label
 from deployments.memory import InsufficientMemory
 from deployments.models import STARTABLE_STATES, State
 from deployments.runtimes import EngineUnreachable
-from ondemand import attempts, errors, policy
+from ondemand import attempts, errors, load_charge, policy
 from ondemand.attempts import POLL_S
 from ondemand.clock import Clock, SystemClock
 from ondemand.make_room import RoomMaking
@@ -460,8 +460,8 @@ class Controller(RoomMaking):
             if outcome != StartOutcome.ELSEWHERE:  # the starting process counts it
                 metrics.cold_starts.labels(view.name, outcome.value).inc()
                 metrics.starts.labels(view.name, "retry" if retried else "request").inc()
-            if outcome == StartOutcome.READY:
-                metrics.cold_start_duration.labels(view.name).observe(time.monotonic() - began)
+            if outcome == StartOutcome.READY and after is not None:
+                load_charge.loaded(after, entry.waiters.values(), time.monotonic() - began)
             return outcome
         return StartOutcome.QUEUED
 

@@ -23,6 +23,7 @@ from openai_api.auth import current_key
 from openai_api.catalog import Route, catalog
 from openai_api.concurrency import Claim, limits
 from openai_api.errors import GatewayError
+from openai_api.limit_headers import Left
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from openai_api.catalog import Key
     from openai_api.dispatch import WaitNotice
+    from openai_api.usage.gpu_time import Account
 
 log = logging.getLogger(__name__)
 _controllers: dict[asyncio.AbstractEventLoop, Controller] = {}
@@ -153,8 +155,9 @@ class SiteWindows:
     """Requests per minute per key, counted by the site's scheduler where this process is one
     of several and no Redis holds them (openai_api/rate_limits.py)."""
 
-    async def admit(self, key_id: int, limit: int) -> bool:
-        return await site_or_own(lambda to: client.admitted(to, key_id, limit), False)
+    async def admit(self, key_id: int, limit: int) -> Left | None:
+        said = await site_or_own(lambda to: client.admitted(to, key_id, limit), None)
+        return None if said is None else Left(limit, *said)
 
 
 class SiteBudgets:
@@ -174,9 +177,9 @@ class SiteMeter:
     """GPU time divided by the site's scheduler where this process is one of several
     (openai_api/usage/gpu_time.py; None: this process's own meter)."""
 
-    def begin(self, url: str, share: float) -> client.GpuShare | None:
+    def begin(self, url: str, share: float, account: Account) -> client.GpuShare | None:
         to = client.link()
-        return None if to is None else client.GpuShare(to, url, share)
+        return None if to is None else client.GpuShare(to, url, share, account)
 
 
 async def acquire_here(

@@ -53,6 +53,7 @@ class View:
     start_s: float | None = None  # its starts' measured running mean (None: never measured)
     wakes_on: tuple[int, ...] = ()  # asleep: the GPUs its engine holds its context on
     out_of_memory: bool = False  # failed: its last start ran out of memory
+    gpu_share: float = 0.0  # what its replicas hold of a GPU (openai_api/usage/gpu_share.py)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from common import metrics
 from openai_api.endpoints import PUBLIC
 from openai_api.usage import recording
 from openai_api.usage.budgets import budgets
+from openai_api.usage.gpu_time import Account, Work
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -109,6 +110,27 @@ class RequestRecord:
     # The cached tokens an answer reported, read before they were taken out of it
     # (openai_api/cache_figures.py).
     cached_seen: int = 0
+    # The tokens its earlier engine calls were metered with (a Responses run's tool turns).
+    metered: tuple[int, int] = (0, 0)
+
+    def account(self) -> Account:
+        """Whose its GPU time is: its key's, its team's, its deployment's."""
+        key = self.key_ref
+        return (key.id, key.team_id, self.model) if key is not None else (0, 0, self.model)
+
+    def work(self, began: float) -> Work | None:
+        """What its engine call since `began` (perf_counter) did, as the GPU meter weighs it:
+        the tokens counted so far less those earlier calls were metered with, and a stream's
+        time to its first byte (None: an answer not counted in tokens, charged its time)."""
+        if self.endpoint not in recording.TEXT:
+            return None
+        usage = self.measured(self.status or 200)
+        computed = max(0, usage.tokens_in - usage.tokens_cached)
+        done_in, done_out = self.metered
+        self.metered = (max(computed, done_in), max(usage.tokens_out, done_out))
+        first = self.first_byte
+        first_s = first - began if self.streaming and first is not None and first > began else None
+        return Work(max(0, computed - done_in), max(0, usage.tokens_out - done_out), first_s)
 
     def sent(self, body: bytes) -> None:
         """A body chunk went out (called per chunk: a few attribute writes, no lock)."""

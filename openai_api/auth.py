@@ -19,6 +19,7 @@ from django.utils import timezone
 from common.db_calls import off_loop
 from common.networks import Network, networks
 from openai_api.errors import GatewayError
+from openai_api.limit_headers import WINDOW_S, Left
 from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
 
 if TYPE_CHECKING:
@@ -138,10 +139,13 @@ class RateLimiter:
     def __init__(self) -> None:
         self.arrivals: dict[int, deque[float]] = {}
 
-    def check(self, key: Key) -> None:
+    def check(self, key: Key) -> Left | None:
+        """The key's arrival (429 past its limit) and what its window has left; None: it has
+        no limit."""
         limit = key.requests_per_minute or settings.MSHIP_DEFAULT_RPM
-        if limit:
-            self.admit(key.id, limit)
+        if not limit:
+            return None
+        return self.left(key.id, limit, self.admit(key.id, limit))
 
     def admit(self, key_id: int, limit: int) -> int:
         """One arrival of the key, or 429 when `limit` arrived in the last minute. Returns
@@ -162,6 +166,14 @@ class RateLimiter:
         while len(window) > limit:
             window.popleft()
         return len(window)
+
+    def left(self, key_id: int, limit: int, arrivals: int) -> Left:
+        """What the key's window has left after `arrivals` (admit's or note's count), and
+        when its oldest arrival leaves it."""
+        now = time.monotonic()
+        window = self.arrivals.get(key_id)
+        oldest = window[0] if window else now
+        return Left(limit, max(0, limit - arrivals), max(0.0, WINDOW_S - (now - oldest)))
 
     def window(self, key_id: int, now: float) -> deque[float]:
         window = self.arrivals.setdefault(key_id, deque())

@@ -157,7 +157,7 @@ def route_of(d: Deployment) -> Route:
         priority=d.priority,
         max_concurrency=d.max_concurrency,
         engine_priority=loader.schedules_by_priority(spec) if loader else False,
-        gpu_shares=replica_shares(d.num_gpus, d.gpus, len(d.engine_urls or ())),
+        gpu_shares=replica_shares(d, len(d.engine_urls or ())),
         loras=tuple(
             (str(h.get("url", "")), tuple(str(n) for n in h.get("adapters", ())))
             for h in handles

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from common import tracing
 from common.request_id import make_request_id
-from openai_api import access
+from openai_api import access, limit_headers
 from openai_api.errors import GatewayError, error_body
 from openai_api.forwarder import send_sse_error
 from openai_api.sweeps import Sweep, quarter
@@ -69,6 +69,9 @@ class Exchange:
         self.on_failure: Callable[[str], Awaitable[None]] | None = None
         # Told when the answer starts as a stream (the hang-up watch starts then).
         self.on_stream: Callable[[], None] | None = None
+        # Headers every answer of the request carries, errors too, worked out as it starts
+        # (a key's x-ratelimit-* headers: openai_api/limit_headers.py).
+        self.answer_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None
         origin = self.headers.get("origin")
         self.cors_origin = origin if origin and cors_allowed(origin) else None
         self.record = access.RequestRecord(
@@ -89,6 +92,8 @@ class Exchange:
             extra = self.cors_headers() if self.cors_origin else []
             if self.record.routed_by:
                 extra += routing_headers(self.record.replica, self.record.routed_by)
+            if self.answer_headers is not None:
+                extra += self.answer_headers()
             if extra:
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
         else:
@@ -311,8 +316,12 @@ def traced(span: Any, record: access.RequestRecord) -> None:
         span.set_status(Status(StatusCode.ERROR))
 
 
-# Told to a browser's script too (CORS): the request id, a refusal's wait, the replica.
-EXPOSED = b"x-request-id, retry-after, x-modelship-replica, x-modelship-routed-by"
+# Told to a browser's script too (CORS): the request id, a refusal's wait, the replica, what
+# the key's limits have left.
+EXPOSED = (
+    b"x-request-id, retry-after, x-modelship-replica, x-modelship-routed-by, "
+    + limit_headers.EXPOSED
+)
 
 
 def routing_headers(replica: int | None, reason: str) -> list[tuple[bytes, bytes]]:

@@ -15,27 +15,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from django.conf import settings
 
 from common import tracing
-from openai_api import access
-from openai_api.catalog import catalog
 from openai_api.engine_auth import engine_auth
 from openai_api.engine_error_codes import normalized, openai_code
+from openai_api.engine_use import Using
 from openai_api.errors import GatewayError, error_body
 from openai_api.sweeps import Sweep
-from openai_api.usage import gpu_time
-from openai_api.usage.gpu_time import meter
-
-if TYPE_CHECKING:
-    from types import TracebackType
 
 log = logging.getLogger(__name__)
 
@@ -214,51 +207,6 @@ async def requested(
         if time.monotonic() - began > STALE_WITHIN_S:
             raise  # it had the request a while: it may have worked on it, so not again
         return await session.request(method, url, allow_redirects=False, **options)
-
-
-class Using:
-    """`Forwarder.using`'s block, as a class: an async generator's context manager cost the
-    gateway's every request a generator and its frames."""
-
-    __slots__ = ("base_url", "forwarder", "on_site", "span", "ticket")
-
-    def __init__(self, forwarder: Forwarder, base_url: str) -> None:
-        self.forwarder, self.base_url = forwarder, base_url
-
-    async def __aenter__(self) -> aiohttp.ClientSession:
-        forwarder, base_url = self.forwarder, self.base_url
-        self.span = tracing.client_span("modelship.engine")
-        self.span.__enter__()
-        forwarder.active[base_url] = forwarder.active.get(base_url, 0) + 1
-        self.ticket = ticket = meter.begin(base_url, catalog.snapshot)
-        if (record := access.current.get()) is not None:
-            record.reached_engine = True  # its prompt is read from here on: it costs
-        share = ticket[0].share
-        self.on_site = gpu_time.site.begin(base_url, share) if share and gpu_time.site else None
-        try:
-            return forwarder.session(base_url)
-        except BaseException:
-            await self.__aexit__(*sys.exc_info())
-            raise
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        try:
-            self.span.__exit__(kind, error, trace)
-        finally:
-            try:
-                spent = meter.end(self.ticket)
-                if self.on_site is not None:
-                    spent = await self.on_site.spent(spent)
-                record = access.current.get()
-                if record is not None:
-                    record.gpu_seconds += spent
-            finally:
-                await self.forwarder.done_with(self.base_url)
 
 
 class Forwarder:

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 from common import tracing
 from deployments.models import Deployment
-from openai_api import model_status
+from openai_api import key_usage, model_status
 from openai_api.auth import Caller, authenticate, last_used
 from openai_api.bodies import form_field, json_bytes, json_value, parsed
 from openai_api.catalog import Route, Snapshot, catalog
@@ -23,6 +23,7 @@ from openai_api.endpoints import PUBLIC, UNVERSIONED
 from openai_api.engine_dialect import adapter_body, chat_body
 from openai_api.errors import GatewayError
 from openai_api.exchange import Exchange, asgi
+from openai_api.limit_headers import Limits
 from openai_api.models import shown_prefix
 from openai_api.output_tokens import check_output_tokens
 from openai_api.rate_limits import rate_limiter
@@ -54,13 +55,19 @@ async def handle(exchange: Exchange) -> None:
     with tracing.span("modelship.auth"):
         caller = authenticate(snapshot, exchange.headers, peer)
         record.identity = caller.identity
+        limits = None
         if caller.key is not None:
             record.key = shown_prefix(caller.key.prefix)
             record.key_ref = caller.key
+            # Every answer says what the key's limits have left (x-ratelimit-*), errors too.
+            limits = Limits(caller.key)
+            exchange.answer_headers = limits.headers
             # Every route, before its body is read or parsed: a caller over its rate costs
             # nothing more (conversations and stored responses too).
-            await rate_limiter.check(caller.key)
+            limits.rpm = await rate_limiter.check(caller.key)
             last_used.touch(caller.key)
+    if endpoint == key_usage.PATH:
+        return await key_usage.answer(exchange, caller, limits.rpm if limits else None)
     if endpoint == "models" or endpoint.startswith("models/"):
         wanted = endpoint[len("models/") :]
         if method == "POST" and wanted.endswith(WARM):

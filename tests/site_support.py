@@ -68,7 +68,14 @@ def served(
     """`serve --workers 4` on the tests' database, for the module: 17 GiB of memory; then
     the same tests against `serve --workers 1` (a lone worker is its own scheduler: the
     behaviour is the site's either way). Tests of the scheduler's own process skip it."""
-    workers: int = request.param
+    with site_of(request.param, django_db_blocker, tmp_path_factory) as site:
+        yield site
+
+
+@contextlib.contextmanager
+def site_of(workers: int, django_db_blocker: Any, tmp_path_factory: Any) -> Iterator[Site]:
+    """`serve --workers N` on the tests' database, with 17 GiB of memory, until the block
+    ends."""
     folder = tmp_path_factory.mktemp(f"workers-{workers}")
     # A Unix socket's path is short (108 bytes): pytest's folders can be longer.
     run_dir = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))

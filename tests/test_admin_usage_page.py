@@ -220,15 +220,18 @@ def test_it_shows_each_budget_as_a_bar_coloured_past_the_warning_and_at_the_limi
     assert levels == [("ok", "8.5"), ("warn", "85.0"), ("over", "100.0")]
 
 
-def test_it_shows_the_idle_gpu_seconds_of_each_model(viewer: Client) -> None:
+def test_it_shows_the_load_and_idle_gpu_seconds_of_each_model(viewer: Client) -> None:
     Deployment.objects.create(name="chat", model="simulated", loader="simulated", num_gpus=1)
-    event = DeploymentEvent.objects.create(deployment_name="chat", kind="ready")
-    DeploymentEvent.objects.filter(pk=event.pk).update(time=H - timedelta(hours=1))
+    for kind, when in (("starting", H - timedelta(hours=1)), ("ready", H + timedelta(minutes=10))):
+        event = DeploymentEvent.objects.create(deployment_name="chat", kind=kind)
+        DeploymentEvent.objects.filter(pk=event.pk).update(time=when)
     used(H + timedelta(minutes=5), key_id=3, requests=2, gpu_seconds=600, tokens_in=10)
     page = get(viewer, since=iso(H), until=iso(H + timedelta(hours=1)), by="model")
-    assert "<th>idle GPU-seconds</th>" in page
-    assert table_rows(page) == [["chat", "10", "600.0", "2", "0", "0%", "3,000.0"]]
-    assert "3,000.0 idle GPU-seconds" in text_of(page)
+    assert "<th>load GPU-seconds</th><th>idle GPU-seconds</th>" in page
+    # Held the hour: 10 minutes of it starting, 600 GPU-seconds used by requests.
+    assert table_rows(page) == [["chat", "10", "600.0", "2", "0", "0%", "600.0", "2,400.0"]]
+    assert "600.0 loading GPU-seconds" in text_of(page)
+    assert "2,400.0 idle GPU-seconds" in text_of(page)
     narrowed = get(viewer, since=iso(H), until=iso(H + timedelta(hours=1)), by="model", key="3")
     assert "<th>idle GPU-seconds</th>" not in narrowed
 

@@ -25,7 +25,7 @@ from openai_api.concurrency import Claim
 from openai_api.errors import GatewayError
 from openai_api.forwarder import forwarder
 from openai_api.runtime_adapters import RuntimeAdapters
-from openai_api.usage.gpu_time import GpuMeter
+from openai_api.usage.gpu_time import GpuMeter, Work
 
 CLAIM = Claim(1, "model", 1, None, None, 0)
 
@@ -40,6 +40,7 @@ class StandIn:
         self.links: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
         self.heard = asyncio.Event()  # set at each hello and release
+        self.messages: list[dict[str, Any]] = []  # every one a gateway sent
 
     async def until(self, done: Any) -> None:
         async with asyncio.timeout(5):
@@ -72,6 +73,7 @@ class StandIn:
         writer.write(wire.encode({"welcome": True, "proof": said}))
         with contextlib.suppress(ConnectionError):
             while (message := await wire.read(reader)) is not None:
+                self.messages.append(message)
                 if message["op"] == "place":
                     writer.write(wire.encode({"id": message["id"], "ok": {}}))
                 elif message["op"] == "release":
@@ -128,24 +130,28 @@ async def test_it_refuses_an_address_that_answers_without_the_sites_key(
     await impostor.stop()
 
 
-async def test_it_charges_the_owners_division_of_gpu_time_else_its_own(
+async def test_it_says_a_requests_work_and_takes_the_owners_figure(
     socket_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A request's GPU-seconds are the owner's figure (divided among the site's requests);
-    where the link is down when it ends, this process's own, never nothing."""
+    """A request's end says its work to the owner, which meters it, and takes the owner's
+    figure for its log line; where the link is down when it ends, none (the owner charges
+    it as the link ends), and a dead owner's silence is waited on no longer than
+    GPU_END_S."""
     owner = StandIn(socket_path)
     await owner.start()
     link = Link(wire.parse(f"unix:{socket_path}"))
-    share = GpuShare(link, "http://engine", 1.0)
+    share = GpuShare(link, "http://engine", 1.0, (3, 4, "sim"))
     await owner.until(lambda: owner.hellos)
     await asyncio.wait_for(link.up.wait(), 5)
-    assert await share.spent(9.0) == 0.25
-    cut = GpuShare(link, "http://engine", 1.0)
+    assert await share.spent(Work(12, 5, 0.5)) == 0.25
+    assert owner.messages[-1]["work"] == [12, 5, 0.5]
+    # Begun before the link was up: said in its hello, as what it holds.
+    began = next(m for m in [*owner.hellos[0], *owner.messages] if "url" in m)
+    assert (began["key"], began["team"], began["model"]) == (3, 4, "sim")
+    cut = GpuShare(link, "http://engine", 1.0, (3, 4, "sim"))
     await owner.stop()
-    # Whether the link has seen its owner go yet (its own figure at once) or asks the dead
-    # one (its own figure once GPU_END_S passed): never nothing.
     monkeypatch.setattr(client_module, "GPU_END_S", 0.2)
-    assert await cut.spent(2.0) == 2.0
+    assert await cut.spent(None) is None
 
 
 class Written:
@@ -181,35 +187,48 @@ class Clock:
 def test_it_divides_a_replicas_gpu_time_among_every_gateways_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two gateways' requests on one GPU: each pays half while both run, and the sum is
-    the time the GPU served. A request the owner adopted from a restart (it saw only part
-    of it) is charged by its own process; one whose gateway dies stops counting."""
+    """Two gateways' requests on one GPU: each pays half while both run, the sum is the
+    time the GPU served, booked to each request's key. A request the owner adopted from a
+    restart is metered from then; one whose gateway dies is ended as its link ends (charged
+    its time until then); a request's work weighs its part."""
     clock = Clock()
-    monkeypatch.setattr(owner_module, "meter", GpuMeter(clock))
+    books: dict[tuple[int, int, str], float] = {}
+
+    def book(account: tuple[int, int, str], minute: int, seconds: float) -> None:
+        books[account] = books.get(account, 0.0) + seconds
+
+    monkeypatch.setattr(owner_module, "meter", GpuMeter(clock, book))
     site = Owner(rebuild_s=0)
     one, two = Written(), Written()
     first = Gateway(site, one, "one")  # type: ignore[arg-type]
     second = Gateway(site, two, "two")  # type: ignore[arg-type]
-    first.handle({"op": "gpu", "id": "1", "url": "http://engine", "share": 1.0})
+    said = {"url": "http://engine", "share": 1.0, "team": 0, "model": "sim"}
+    first.handle({"op": "gpu", "id": "1", "key": 1, **said})
     clock.now = 2.0
-    second.handle({"op": "gpu", "id": "1", "url": "http://engine", "share": 1.0})
+    second.handle({"op": "gpu", "id": "1", "key": 2, **said})
     clock.now = 4.0
     first.handle({"op": "gpu_end", "id": "1"})
     clock.now = 6.0
-    second.handle({"op": "gpu_end", "id": "1"})
-    assert one.said == [{"id": "1", "ok": {"spent": pytest.approx(3.0)}}]
+    second.handle({"op": "gpu_end", "id": "1", "work": "not work"})  # weighs its time
+    # Each told what was divided by its end: the first's shared seconds came after.
+    assert one.said == [{"id": "1", "ok": {"spent": pytest.approx(2.0)}}]
     assert two.said == [{"id": "1", "ok": {"spent": pytest.approx(3.0)}}]
-    second.adopt([{"kind": "gpu", "id": "2", "url": "http://engine", "share": 1.0}])
-    second.handle({"op": "gpu", "id": "3", "url": "http://engine", "share": 1.0})
+    assert books == {(1, 0, "sim"): pytest.approx(3.0), (2, 0, "sim"): pytest.approx(3.0)}
+    second.adopt([{"kind": "gpu", "id": "2", "key": 2, **said}])
+    second.handle({"op": "gpu", "id": "3", "key": 2, **said})
     clock.now = 8.0
-    second.handle({"op": "gpu_end", "id": "2"})
+    second.handle({"op": "gpu_end", "id": "2", "work": [10, 10, None]})
     second.handle({"op": "gpu_end", "id": "9"})  # never begun here
-    assert two.said[1:] == [{"id": "2", "ok": {"spent": None}}, {"id": "9", "ok": {"spent": None}}]
-    first.handle({"op": "gpu", "id": "4", "url": "http://engine", "share": 1.0})
+    assert two.said[-1] == {"id": "9", "ok": {"spent": None}}
+    first.handle({"op": "gpu", "id": "4", "key": 1, **said})
     second.close()  # its process died: request 3 no longer shares the GPU
     clock.now = 10.0
     first.handle({"op": "gpu_end", "id": "4"})
-    assert one.said[-1] == {"id": "4", "ok": {"spent": pytest.approx(2.0)}}
+    assert sum(books.values()) == pytest.approx(10.0)  # every second the GPU served, once
+    with pytest.raises(wire.WireError):
+        first.handle({"op": "gpu", "id": "5", "key": -1, **said})
+    with pytest.raises(wire.WireError):
+        first.handle({"op": "gpu", "id": "6", "key": 1, **{**said, "model": "x" * 201}})
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -25,14 +24,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
-from django.db.models import Sum
 
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from ondemand.scheduler import wire
-from openai_api.models import ApiKey
-from openai_api.usage.models import UsageMinute
 from tests.conftest import REPO, answers, env_for_subprocess, sim, wait_until
 from tests.site_support import (
     HI,
@@ -178,33 +174,6 @@ def test_it_never_makes_room_by_stopping_a_model_another_process_is_serving(
         deployment=long, kind=State.STOPPED, text__startswith="Put to sleep to make room"
     )
     assert stopped.count() == 1  # once its answer ended, not before
-
-
-@pytest.mark.heavy
-def test_it_divides_a_gpus_time_among_the_sites_requests_not_each_processs(
-    served: Site, api_key: Callable[..., str], make_deployment: Callable[..., Deployment]
-) -> None:
-    """Eight streams at once on one GPU, from new connections spread over the workers: each
-    process divided the GPU's time among its own requests, so the sum reached up to four
-    times what the GPU served; the owner's one meter divides among the site's."""
-    gpu = started(make_deployment, "gpu", num_gpus=1, config=sim(tokens_per_second=20))
-    secret = known(served.url, api_key("metered"))
-    shown(served.url, secret, "gpu", "ready")
-    key = ApiKey.objects.get(name="metered")
-    began = time.monotonic()
-    done = finished(streams(served.url, secret, "gpu", 8, max_tokens=40))  # 2 s each
-    served_s = time.monotonic() - began
-    assert done == [(200, True)] * 8
-
-    def used() -> dict[str, Any]:
-        return UsageMinute.objects.filter(key_id=key.pk, deployment="gpu").aggregate(
-            requests=Sum("requests"), gpu_seconds=Sum("gpu_seconds")
-        )
-
-    wait_until(lambda: used()["requests"] == 8, 10)
-    assert engine_stats(gpu)["peak_running"] == 8
-    # The GPU was held for at most the clients' window, and by a stream for at least one's.
-    assert 1.5 < used()["gpu_seconds"] <= served_s, (used(), served_s)
 
 
 @pytest.mark.heavy

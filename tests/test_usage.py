@@ -22,7 +22,6 @@ from openai_api.models import ApiKey
 from openai_api.tasks import sweep_usage
 from openai_api.usage.budgets import Budgets, Owner
 from openai_api.usage.counters import CounterSync, sync
-from openai_api.usage.gpu_time import GpuMeter
 from openai_api.usage.ledger import Ledger, ledger
 from openai_api.usage.models import Team, UsageMinute
 from openai_api.usage.recording import admit
@@ -72,29 +71,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def test_it_divides_gpu_seconds_among_the_requests_in_flight() -> None:
-    """One GPU, A alone for 2 s, A and B together for 2 s, B alone for 6 s: A used 2 + 1,
-    B 1 + 6, and the two add up to the 10 s the GPU served."""
-    clock = Clock()
-    meter = GpuMeter(clock)
-    meter.shares = {"http://engine": 1.0}
-    a = meter.begin("http://engine")
-    clock.now = 2.0
-    b = meter.begin("http://engine")
-    clock.now = 4.0
-    assert meter.end(a) == pytest.approx(3.0)
-    clock.now = 10.0
-    assert meter.end(b) == pytest.approx(7.0)
-    half = GpuMeter(clock)
-    half.shares = {"http://shared": 0.5}  # num_gpus 0.5: half a GPU
-    c = half.begin("http://shared")
-    clock.now = 14.0
-    assert half.end(c) == pytest.approx(2.0)
-    cpu = meter.begin("http://cpu-only")
-    clock.now = 20.0
-    assert meter.end(cpu) == 0.0
 
 
 def test_it_counts_a_streams_usage_by_the_engine_and_keeps_it_from_a_client_that_did_not_ask(
@@ -233,7 +209,7 @@ def test_it_holds_budgets_across_gateway_processes(site: Any, db: None) -> None:
     one.check((owner,))
     one.add((owner,), 0, 120.0)
     minute = int(datetime.now(UTC).timestamp()) // 60 * 60
-    one_ledger.add((minute, key.pk, 0, "sim"), [1, 0, 0, 0, 0, 0, 120.0, 1, 0, 0, 0, 0, 0])
+    one_ledger.add((minute, key.pk, 0, "sim"), [1, 0, 0, 0, 0, 0, 120.0, 1, 0, 0, 0, 0, 0, 0])
     with pytest.raises(Exception, match="budget gpu_seconds_per_day"):
         one.check((owner,))  # its own use, before any sync
     two.check((owner,))  # the other process has not heard yet
@@ -250,10 +226,10 @@ def test_it_adds_every_flush_to_the_minutes_row_and_keeps_a_failed_one(db: None)
     minute = int(datetime(2026, 12, 1, 10, 30, tzinfo=UTC).timestamp())
     book = Ledger()
     row = (minute, 7, 3, "sim")
-    book.add(row, [1, 0, 10, 20, 0, 0, 1.5, 0.2, 0.1, 1, 0, 0.0, 0])
-    book.add(row, [1, 1, 5, 0, 0, 5, 0.5, 0.3, 0.0, 0, 0, 0.0, 0])
+    book.add(row, [1, 0, 10, 20, 0, 0, 1.5, 0.2, 0.1, 1, 0, 0.0, 0, 0])
+    book.add(row, [1, 1, 5, 0, 0, 5, 0.5, 0.3, 0.0, 0, 0, 0.0, 0, 0])
     assert book.flush()
-    book.add(row, [1, 0, 1, 2, 0, 0, 0.0, 0.1, 0.0, 0, 2, 0.0, 9])
+    book.add(row, [1, 0, 1, 2, 0, 0, 0.0, 0.1, 0.0, 0, 2, 0.0, 9, 0])
     assert book.flush()
     stored = UsageMinute.objects.get()
     assert stored.minute == datetime(2026, 12, 1, 10, 30, tzinfo=UTC)
@@ -265,7 +241,7 @@ def test_it_adds_every_flush_to_the_minutes_row_and_keeps_a_failed_one(db: None)
         raise DatabaseError("the database is down")
 
     failing = Ledger(writer=broken)
-    failing.add(row, [1, 0, 4, 4, 0, 0, 0.0, 0.1, 0.0, 0, 0, 0.0, 0])
+    failing.add(row, [1, 0, 4, 4, 0, 0, 0.0, 0.1, 0.0, 0, 0, 0.0, 0, 0])
     assert not failing.flush()
     assert failing.retry[row][2] == 4  # kept for the next flush
     failing.writer = Ledger().writer

@@ -162,33 +162,42 @@ def test_it_groups_by_minute_hour_and_day() -> None:
 def test_it_counts_a_models_idle_gpu_seconds_from_its_state_events() -> None:
     chat = deployment("chat", num_gpus=1, num_replicas=2)  # two GPUs held while it runs
     deployment("quiet", num_gpus=0.5)
-    deployment("cpu")  # no GPU: never idle GPU time
+    deployment("cpu", num_gpus=0)  # no GPU: never idle GPU time
     entered("chat", "ready", H - timedelta(hours=1))  # ready when the report begins
     entered("chat", "stopped", H + timedelta(minutes=10))
     entered("chat", "start_refused", H + timedelta(minutes=20))  # no state: changes nothing
     entered("chat", "starting", H + timedelta(minutes=30))
-    entered("chat", "ready", H + timedelta(minutes=31))
+    entered("chat", "ready", H + timedelta(minutes=31))  # a minute's start: its load
     entered("chat", "asleep", H + timedelta(minutes=70))  # a sleeping engine holds none
+    entered("chat", "waking", H + timedelta(minutes=110))  # a wake: held, and a load
+    entered("chat", "ready", H + timedelta(minutes=111))
+    entered("chat", "stopping", H + timedelta(minutes=115))
+    entered("chat", "stopped", H + timedelta(minutes=116))
     entered("quiet", "starting", H + timedelta(minutes=90))
+    entered("quiet", "ready", H + timedelta(minutes=100))
     entered("cpu", "ready", H)
     used(H + timedelta(minutes=5), key_id=3, requests=2, gpu_seconds=800)
     until = H + timedelta(hours=2)
 
-    # Held [H, H+10m) and [H+30m, H+70m): 50 minutes on 2 GPUs is 6,000 GPU-s; 800 used.
-    assert idle_gpu_seconds(chat, H, until) == 5200
+    # Held [H, H+10m), [H+30m, H+70m) and [H+110m, H+116m): 56 minutes on 2 GPUs is 6,720
+    # GPU-s; of them 2 minutes loading (240) and 800 used by requests.
+    assert idle_gpu_seconds(chat, H, until) == 5680
     by_model = usage_rows(H, until, by=("model",))
-    assert picked(by_model, "model", "requests", "gpu_seconds", "idle_gpu_seconds") == [
-        ("chat", 2, 800.0, 5200.0),
-        ("quiet", 0, 0.0, 900.0),  # half a GPU for its last 30 minutes, no request
+    columns = ("model", "requests", "gpu_seconds", "load_gpu_seconds", "idle_gpu_seconds")
+    assert picked(by_model, *columns) == [
+        ("chat", 2, 800.0, 240.0, 5680.0),
+        # Half a GPU for its last 30 minutes: 10 starting, 20 ready with no request.
+        ("quiet", 0, 0.0, 300.0, 600.0),
     ]
     hourly = usage_rows(H, until, by=("model", "hour"))
-    assert picked(hourly, "time", "model", "idle_gpu_seconds") == [
-        (H, "chat", 4000.0),  # 40 minutes held, 800 used
-        (H + timedelta(hours=1), "chat", 1200.0),
-        (H + timedelta(hours=1), "quiet", 900.0),
+    assert picked(hourly, "time", "model", "load_gpu_seconds", "idle_gpu_seconds") == [
+        (H, "chat", 120.0, 3880.0),  # 40 minutes held, 1 starting, 800 used
+        (H + timedelta(hours=1), "chat", 120.0, 1800.0),  # 10 + 6 held, 1 waking
+        (H + timedelta(hours=1), "quiet", 300.0, 600.0),
     ]
-    assert usage_totals(H, until)["idle_gpu_seconds"] == 6100
-    assert usage_totals(H, until, deployment="quiet")["idle_gpu_seconds"] == 900
+    totals = usage_totals(H, until)
+    assert (totals["load_gpu_seconds"], totals["idle_gpu_seconds"]) == (540, 6280)
+    assert usage_totals(H, until, deployment="quiet")["idle_gpu_seconds"] == 600
     assert "idle_gpu_seconds" not in usage_rows(H, until, by=("model",), key_id=3)[0]
     # Used more than held (a figure is never below 0); a range before any event: nothing.
     used(H + timedelta(minutes=95), "quiet", gpu_seconds=5000)

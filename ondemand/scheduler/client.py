@@ -44,12 +44,13 @@ if TYPE_CHECKING:
     from openai_api.catalog import Route
     from openai_api.concurrency import Claim
     from openai_api.dispatch import WaitNotice
+    from openai_api.usage.gpu_time import Account, Work
 
 log = logging.getLogger(__name__)
 RETRY_S = 0.1  # between attempts to reach the owner, doubled up to MAX_RETRY_S
 MAX_RETRY_S = 1.0
 CONNECT_S = 2.0  # one attempt's bound
-GPU_END_S = 2.0  # the owner's figure for a request's GPU time, else this process's
+GPU_END_S = 2.0  # the owner's figure for a request's GPU time so far (its log line's)
 # Rate limits: a key's arrivals are let in here and told of after, without waiting, while
 # its window is below HOT_SHARE of its limit (the owner says when it crosses, and when it is
 # back below COOL_SHARE); near it, and for a limit of ALWAYS_ASK_RPM or less, each is asked.
@@ -378,52 +379,66 @@ async def adapter(to: Link, route: Route, url: str) -> AsyncIterator[None]:
 
 
 class GpuShare:
-    """A request's part of a replica's GPU time, divided by the owner's one meter among the
-    site's requests (openai_api/usage/gpu_time.py). Its start is said without waiting; its
-    end asks for the figure, after the answer's last byte went out."""
+    """A request on a replica with a GPU share, metered by the owner's one meter, which
+    divides the replica's time among the site's requests and books their parts
+    (openai_api/usage/gpu_time.py). Its start is said without waiting; its end says the work
+    it did and asks what was divided to it so far (its log line's figure), after the
+    answer's last byte went out."""
 
     __slots__ = ("id", "link")
 
-    def __init__(self, to: Link, url: str, share: float) -> None:
+    def __init__(self, to: Link, url: str, share: float, account: Account) -> None:
         self.link, self.id = to, f"{next(to.ids)}"
-        to.held[self.id] = {"kind": "gpu", "url": url, "share": share}
+        key_id, team_id, model = account
+        said = {"url": url, "share": share, "key": key_id, "team": team_id, "model": model}
+        to.held[self.id] = {"kind": "gpu", **said}
         to._run()
-        to._write({"op": "gpu", "id": self.id, "url": url, "share": share})
+        to._write({"op": "gpu", "id": self.id, **said})
 
-    async def spent(self, here: float) -> float:
+    async def spent(self, work: Work | None) -> float | None:
         to = self.link
         to.held.pop(self.id, None)
         if to.writer is None or not to.up.is_set():
-            return here  # the owner that counted it is gone with its link
+            return None  # the owner ends it as the link ends (charged its time there)
+        said = None if work is None else [work.prompt, work.output, work.first_s]
         ask = Ask(
-            self.id, {"op": "gpu_end", "id": self.id}, asyncio.get_running_loop().create_future()
+            self.id,
+            {"op": "gpu_end", "id": self.id, "work": said},
+            asyncio.get_running_loop().create_future(),
         )
         to.asks[self.id] = ask
         to._send_ask(ask)
         try:
             answer = await asyncio.wait_for(asyncio.shield(ask.answer), GPU_END_S)
         except TimeoutError:
-            return here
+            return None
         finally:
             to.asks.pop(self.id, None)
         spent = (answer.get("ok") or {}).get("spent")
         if isinstance(spent, int | float) and not isinstance(spent, bool) and spent >= 0:
             return float(spent)
-        return here
+        return None
 
 
-async def admitted(to: Link, key_id: int, limit: int) -> bool:
+async def admitted(to: Link, key_id: int, limit: int) -> tuple[int, float] | None:
     """One arrival of the key in the site's window (429 past its limit): asked where the key
-    is near its limit, else let in and told of. False: the link is not up, this process's
-    own window decides."""
+    is near its limit, else let in and told of. Returns what the window has left and the
+    seconds until its oldest arrival leaves: the owner's figures where asked; where not, a
+    bound (the window was below HOT_SHARE of the limit when the owner last said, and no
+    arrival stays longer than a minute). None: the link is not up, this process's own window
+    decides."""
     to._run()
     if not to.up.is_set():
-        return False
+        return None
+    bound = (int(limit * (1 - HOT_SHARE)), 60.0)
     if limit > ALWAYS_ASK_RPM and key_id not in to.hot:
         to._write({"op": "rpm_note", "key": key_id, "limit": limit})
-        return True
-    await to.answer(to.new_ask({"op": "rpm", "key": key_id, "limit": limit}))
-    return True
+        return bound
+    said = await to.answer(to.new_ask({"op": "rpm", "key": key_id, "limit": limit}))
+    remaining, reset_ms = said.get("remaining"), said.get("reset_ms")
+    if type(remaining) is not int or type(reset_ms) is not int:
+        return bound  # an owner that does not say (an older one)
+    return max(0, remaining), max(0, reset_ms) / 1000
 
 
 async def reserved(to: Link, owners: list[dict[str, Any]], tokens: int) -> str:

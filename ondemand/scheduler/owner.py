@@ -29,7 +29,7 @@ from django.db import DatabaseError
 
 from common.redis_errors import with_redis_errors
 from ondemand import registry
-from ondemand.scheduler import client, reservations, wire
+from ondemand.scheduler import client, gpu_said, reservations, wire
 from ondemand.state import Slot, View
 from openai_api import access, wait_status
 from openai_api.auth import RateLimiter
@@ -40,6 +40,7 @@ from openai_api.errors import GatewayError
 from openai_api.routing import hints
 from openai_api.routing.hints import Hint
 from openai_api.runtime_adapters import runtime_adapters
+from openai_api.usage import recording
 from openai_api.usage.gpu_time import GpuMeter, Ticket
 
 if TYPE_CHECKING:
@@ -49,9 +50,8 @@ log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often when changed
 MAX_GREETING = 64  # links at once that have not proved the site's key
 MAX_ASKING = 100_000  # questions under way on one link (a gateway's requests waiting)
-MAX_SHARE = 1024.0  # GPUs one replica may hold, as a gateway says it (a bound, not a rule)
-# The site's GPU time, divided among every gateway's requests on each replica.
-meter = GpuMeter()
+# The site's GPU time, divided among every gateway's requests on each replica and booked here.
+meter = GpuMeter(book=recording.book_gpu)
 # The site's requests per minute per key, where no Redis holds them (openai_api/rate_limits).
 windows = RateLimiter()
 
@@ -139,9 +139,8 @@ class Gateway:
         self.waits: dict[str, wait_status.WaitStatus] = {}
         self.said: dict[str, dict[str, Any] | None] = {}
         self.held: dict[str, Callable[[], object]] = {}
-        # GPU time under way: its ticket on the site's meter, and whether it began before
-        # this owner did (adopted: its own process's figure is charged, not a part of one).
-        self.metered: dict[str, tuple[Ticket, bool]] = {}
+        # GPU time under way: each request's ticket on the site's meter.
+        self.metered: dict[str, Ticket] = {}
 
     def send(self, message: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -171,31 +170,22 @@ class Gateway:
                 runtime_adapters.adopt(route, url)
                 self.held[held_id] = functools.partial(runtime_adapters.release, route, url)
             elif item.get("kind") == "gpu":
-                self.meter_from(held_id, item, adopted=True)
+                self.meter_from(held_id, item)  # metered from now: before, no one saw it
 
-    def meter_from(self, held_id: str, said: dict[str, Any], adopted: bool = False) -> None:
+    def meter_from(self, held_id: str, said: dict[str, Any]) -> None:
         """A request began on a replica with a GPU share: in its division until it ends."""
-        url, share = said.get("url"), said.get("share")
-        if not isinstance(url, str) or len(url) > 2048:
-            raise wire.WireError("a GPU share without an engine address")
-        if not isinstance(share, int | float) or isinstance(share, bool):
-            raise wire.WireError("a GPU share that is not a number")
-        if not 0 <= share <= MAX_SHARE:
-            raise wire.WireError("a GPU share out of bounds")
+        url, share, account = gpu_said.begun(said)
         if held_id in self.held or len(self.metered) >= MAX_ASKING:
             raise wire.WireError(f"a GPU share's id in use, or too many: {held_id!r}")
-        ticket = meter.begin(url, share=float(share))
-        self.metered[held_id] = (ticket, adopted)
-        self.held[held_id] = functools.partial(self.unmetered, held_id)
+        self.metered[held_id] = meter.begin(url, share, account)
+        self.held[held_id] = functools.partial(self.unmetered, held_id, None)
 
-    def unmetered(self, held_id: str) -> float | None:
-        """The request's GPU-seconds by the site's division (None: it began before this
-        owner, which saw only part of it)."""
-        found = self.metered.pop(held_id, None)
-        if found is None:
-            return None
-        spent = meter.end(found[0])
-        return None if found[1] else spent
+    def unmetered(self, held_id: str, said: Any) -> float | None:
+        """The request ended having done the work `said` ([prompt tokens computed, output
+        tokens, seconds to its first byte or None]; None, or not that: not counted, it is
+        charged its time): what the site's division gave it so far (None: not begun here)."""
+        ticket = self.metered.pop(held_id, None)
+        return None if ticket is None else meter.end(ticket, gpu_said.work_of(said))
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))[:32]
@@ -227,7 +217,8 @@ class Gateway:
             self.owner.counted(key, limit, windows.note(key, limit))
         elif op == "gpu_end":
             self.held.pop(ask_id, None)
-            self.send({"id": ask_id, "ok": {"spent": self.unmetered(ask_id)}})
+            spent = self.unmetered(ask_id, message.get("work"))
+            self.send({"id": ask_id, "ok": {"spent": spent}})
         else:
             raise wire.WireError(f"an unknown operation {op!r}")
 
@@ -314,8 +305,9 @@ class Gateway:
         self, ask_id: str, message: dict[str, Any]
     ) -> tuple[dict[str, Any], Callable[[], None]]:
         key, limit = rated(message)
-        self.owner.counted(key, limit, windows.admit(key, limit))
-        return {}, nothing
+        self.owner.counted(key, limit, arrivals := windows.admit(key, limit))
+        left = windows.left(key, limit, arrivals)  # for the answer's x-ratelimit-* headers
+        return {"remaining": left.remaining, "reset_ms": round(left.reset_s * 1000)}, nothing
 
     async def status(
         self, ask_id: str, message: dict[str, Any]

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from openai_api.api.usage_params import UsageParams
+from openai_api.usage import gpu_share
 from openai_api.usage.report import row_columns, usage_rows, usage_totals
 
 if TYPE_CHECKING:
@@ -94,9 +95,14 @@ class UsageAnswer(serializers.Serializer):
         help_text="Per group: its time (the bucket's start), key_id, key and key_prefix, team_id"
         " and team, or model; then requests, errors, tokens_in, tokens_out, tokens,"
         " tokens_cached, tokens_estimated, gpu_seconds, duration_s, ttft_mean_s, images,"
-        " audio_s, characters; by model (not narrowed to a key or a team) idle_gpu_seconds.",
+        " audio_s, characters; by model (not narrowed to a key or a team) load_gpu_seconds"
+        " (its starts and wakes) and idle_gpu_seconds (held less loads and requests).",
     )
     totals = serializers.DictField(help_text="The same counters over every row.")
+    gpu_seconds_basis = serializers.CharField(
+        help_text="What a GPU-second is a second of: `gpus` (a whole GPU), or `memory budget`"
+        " (on a host without GPUs: the whole memory budget)."
+    )
 
 
 WHEN = "ISO 8601, or a time ago: 30m, 24h, 7d, 2w"
@@ -145,7 +151,14 @@ class UsageView(APIView):
             return response
         totals = usage_totals(since, until, **narrowed)
         return Response(
-            {"since": since, "until": until, "by": list(by), "rows": rows, "totals": totals}
+            {
+                "since": since,
+                "until": until,
+                "by": list(by),
+                "rows": rows,
+                "totals": totals,
+                "gpu_seconds_basis": gpu_share.basis(),
+            }
         )
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:

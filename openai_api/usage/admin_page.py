@@ -23,6 +23,7 @@ from rest_framework import serializers
 from deployments.api.filters import MAX_ID
 from openai_api.api.usage_params import WHEN_HELP, moment
 from openai_api.models import ApiKey, shown_prefix
+from openai_api.usage import gpu_share
 from openai_api.usage.charts import (
     bucket_for,
     bucket_starts,
@@ -209,7 +210,11 @@ def top_table(
     rows = [
         row
         for row in usage_rows(since, until, by=(group,), **filters)
-        if row["tokens"] or row["gpu_seconds"] or row["requests"] or row.get("idle_gpu_seconds")
+        if row["tokens"]
+        or row["gpu_seconds"]
+        or row["requests"]
+        or row.get("idle_gpu_seconds")
+        or row.get("load_gpu_seconds")
     ]
     rows.sort(key=lambda r: (-r["tokens"], -r["gpu_seconds"], -r["requests"], label_of(r, group)))
     table = []
@@ -228,9 +233,10 @@ def top_table(
                     if row["tokens"]
                     else "-"
                 ),
-                "idle_gpu_seconds": figure(row.get("idle_gpu_seconds") or 0, "GPU-seconds")
-                if idle
-                else "",
+                **{
+                    name: figure(row.get(name) or 0, "GPU-seconds") if idle else ""
+                    for name in ("load_gpu_seconds", "idle_gpu_seconds")
+                },
             }
         )
     return table, max(0, len(rows) - TABLE_ROWS)
@@ -245,7 +251,10 @@ def totals_text(totals: dict[str, Any]) -> list[str]:
         f"{figure(totals['errors'], 'errors')} errors",
     ]
     if "idle_gpu_seconds" in totals:
+        shown.append(f"{figure(totals['load_gpu_seconds'], 'GPU-seconds')} loading GPU-seconds")
         shown.append(f"{figure(totals['idle_gpu_seconds'], 'GPU-seconds')} idle GPU-seconds")
+    if gpu_share.basis() == gpu_share.BUDGET:
+        shown.append("(no GPU here: a GPU-second is a second of the whole memory budget)")
     return shown
 
 

@@ -74,6 +74,7 @@ class Budgets:
         self.site: SiteBudgets | None = None
         self.lock = threading.Lock()
         self.watched: dict[str, Owner] = {}  # owners whose requests this process has seen
+        self.watched_at: dict[str, float] = {}  # owner ref: when first seen (monotonic)
         self.synced_at = time.monotonic()
         self._period: tuple[int, dict[str, str]] = (-1, {})
 
@@ -93,9 +94,8 @@ class Budgets:
         not `tokens` left beside what its requests under way hold (503 where the totals
         cannot be read and MSHIP_BUDGET_FAILURE is closed)."""
         periods = self.periods()
+        self.watch(owners)  # new, or its budgets changed
         for owner in owners:
-            if self.watched.get(owner.ref) != owner:
-                self.watched[owner.ref] = owner  # new, or its budgets changed
             for field, what, period, limit in owner.limits:
                 used = self.used((owner.ref, what, periods[period]))
                 if used >= limit:
@@ -163,8 +163,22 @@ class Budgets:
                 else:
                     self.held.pop(owner.ref, None)
 
+    def live(self, owner: Owner) -> bool:
+        """Whether the owner's figures here are the check's: it was watched before the totals
+        were last read, so they include its use by every process (GET /v1/usage reads the
+        usage table for one that is not)."""
+        since = self.watched_at.get(owner.ref)
+        return since is not None and self.synced_at > since
+
     def stale(self) -> bool:
         return time.monotonic() - self.synced_at > settings.MSHIP_BUDGET_STALE_S
+
+    def watch(self, owners: tuple[Owner, ...]) -> None:
+        """Their totals read, and what this process counts of them sent, from now on."""
+        for owner in owners:
+            if self.watched.get(owner.ref) != owner:
+                self.watched[owner.ref] = owner
+                self.watched_at.setdefault(owner.ref, time.monotonic())
 
     def add(self, owners: tuple[Owner, ...], tokens: int, gpu_seconds: float) -> None:
         """A finished request counts towards its key's and team's budgets (`owners`)."""
@@ -208,6 +222,7 @@ class Budgets:
             self.local.clear()
             self.held.clear()
             self.watched.clear()
+            self.watched_at.clear()
             self.synced_at = time.monotonic()
 
 

@@ -25,7 +25,7 @@ from common.redis_errors import with_redis_errors
 from openai_api.usage import alerts
 from openai_api.usage.budgets import Budgets, Owner, Tally, budgets
 from openai_api.usage.ledger import Ledger, Row, ledger
-from openai_api.usage.models import GPU, REQUESTS, TOKENS_IN, TOKENS_OUT, UsageMinute
+from openai_api.usage.models import GPU, LOAD, REQUESTS, TOKENS_IN, TOKENS_OUT, UsageMinute
 from openai_api.usage.periods import PERIODS, period_id, start_of
 
 log = logging.getLogger(__name__)
@@ -84,12 +84,13 @@ class CounterSync:
 
     def tallies(self, rows: dict[Row, list[float]]) -> dict[Tally, float]:
         owners = {(o.kind, o.id): o.ref for o in list(self.budgets.watched.values())}
+        loads = settings.MSHIP_USAGE_BUDGET_LOADS
         counted: dict[Tally, float] = {}
         for (minute, key_id, team_id, _), values in rows.items():
             when = datetime.fromtimestamp(minute, UTC)
             amounts = {
                 "tokens": values[TOKENS_IN] + values[TOKENS_OUT],
-                "gpu_seconds": values[GPU],
+                "gpu_seconds": values[GPU] + (values[LOAD] if loads else 0.0),
                 "requests": values[REQUESTS],
             }
             for ref in (owners.get(("key", key_id)), owners.get(("team", team_id))):
@@ -145,6 +146,7 @@ def table_totals(owners: list[Owner]) -> dict[Tally, float]:
     now = datetime.now(UTC)
     day, month = start_of("day", now), start_of("month", now)
     names = {p: period_id(p, now) for p in PERIODS}
+    loads = settings.MSHIP_USAGE_BUDGET_LOADS  # GPU-second budgets count starts and wakes
     totals: dict[Tally, float] = {}
     for kind, column in (("key", "key_id"), ("team", "team_id")):
         refs = {o.id: o.ref for o in owners if o.kind == kind}
@@ -154,7 +156,8 @@ def table_totals(owners: list[Owner]) -> dict[Tally, float]:
         for period, since in (("day", day), ("month", month)):
             within = Q(minute__gte=since)
             sums[f"tokens_{period}"] = Sum(F("tokens_in") + F("tokens_out"), filter=within)
-            sums[f"gpu_seconds_{period}"] = Sum("gpu_seconds", filter=within)
+            gpu = F("gpu_seconds") + F("load_gpu_seconds") if loads else F("gpu_seconds")
+            sums[f"gpu_seconds_{period}"] = Sum(gpu, filter=within)
             sums[f"requests_{period}"] = Sum("requests", filter=within)
         rows = (
             UsageMinute.objects.filter(**{f"{column}__in": list(refs), "minute__gte": month})

@@ -1,23 +1,36 @@
-"""GPU-seconds, divided among the requests that shared an engine (README, "Usage and
-budgets").
+"""GPU-seconds: one ledger of each replica's time, divided among the requests it served by
+their work (README, "Usage and budgets").
 
-A replica holding `share` GPUs for `dt` seconds while `n` requests of this process are in
-flight on it gives each of them share * dt / n. Kept as one running sum per replica, the
-GPU-seconds one request would have had from the replica's first request until now: a request
-notes it when it starts and is charged the difference when it ends, so starting and ending
-cost a few float operations however many requests share the replica.
+A replica's time is cut into segments at every request's start and end on it (and at each
+minute's start while one is under way). A segment with requests on the engine is divided
+among them by weight; a segment without is idle. A request's weight is the part of its time
+it kept the engine busy, by its own token counts and the rates the replica was measured at:
 
-Where several gateway processes (or hosts) send requests to one replica, the division is the
-site scheduler's (ondemand/scheduler/): each process tells its owner when a request begins
-and ends on a replica with a GPU share, and the owner's one meter divides among the site's
-requests. Each process keeps its own meter as well: its figure is the one charged where the
-owner cannot answer (a restart, an outage), divided among that process's own requests.
-A replica without a GPU share costs no hop."""
+    work(r)   = computed prompt tokens(r) / prefill rate + output tokens(r) / decode rate
+    weight(r) = min(1, work(r) / its time on the engine)
+    part(r, segment) = share * length(segment) * weight(r) / max(1, sum of weights in it)
+
+so requests that together keep the engine busy divide its whole time by the work each did,
+while the time a request only waited (in the engine's queue, for a slow client reading its
+stream) is charged to no one: it is the deployment's idle account (held less loading less
+what requests were charged; openai_api/usage/report.py). The rates are the replica's fastest
+seen, decaying by RATE_DECAY per measurement (a streamed answer's first byte measures its
+prefill, the rest its decode); until a rate is known, and for a request without token counts
+(images, audio), the weight is 1: it is charged its presence.
+
+A segment is divided once every request in it has ended (their counts are known then), and
+each part is booked (`book`) to the minute the segment lies in, so for every replica and
+minute the requests' GPU-seconds plus idle add up to what it held. Where several gateway
+processes or hosts send requests to one replica, one meter divides: the site scheduler's
+owner's (ondemand/scheduler/), told each request's start and end by the gateway that served
+it; a process meters on its own only where no owner answers when the request starts."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -25,78 +38,230 @@ if TYPE_CHECKING:
 
     from openai_api.catalog import Snapshot
 
+RATE_DECAY = 0.99  # a replica's fastest measured rate gives way by 1% per measurement
+# Ended requests a replica keeps undivided while an earlier one is under way; past it, the
+# segments so far are divided with the requests under way weighing 1 (a bound, not a rule).
+MAX_PENDING = 10_000
+Account = tuple[int, int, str]  # key id (0: none), team id (0: none), deployment
+
+
+@dataclass(slots=True)
+class Work:
+    """What a request had the engine do, by the engine's counts."""
+
+    prompt: int = 0  # prompt tokens computed (the cached ones not)
+    output: int = 0
+    first_s: float | None = None  # a stream's seconds to its first byte (None: not a stream)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    account: Account
+    first: int  # its first segment's index
+    began: float
+    end: int = -1  # its segments end before this index (-1: under way)
+    weight: float = 1.0
+    spent: float = 0.0  # GPU-seconds divided to it so far
+    done: Callable[[float], None] | None = None  # told its whole figure once divided
+
 
 @dataclass(slots=True)
 class Replica:
     share: float = 0.0
-    inflight: int = 0
-    accrued: float = 0.0  # GPU-seconds per request in flight, summed since its first
-    at: float = 0.0
+    base: int = 0  # the index of starts[0]
+    starts: list[float] = field(default_factory=list)  # each segment's start time
+    shares: list[float] = field(default_factory=list)  # the replica's share in each
+    running: list[Request] = field(default_factory=list)
+    ended: list[Request] = field(default_factory=list)
+    prefill_rate: float | None = None  # tokens a second
+    decode_rate: float | None = None
 
-    def advance(self, now: float) -> None:
-        if self.inflight:
-            self.accrued += self.share * (now - self.at) / self.inflight
-        self.at = now
+    def cut(self, now: float) -> int:
+        """A segment starts at `now` (a minute's start before it, where requests were under
+        way across it): its index."""
+        if not self.starts:
+            self.starts.append(now)
+            self.shares.append(self.share)
+            return self.base
+        last = self.starts[-1]
+        now = max(now, last)  # a clock set back: no segment of negative length
+        if self.running:
+            minute = (math.floor(last / 60) + 1) * 60
+            while minute < now:
+                self.starts.append(float(minute))
+                self.shares.append(self.share)
+                minute += 60
+        if now > self.starts[-1]:
+            self.starts.append(now)
+            self.shares.append(self.share)
+        return self.base + len(self.starts) - 1
+
+    def measured(self, work: Work, seconds: float) -> None:
+        """The replica's rates, from a stream's first byte and the rest."""
+        first = work.first_s
+        if first is None or first <= 0:
+            return
+        if work.prompt > 0:
+            self.prefill_rate = fastest(self.prefill_rate, work.prompt / first)
+        if work.output > 1 and seconds > first:
+            self.decode_rate = fastest(self.decode_rate, (work.output - 1) / (seconds - first))
+
+    def weight(self, work: Work | None, seconds: float) -> float:
+        if work is None or seconds <= 0:
+            return 1.0
+        busy = 0.0
+        for tokens, rate in ((work.prompt, self.prefill_rate), (work.output, self.decode_rate)):
+            if tokens:
+                if not rate:
+                    return 1.0  # not measured yet: charged its presence
+                busy += tokens / rate
+        return min(1.0, busy / seconds)
 
 
-Ticket = tuple[Replica, float]
+def fastest(rate: float | None, seen: float) -> float:
+    return seen if rate is None else max(seen, rate * RATE_DECAY)
+
+
+class Ticket:
+    """A request under way on a replica."""
+
+    __slots__ = ("replica", "request")
+
+    def __init__(self, replica: Replica, request: Request) -> None:
+        self.replica, self.request = replica, request
 
 
 class GpuMeter:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        book: Callable[[Account, int, float], None] | None = None,
+    ) -> None:
         self.clock = clock
+        self.book = book  # None: the parts are only added to each request's figure
         self.replicas: dict[str, Replica] = {}
         self.shares: dict[str, float] = {}
         self.seen: object = None  # the route table the shares were read from
 
-    def begin(
-        self, url: str, snapshot: Snapshot | None = None, share: float | None = None
-    ) -> Ticket:
-        """A request starts on the replica at `url` (an engine base URL); its GPU share is
-        read from the route table (`snapshot`), or said (`share`: the site's meter hears it
-        from the gateway that routed the request)."""
+    def share_of(self, url: str, snapshot: Snapshot | None) -> float:
+        """The GPU share of the replica at `url` (an engine base URL), by the route table."""
         if snapshot is not None and snapshot is not self.seen:
             self.read_shares(snapshot)
+        return self.shares.get(url, 0.0)
+
+    def begin(self, url: str, share: float, account: Account = (0, 0, "")) -> Ticket:
+        """A request starts on the replica at `url`, which holds `share` of a GPU."""
         replica = self.replicas.get(url)
         if replica is None:
-            replica = self.replicas[url] = Replica(self.shares.get(url, 0.0), at=self.clock())
-        replica.advance(self.clock())
-        if share is not None:
-            replica.share = share
-        replica.inflight += 1
-        return replica, replica.accrued
+            replica = self.replicas[url] = Replica(share)
+        now = self.clock()
+        index = replica.cut(now)
+        replica.share = replica.shares[index - replica.base] = share  # from here on
+        request = Request(account, index, now)
+        replica.running.append(request)
+        return Ticket(replica, request)
 
-    def end(self, ticket: Ticket) -> float:
-        """The request ends: the GPU-seconds that were its part."""
-        replica, began = ticket
-        replica.advance(self.clock())
-        replica.inflight -= 1
-        return replica.accrued - began
+    def end(
+        self,
+        ticket: Ticket,
+        work: Work | None = None,
+        done: Callable[[float], None] | None = None,
+    ) -> float:
+        """The request left the engine, having done `work` (None: not counted, it weighs 1).
+        Returns what is divided to it so far; `done` is told its whole figure once every
+        request it shared a segment with has ended too (at once where none is under way)."""
+        replica, request = ticket.replica, ticket.request
+        if request.end >= 0:
+            return request.spent  # ended already (a link that ended after its end)
+        now = self.clock()
+        request.end = replica.cut(now)
+        seconds = now - request.began
+        if work is not None:
+            replica.measured(work, seconds)
+        request.weight = replica.weight(work, seconds)
+        request.done = done
+        replica.running.remove(request)
+        replica.ended.append(request)
+        self.divide(replica, provisional=len(replica.ended) > MAX_PENDING)
+        return request.spent
+
+    def divide(self, replica: Replica, provisional: bool = False) -> None:
+        """Divide every segment no request under way is in (`provisional`: every closed one,
+        those under way weighing 1), and book the parts."""
+        last = replica.base + len(replica.starts) - 1  # the open segment
+        frontier = min((r.first for r in replica.running), default=last)
+        if provisional:
+            frontier = last
+        members = [*replica.ended, *(replica.running if provisional else ())]
+        count = frontier - replica.base
+        # Each segment's sum of weights, by a difference array over the members' spans.
+        sums = [0.0] * (count + 1)
+        for request in members:
+            low = max(request.first, replica.base) - replica.base
+            high = (frontier if request.end < 0 else min(request.end, frontier)) - replica.base
+            if low < high:
+                sums[low] += request.weight
+                sums[high] -= request.weight
+        # A running sum of each segment's GPU-seconds per unit of weight, and the minutes.
+        per_weight = [0.0]
+        minutes: list[int] = []
+        total = 0.0
+        for index, weight in enumerate(itertools.accumulate(sums[:count])):
+            start, stop = replica.starts[index], replica.starts[index + 1]
+            if weight > 1e-12:
+                total += replica.shares[index] * (stop - start) / max(1.0, weight)
+            per_weight.append(total)
+            minutes.append(int(start // 60) * 60)
+        finished = []
+        for request in members:
+            low = max(request.first, replica.base) - replica.base
+            high = (frontier if request.end < 0 else min(request.end, frontier)) - replica.base
+            index = low
+            while index < high:  # one booking per minute the span crosses
+                minute = minutes[index]
+                stop = index + 1
+                while stop < high and minutes[stop] == minute:
+                    stop += 1
+                part = request.weight * (per_weight[stop] - per_weight[index])
+                if part > 0:
+                    request.spent += part
+                    if self.book is not None:
+                        self.book(request.account, minute, part)
+                index = stop
+            if 0 <= request.end <= frontier:
+                finished.append(request)
+            else:
+                request.first = max(request.first, frontier)  # divided up to here
+        if finished:
+            gone = set(map(id, finished))
+            replica.ended = [r for r in replica.ended if id(r) not in gone]
+            for request in finished:
+                if request.done is not None:
+                    request.done(request.spent)
+        drop = frontier - replica.base
+        del replica.starts[:drop], replica.shares[:drop]
+        replica.base = frontier
 
     def read_shares(self, snapshot: Snapshot) -> None:
-        """Each replica's share from a new route table: time until now at the old one."""
+        """Each replica's share from a new route table; a replica no route points at any
+        more, with nothing under way or undivided, is forgotten."""
         self.seen = snapshot
         self.shares = {
             url: share
             for route in snapshot.models
             for url, share in zip(route.urls, route.gpu_shares, strict=False)
         }
-        now = self.clock()
         for url, replica in list(self.replicas.items()):
-            replica.advance(now)
-            if url in self.shares:
-                replica.share = self.shares[url]
-            elif not replica.inflight:
-                del self.replicas[url]  # an engine no route points at any more
-            # else: gone from the routes, still serving: its share holds until it drains
+            if url not in self.shares and not replica.running and not replica.ended:
+                del self.replicas[url]
 
 
 class SiteShare(Protocol):
     """A request's part of a replica's GPU time on the site's meter."""
 
-    async def spent(self, here: float) -> float:
-        """Its GPU-seconds by the site's division; `here`, this process's, where the site's
-        meter cannot say."""
+    async def spent(self, work: Work | None) -> float | None:
+        """The request ended having done `work`: its GPU-seconds divided so far by the
+        site's meter, which books them (None: the owner did not say)."""
         ...
 
 
@@ -104,8 +269,8 @@ class SiteMeter(Protocol):
     """The site's meter where this process is one of several: the on-demand app registers
     it at start-up (this package imports nothing of it)."""
 
-    def begin(self, url: str, share: float) -> SiteShare | None:
-        """None: this process's own meter is the site's."""
+    def begin(self, url: str, share: float, account: Account) -> SiteShare | None:
+        """None: no owner answers; this process meters the request itself."""
         ...
 
 

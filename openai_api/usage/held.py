@@ -1,8 +1,10 @@
-"""The GPU-seconds a deployment held: its held periods, read from its state events (a
-deployment holds its GPUs from entering starting, ready or stopping until it enters any other
-state), times its replicas' GPU share (openai_api/usage/gpu_share.py).
+"""The GPU-seconds a deployment held, and of them those it spent loading: its held periods,
+read from its state events (a deployment holds its GPUs from entering starting, ready or
+stopping, or from a wake's "waking" event, until it enters any other state), times its
+replicas' GPU share (openai_api/usage/gpu_share.py). Its load account is the time from
+entering starting (a launch) or waking until its next state: what a start or a wake costs.
 
-What it held less what its requests were attributed is its idle account
+What it held less its load and what its requests were charged is its idle account
 (openai_api/usage/report.py)."""
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from deployments.models import HOLDING_STATES, Deployment, DeploymentEvent, Stat
 from openai_api.usage.gpu_share import replica_shares
 
 Period = tuple[datetime, datetime]
-STATES = tuple(state.value for state in State)
-HOLDING = frozenset(state.value for state in HOLDING_STATES)
+WAKING = "waking"  # the event a wake writes as it starts (deployments/deployer.py)
+STATES = (*(state.value for state in State), WAKING)
+HOLDING = frozenset({*(state.value for state in HOLDING_STATES), WAKING})
+LOADING = frozenset({State.STARTING.value, WAKING})
 # Time buckets a report may group by, and their length.
 BUCKETS = {
     "minute": timedelta(minutes=1),
@@ -25,26 +29,42 @@ BUCKETS = {
 
 def gpu_share(deployment: Deployment) -> float:
     """The GPUs all its replicas hold together (0: it runs on CPUs only)."""
-    return sum(replica_shares(deployment.num_gpus, deployment.gpus, deployment.num_replicas))
+    return sum(replica_shares(deployment, deployment.num_replicas))
 
 
 def held_periods(name: str, since: datetime, until: datetime) -> list[Period]:
-    """When the deployment of this name held its GPUs between `since` and `until`: its state
-    at `since` is the one its last event before then entered."""
+    """When the deployment of this name held its GPUs between `since` and `until`."""
+    return account_periods(name, since, until)[0]
+
+
+def account_periods(
+    name: str, since: datetime, until: datetime
+) -> tuple[list[Period], list[Period]]:
+    """When the deployment of this name held its GPUs between `since` and `until`, and when
+    it was loading (a start from launch to ready, a wake): its state at `since` is the one
+    its last event before then entered."""
     events = DeploymentEvent.objects.filter(deployment_name=name, kind__in=STATES)
     before = events.filter(time__lt=since).order_by("-time", "-id").values_list("kind", flat=True)
-    start: datetime | None = since if before.first() in HOLDING else None
-    periods: list[Period] = []
+    last = before.first()
+    start: datetime | None = since if last in HOLDING else None
+    loading: datetime | None = since if last in LOADING else None
+    held: list[Period] = []
+    loads: list[Period] = []
     within = events.filter(time__gte=since, time__lt=until).order_by("time", "id")
     for kind, time in within.values_list("kind", "time"):
+        if loading is not None and loading < time:
+            loads.append((loading, time))
+        loading = time if kind in LOADING else None
         if kind in HOLDING:
             start = time if start is None else start
         elif start is not None:
-            periods.append((start, time))
+            held.append((start, time))
             start = None
     if start is not None and start < until:
-        periods.append((start, until))
-    return periods
+        held.append((start, until))
+    if loading is not None and loading < until:
+        loads.append((loading, until))
+    return held, loads
 
 
 def bucket_of(moment: datetime, bucket: str) -> datetime:
@@ -75,10 +95,15 @@ def held_seconds(periods: list[Period], bucket: str | None) -> dict[datetime | N
 
 def held_gpu_seconds(
     deployment: Deployment, since: datetime, until: datetime, bucket: str | None = None
-) -> dict[datetime | None, float]:
-    """GPU-seconds it held, per time bucket (None: over the whole range)."""
+) -> dict[datetime | None, tuple[float, float]]:
+    """GPU-seconds it held and, of them, spent loading, per time bucket (None: over the
+    whole range)."""
     share = gpu_share(deployment)
     if share <= 0 or until <= since:
         return {}
-    held = held_seconds(held_periods(deployment.name, since, until), bucket)
-    return {opened: seconds * share for opened, seconds in held.items()}
+    periods, loads = account_periods(deployment.name, since, until)
+    held, loading = held_seconds(periods, bucket), held_seconds(loads, bucket)
+    return {
+        opened: (seconds * share, loading.get(opened, 0.0) * share)
+        for opened, seconds in held.items()
+    }

@@ -14,7 +14,7 @@ import atexit
 import logging
 import threading
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 Row = tuple[int, int, int, str]  # minute (epoch seconds), key id, team id, deployment
 WIDTH = len(COUNTED)
+T = TypeVar("T")
 
 
 def upsert_sql() -> str:
@@ -88,6 +89,23 @@ class Ledger:
             else:
                 for index, value in enumerate(values):
                     kept[index] += value
+
+    def read_with_unwritten(
+        self, read: Callable[[], T], wanted: Callable[[Row], bool]
+    ) -> tuple[T, dict[Row, list[float]]]:
+        """`read()` (of the table) and the rows `wanted` picks of what is not written yet, as
+        one view: no flush runs between the two, so nothing is counted in both or missed
+        (one process's figures are exact; another's show once it flushed)."""
+        with self.flush_lock:
+            found = read()
+            with self.lock:
+                pending: dict[Row, list[float]] = {}
+                for row, values in (*self.retry.items(), *self.rows.items()):
+                    if wanted(row):
+                        kept = pending.setdefault(row, [0.0] * WIDTH)
+                        for index, value in enumerate(values):
+                            kept[index] += value
+        return found, pending
 
     def start(self) -> None:
         with self.lock:

@@ -93,6 +93,9 @@ class UsageMinute(models.Model):
     images = models.PositiveBigIntegerField(default=0)
     audio_s = models.FloatField(default=0.0)
     characters = models.PositiveBigIntegerField(default=0)
+    # Of the deployment's load account (its starts and wakes), the part this key's requests
+    # waited for (ondemand/controller.py): an attribution of that account, not added to it.
+    load_gpu_seconds = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ["-minute"]
@@ -122,6 +125,7 @@ COUNTED = (
     "images",
     "audio_s",
     "characters",
+    "load_gpu_seconds",
 )
 # Each counted field's place in a ledger row, by the same order.
 (
@@ -138,4 +142,5 @@ COUNTED = (
     IMAGES,
     AUDIO,
     CHARACTERS,
+    LOAD,
 ) = range(len(COUNTED))

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from common import metrics
+from openai_api.catalog import Key, catalog
 from openai_api.models import shown_prefix
 from openai_api.output_tokens import limit_of
 from openai_api.usage.budgets import Reservation, budgets
 from openai_api.usage.counters import sync
+from openai_api.usage.gpu_time import Account, meter
 from openai_api.usage.ledger import Row, ledger
 from openai_api.usage.models import (
     AUDIO,
@@ -24,6 +26,7 @@ from openai_api.usage.models import (
     ERRORS,
     GPU,
     IMAGES,
+    LOAD,
     REQUESTS,
     TOKENS_CACHED,
     TOKENS_ESTIMATED,
@@ -34,7 +37,7 @@ from openai_api.usage.models import (
 )
 
 if TYPE_CHECKING:
-    from openai_api.catalog import Key, Route
+    from openai_api.catalog import Route
 
 # Endpoints whose answers are counted in tokens (estimated where the engine reports none).
 TEXT = frozenset({"chat/completions", "completions", "responses", "messages", "embeddings"})
@@ -179,8 +182,6 @@ def count(
             row[TOKENS_OUT] += usage.tokens_out
             row[TOKENS_CACHED] += usage.tokens_cached
             row[TOKENS_ESTIMATED] += usage.estimated
-        if usage.gpu_seconds:
-            row[GPU] += usage.gpu_seconds
         if usage.images or usage.audio_s or usage.characters:
             row[IMAGES] += usage.images
             row[AUDIO] += usage.audio_s
@@ -190,7 +191,61 @@ def count(
             if key.budget_owners:
                 # Under the ledger's lock: a flush between the row and the budget's count
                 # would take it out of the count before it was in.
-                budgets.add(key.budget_owners, tokens, usage.gpu_seconds)
+                budgets.add(key.budget_owners, tokens, 0.0)
+
+
+def book_gpu(account: Account, minute: int, seconds: float) -> None:
+    """GPU-seconds the meter divided to a request in a minute (openai_api/usage/gpu_time.py),
+    added to its key's row of that minute and to its key's and team's budgets: in the
+    process whose meter divided them (the site scheduler's owner, where there is one)."""
+    key_id, team_id, model = account
+    key = key_by_id(key_id) if key_id else None
+    if ledger.thread is None:
+        ledger.start()
+    with ledger.lock:
+        ledger.row((minute, key_id, team_id, model))[GPU] += seconds
+        if key is not None:
+            seen[key.id] = key
+            if key.budget_owners:
+                budgets.watch(key.budget_owners)
+                budgets.add(key.budget_owners, 0, seconds)
+    if key is not None and key.budget_owners and sync.thread is None:
+        sync.start()  # the owner's process admits no request: its counts go out from here
+
+
+meter.book = book_gpu
+
+
+def book_load(account: Account, minute: int, seconds: float) -> None:
+    """A part of a start's or a wake's GPU-seconds that a key's request waited for: in its
+    row (an attribution of the deployment's load account) and, where
+    MSHIP_USAGE_BUDGET_LOADS is on, in its key's and team's GPU-second budgets."""
+    key_id, team_id, model = account
+    key = key_by_id(key_id) if key_id else None
+    counts = key is not None and bool(key.budget_owners) and settings.MSHIP_USAGE_BUDGET_LOADS
+    if ledger.thread is None:
+        ledger.start()
+    with ledger.lock:
+        ledger.row((minute, key_id, team_id, model))[LOAD] += seconds
+        if counts and key is not None:
+            budgets.watch(key.budget_owners)
+            budgets.add(key.budget_owners, 0, seconds)
+    if counts and sync.thread is None:
+        sync.start()
+
+
+_keys: tuple[object, dict[int, Key]] = (None, {})
+
+
+def key_by_id(key_id: int) -> Key | None:
+    """The key of this id in the route table (None: gone since)."""
+    global _keys  # one map per route table, made again when it changes
+    snapshot = catalog.snapshot
+    if snapshot is None:
+        return None
+    if _keys[0] is not snapshot:
+        _keys = (snapshot, {key.id: key for key in snapshot.keys.values()})
+    return _keys[1].get(key_id)
 
 
 # The keys whose usage is in the ledger, by id (bounded by the keys there are).

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
@@ -29,8 +30,18 @@ COLUMNS = (*SUMMED[:4], "tokens", *SUMMED[4:8], "ttft_mean_s", *SUMMED[8:])
 GROUPS = {"key": "key_id", "team": "team_id", "model": "deployment"}
 BY_CHOICES = (*GROUPS, *BUCKETS)
 MAX_BUCKETS = 10_000  # time buckets one report may have (a month by minute is 43,200)
-# What each budget counts, as a sum of UsageMinute fields.
-BUDGET_SUMS = {"tokens": ("tokens_in", "tokens_out"), "gpu_seconds": ("gpu_seconds",)}
+# A deployment's own accounts beside its requests': loading (starts and wakes) and idle.
+ACCOUNTS = ("load_gpu_seconds", "idle_gpu_seconds")
+
+
+def budget_sums(what: str) -> tuple[str, ...]:
+    """The UsageMinute fields a budget of `what` counts (loads too, where
+    MSHIP_USAGE_BUDGET_LOADS says GPU-second budgets count them)."""
+    if what == "tokens":
+        return ("tokens_in", "tokens_out")
+    if what == "gpu_seconds" and settings.MSHIP_USAGE_BUDGET_LOADS:
+        return ("gpu_seconds", "load_gpu_seconds")
+    return (what,)
 
 
 def check_by(by: Sequence[str], since: datetime, until: datetime) -> tuple[str, ...]:
@@ -80,7 +91,7 @@ def counters(sums: dict[str, Any]) -> dict[str, Any]:
     row["tokens"] = row["tokens_in"] + row["tokens_out"]
     count = sums.get("ttft_count") or 0
     row["ttft_mean_s"] = round((sums.get("ttft_s") or 0) / count, 3) if count else None
-    for name in ("gpu_seconds", "duration_s", "audio_s"):
+    for name in ("gpu_seconds", "duration_s", "audio_s", "load_gpu_seconds"):
         row[name] = round(float(row[name]), 3)
     return {name: row[name] for name in COLUMNS}
 
@@ -176,8 +187,9 @@ def row_columns(by: Sequence[str], *, idle: bool = False) -> tuple[str, ...]:
     front: list[str] = ["time"] if any(b in BUCKETS for b in by) else []
     for group in (b for b in by if b in GROUPS):
         front.extend(labels.get(group, (group,)))
-    idle_column = ("idle_gpu_seconds",) if idle and "model" in by else ()
-    return (*front, *COLUMNS, *idle_column)
+    accounts = ACCOUNTS if idle and "model" in by else ()
+    # By model, the load column is the deployment's whole load account, last.
+    return (*front, *(c for c in COLUMNS if c not in accounts), *accounts)
 
 
 def with_idle(
@@ -187,8 +199,9 @@ def with_idle(
     bucket: str | None,
     deployment: str | None,
 ) -> list[dict[str, Any]]:
-    """Rows by model (and time bucket) with each one's idle GPU-seconds: what the model held
-    in it less what its requests were attributed, at least 0."""
+    """Rows by model (and time bucket) with each one's load and idle GPU-seconds: what it
+    spent starting and waking, and what it held less that and what its requests were
+    charged, at least 0."""
     by_place = {(row.get("time"), row["_id"]): row for row in rows}
     for row in rows:
         row["idle_gpu_seconds"] = 0.0
@@ -197,26 +210,32 @@ def with_idle(
         deployments = deployments.filter(name=deployment)
     end = min(until, timezone.now())
     for each in deployments:
-        for opened, held in held_gpu_seconds(each, since, end, bucket).items():
+        for opened, (held, load) in held_gpu_seconds(each, since, end, bucket).items():
             place = (opened, each.name)
             if place not in by_place:
                 empty = counters({})
                 by_place[place] = {**({"time": opened} if bucket else {}), "_id": each.name}
                 by_place[place].update(empty)
             row = by_place[place]
-            row["idle_gpu_seconds"] = round(max(0.0, held - row["gpu_seconds"]), 3)
+            row["load_gpu_seconds"] = round(load, 3)
+            row["idle_gpu_seconds"] = round(max(0.0, held - load - row["gpu_seconds"]), 3)
     return list(by_place.values())
 
 
 def idle_gpu_seconds(deployment: Deployment, since: datetime, until: datetime) -> float:
-    """What the deployment held from `since` to `until` (not past now) less the GPU-seconds
-    its requests were attributed in that time, at least 0."""
+    """What the deployment held from `since` to `until` (not past now) less its load and
+    the GPU-seconds its requests were charged in that time, at least 0."""
+    return own_accounts(deployment, since, until)[1]
+
+
+def own_accounts(deployment: Deployment, since: datetime, until: datetime) -> tuple[float, float]:
+    """The deployment's load and idle GPU-seconds from `since` to `until` (not past now)."""
     end = min(until, timezone.now())
-    held = held_gpu_seconds(deployment, since, end).get(None, 0.0)
+    held, load = held_gpu_seconds(deployment, since, end).get(None, (0.0, 0.0))
     if not held:
-        return 0.0
+        return 0.0, 0.0
     used = usage_of(since, until, deployment=deployment.name).aggregate(s=Sum("gpu_seconds"))
-    return round(max(0.0, held - (used["s"] or 0.0)), 3)
+    return round(load, 3), round(max(0.0, held - load - (used["s"] or 0.0)), 3)
 
 
 def usage_totals(
@@ -228,15 +247,16 @@ def usage_totals(
     deployment: str | None = None,
 ) -> dict[str, Any]:
     """The report's counters summed over every row; not narrowed to a key or a team, also the
-    deployments' idle GPU-seconds (each over the whole range)."""
+    deployments' load and idle GPU-seconds (each over the whole range)."""
     queryset = usage_of(since, until, key_id=key_id, team_id=team_id, deployment=deployment)
     totals = counters(queryset.aggregate(**SUMS))
     if key_id is None and team_id is None:
         deployments = Deployment.objects.all()
         if deployment is not None:
             deployments = deployments.filter(name=deployment)
-        idle = sum(idle_gpu_seconds(each, since, until) for each in deployments)
-        totals["idle_gpu_seconds"] = round(idle, 3)
+        accounts = [own_accounts(each, since, until) for each in deployments]
+        totals["load_gpu_seconds"] = round(sum(load for load, _ in accounts), 3)
+        totals["idle_gpu_seconds"] = round(sum(idle for _, idle in accounts), 3)
     return totals
 
 
@@ -259,11 +279,11 @@ def used_so_far(obj: ApiKey | Team, now: datetime) -> dict[str, float]:
     sums: dict[str, Sum] = {}
     for field, what, period in BUDGETS:
         start = day if period == "day" else month
-        for name in BUDGET_SUMS.get(what, (what,)):
+        for name in budget_sums(what):
             sums[f"{field}__{name}"] = Sum(name, filter=Q(minute__gte=start))
     found = UsageMinute.objects.filter(owner, minute__gte=min(day, month)).aggregate(**sums)
     return {
-        field: float(sum(found[f"{field}__{n}"] or 0 for n in BUDGET_SUMS.get(what, (what,))))
+        field: float(sum(found[f"{field}__{n}"] or 0 for n in budget_sums(what)))
         for field, what, _ in BUDGETS
     }
 

@@ -1,0 +1,42 @@
+"""A start's or a wake's GPU-seconds, attributed to the requests that waited for it (README,
+"Usage and budgets"): the deployment's load account is read from its state events
+(openai_api/usage/held.py); this says whose requests it was for, shared equally among them,
+and counts it against their GPU-second budgets where MSHIP_USAGE_BUDGET_LOADS is on."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from common import metrics
+from openai_api.usage import recording
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from ondemand.state import View, Waiter
+
+
+def loaded(view: View, waiters: Iterable[Waiter], seconds: float) -> None:
+    """A start or wake of `view` took `seconds` to ready, for these waiting requests."""
+    metrics.cold_start_duration.labels(view.name).observe(seconds)
+    charge(view, [waiter.key_id for waiter in waiters], seconds)
+
+
+def charge(view: View, key_ids: Sequence[int | None], seconds: float) -> None:
+    """`seconds` of loading that just ended, on `view`'s GPU share, for these requests'
+    keys (None: a request of no key), each part booked to the minutes it lay in."""
+    if view.gpu_share <= 0 or seconds <= 0 or not key_ids:
+        return
+    end = time.time()
+    each = view.gpu_share / len(key_ids)
+    for key_id in key_ids:
+        key = recording.key_by_id(key_id) if key_id else None
+        account = (key_id or 0, key.team_id if key is not None else 0, view.name)
+        moment = end - seconds
+        while moment < end:
+            minute = math.floor(moment / 60) * 60
+            upto = min(end, minute + 60)
+            recording.book_load(account, minute, each * (upto - moment))
+            moment = upto
