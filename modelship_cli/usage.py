@@ -126,6 +126,8 @@ def usage(api: Api, args: argparse.Namespace) -> int:
     since, until = (when(report[k], []) for k in ("since", "until"))
     out.print(f"usage from {since} to {until} UTC, by {', '.join(report['by'])}", markup=False)
     out.print(usage_table(report))
+    if report.get("gpu_seconds_basis") == "memory budget":
+        out.print("no GPU on this host: a GPU-second is a second of the whole memory budget")
     return OK
 
 

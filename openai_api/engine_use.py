@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from django.conf import settings
+
 from common import tracing
 from openai_api import access
 from openai_api.catalog import catalog
@@ -51,7 +53,7 @@ class Using:
         if record is not None:
             record.reached_engine = True  # its prompt is read from here on: it costs
         share = meter.share_of(base_url, catalog.snapshot)
-        if share:
+        if share and settings.MSHIP_USAGE_RECORD:
             # One meter divides a replica's time: the site's where an owner answers.
             account = record.account() if record is not None else (0, 0, "")
             if gpu_time.site is not None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -24,11 +25,13 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import Sum
 
 from deployments.api.tokens import issue_token
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.runtimes.process import free_port
 from ondemand.scheduler import wire
+from openai_api.usage.models import UsageMinute
 from tests.conftest import REPO, answers, env_for_subprocess, sim, wait_until
 from tests.site_support import (
     HI,
@@ -364,6 +367,7 @@ def start_serve(folder: Path, port: int, *args: str, **env: str) -> subprocess.P
             MSHIP_ROUTE_REFRESH_S="0.05",
             MSHIP_SECRET_KEY=settings.SECRET_KEY,
             MSHIP_MEMORY_CAPACITY_GIB="8",
+            MSHIP_USAGE_FLUSH_S="0.2",
             **env,
         ),
         stdout=(folder / "serve.log").open("wb"),
@@ -417,10 +421,22 @@ def test_it_holds_the_limits_and_starts_once_across_gateway_hosts(
         for url in urls:
             shown(url, known(url, key), "capped", "ready")
             shown(url, key, "lazy")
+        began = time.monotonic()
         running = [streams(url, key, "capped", 4, max_tokens=20) for url in urls]
         done = [answer for threads in running for answer in finished(threads)]
+        window = time.monotonic() - began
         assert done == [(200, True)] * 12
         assert engine_stats(capped)["peak_running"] == 2
+
+        # One GPU ledger for the site: 12 answers of half a second, two at a time, on 1 GiB
+        # of the 8 GiB budget, are charged its eighth for the 3 s they ran, not each its own
+        # half second (as each host dividing among its own requests did: twice that).
+        def charged() -> float:
+            found = UsageMinute.objects.filter(deployment="capped").aggregate(s=Sum("gpu_seconds"))
+            return float(found["s"] or 0.0)
+
+        wait_until(lambda: charged() >= 2.5 / 8, 15)
+        assert charged() <= window / 8, (charged(), window)
         bursts = [threading.Thread(target=ask, args=(url, key, "lazy")) for url in urls * 3]
         for thread in bursts:
             thread.start()
