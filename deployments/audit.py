@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.redact import redact, redact_urls
 from common.request_id import current_request_id
 from deployments.models import AuditEntry, Deployment, DeploymentEvent
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 
 def actor_of(user: Any | None, actor: str | None) -> str:
@@ -48,3 +51,13 @@ def event(deployment: Deployment, kind: str, text: str = "", actor: str = "syste
     DeploymentEvent.objects.create(
         deployment=deployment, deployment_name=deployment.name, actor=actor, kind=kind, text=text
     )
+
+
+def event_at(
+    deployment: Deployment, kind: str, at: datetime, text: str = "", actor: str = "system"
+) -> None:
+    """An event of something that began at `at`, written once it is known to have worked."""
+    row = DeploymentEvent.objects.create(
+        deployment=deployment, deployment_name=deployment.name, actor=actor, kind=kind, text=text
+    )
+    DeploymentEvent.objects.filter(pk=row.pk).update(time=at)

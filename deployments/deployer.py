@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from common import metrics
 from deployments import engine_envs, engine_secrets, out_of_memory, sleep_tiers
-from deployments.audit import event
+from deployments.audit import event, event_at
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
 from deployments.gate import bringing_up, start_gate
@@ -388,8 +389,7 @@ def wake(
         fit_or_refuse(deployment, actor, waking=True)
         if on_start is not None:
             on_start()
-        # Its memory is taken back from here: held, and a load (openai_api/usage/held.py).
-        event(deployment, "waking", actor=actor)
+        began = timezone.now()
         try:
             steps = sleep_tiers.wake_steps(deployment.sleep_level)
             sleep_tiers.call_each(
@@ -407,6 +407,9 @@ def wake(
                 runtime_handle={},
             )
             return deployment
+        # Held again from the wake's start, a load (openai_api/usage/held.py); said once it
+        # worked, so a wake that fails or is killed leaves no held time open.
+        event_at(deployment, "waking", began, actor=actor)
         transition(deployment, State.READY, expected=[State.ASLEEP], actor=actor)
         return deployment
 

@@ -5,6 +5,7 @@ and counts it against their GPU-second budgets where MSHIP_USAGE_BUDGET_LOADS is
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import TYPE_CHECKING
@@ -17,11 +18,16 @@ if TYPE_CHECKING:
 
     from ondemand.state import View, Waiter
 
+log = logging.getLogger(__name__)
+
 
 def loaded(view: View, waiters: Iterable[Waiter], seconds: float) -> None:
     """A start or wake of `view` took `seconds` to ready, for these waiting requests."""
     metrics.cold_start_duration.labels(view.name).observe(seconds)
-    charge(view, [waiter.key_id for waiter in waiters], seconds)
+    try:
+        charge(view, [waiter.key_id for waiter in waiters], seconds)
+    except Exception:  # the start succeeded all the same: its waiters are served
+        log.exception("the load of %s not attributed", view.name)
 
 
 def charge(view: View, key_ids: Sequence[int | None], seconds: float) -> None:

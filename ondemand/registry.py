@@ -178,8 +178,16 @@ class SiteMeter:
     (openai_api/usage/gpu_time.py; None: this process's own meter)."""
 
     def begin(self, url: str, share: float, account: Account) -> client.GpuShare | None:
+        """None where this process meters the request: it owns the scheduling, or its link
+        is not up (connecting, or the owner away): charged by its own division then, never
+        by no one."""
         to = client.link()
-        return None if to is None else client.GpuShare(to, url, share, account)
+        if to is None:
+            return None
+        if not to.up.is_set():
+            to._run()  # connecting: the next requests are the site's
+            return None
+        return client.GpuShare(to, url, share, account)
 
 
 async def acquire_here(

@@ -11,11 +11,13 @@ from typing import Any
 import httpx
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from deployments import deployer, display, tasks
 from deployments.models import Deployment, DeploymentEvent, State
 from deployments.refusals import CannotSleep
 from deployments.runtimes.process import ProcessRuntime
+from openai_api.usage.held import account_periods
 from tests.conftest import (
     HeldSleep,
     answers,
@@ -168,10 +170,16 @@ def test_it_puts_an_engine_to_sleep_and_wakes_it(make_deployment: Any) -> None:
     assert httpx.get(deployment.engine_url + "/is_sleeping").json() == {"is_sleeping": True}
     with pytest.raises(httpx.HTTPStatusError):
         chat(deployment.engine_url)
+    asleep_since = timezone.now()
     deployer.wake(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.state == State.READY
     assert reply_of(deployment.engine_url)
+    # The wake is held and a load from its start (openai_api/usage/held.py): its event is
+    # dated when the wake began, before the ready it led to.
+    held, loads = account_periods(deployment.name, asleep_since, timezone.now())
+    ((woke, ready),) = loads
+    assert held[0][0] == woke and asleep_since <= woke < ready
 
 
 def test_it_sleeps_at_level_one_while_host_memory_holds_the_weights_else_at_level_two(

@@ -128,7 +128,7 @@ def test_it_charges_no_slow_reader_or_wait_in_the_engines_queue_as_compute() -> 
     charged the 2 s of work it was (the rest is the replica's idle time); one that waited
     8 s in the engine's queue before 2 s of work, likewise."""
     clock, books, meter = metered()
-    lone(meter, clock, 2.0, Work(prompt=0, output=21, first_s=0.0001))
+    lone(meter, clock, 2.0, Work(prompt=0, output=21, first_s=0.01))
     before = books.of("lone")
     slow = meter.begin(URL, 1.0, (1, 0, "slow"))
     clock.now += 30.0
@@ -239,3 +239,37 @@ def test_it_sizes_a_replicas_share_by_what_it_holds(settings: Any) -> None:
     assert gpu_share.basis() == gpu_share.BUDGET
     assert shares(memory_gib=4.0) == (0.25,)
     assert shares(memory_gib=4.0, learned_gib=8.0) == (0.5,)  # what an OOM taught it
+
+
+def test_it_books_no_second_twice_where_a_booking_fails() -> None:
+    """A booking that raises (the database away) loses its own part, logged; the next
+    division books the rest once, and the meter's state stays whole."""
+    clock, books = Clock(), Books()
+    failures = [1]
+
+    def flaky(account: Account, minute: int, seconds: float) -> None:
+        if failures:
+            failures.pop()
+            raise RuntimeError("the database is away")
+        books(account, minute, seconds)
+
+    meter = GpuMeter(clock, flaky)
+    for _ in range(3):
+        ticket = meter.begin(URL, 1.0, (1, 0, "m"))
+        clock.now += 2.0
+        meter.end(ticket)
+    assert books.of("m") == pytest.approx(4.0)  # the first 2 s lost, none booked twice
+    assert not meter.replicas[URL].ended
+
+
+def test_it_keeps_its_measured_rates_from_an_outlier() -> None:
+    """A first byte sooner than a millisecond measures nothing; a measurement raises a
+    known rate at most RATE_JUMP times (a count the engine did not cache-discount, a
+    gateway saying nonsense), and the rate gives way again by RATE_DECAY."""
+    clock, _, meter = metered()
+    lone(meter, clock, 2.0, Work(prompt=100, output=11, first_s=1.0))
+    lone(meter, clock, 2.0, Work(prompt=10**12, output=10**12, first_s=1e-300))
+    replica = meter.replicas[URL]
+    assert (replica.prefill_rate, replica.decode_rate) == (pytest.approx(100), pytest.approx(10))
+    lone(meter, clock, 2.0, Work(prompt=10**9, output=11, first_s=1.0))
+    assert replica.prefill_rate == pytest.approx(100 * gpu_time.RATE_JUMP)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from ondemand import registry
 from ondemand.scheduler import client as client_module
 from ondemand.scheduler import owner as owner_module
 from ondemand.scheduler import reservations, wire
@@ -225,6 +226,11 @@ def test_it_divides_a_replicas_gpu_time_among_every_gateways_requests(
     clock.now = 10.0
     first.handle({"op": "gpu_end", "id": "4"})
     assert sum(books.values()) == pytest.approx(10.0)  # every second the GPU served, once
+    # Work that is no work (a number past a float's range) weighs the request's time, and
+    # leaves no ticket behind.
+    first.handle({"op": "gpu", "id": "7", "key": 1, **said})
+    first.handle({"op": "gpu_end", "id": "7", "work": [1, 1, 10**400]})
+    assert not owner_module.meter.replicas["http://engine"].running
     with pytest.raises(wire.WireError):
         first.handle({"op": "gpu", "id": "5", "key": -1, **said})
     with pytest.raises(wire.WireError):
@@ -402,3 +408,15 @@ async def test_it_holds_every_gateways_token_reservations_in_one_place() -> None
     for wrong in wrongs:
         with pytest.raises(wire.WireError):
             await reservations.reserve("x", {"owners": [budget], "tokens": 5, **wrong})
+
+
+async def test_it_meters_a_request_itself_while_its_link_is_not_up(
+    socket_path: Path, settings: Any
+) -> None:
+    """No owner answers yet (or it is away): this process's own meter charges the request,
+    never no one; its link starts connecting for the next ones."""
+    settings.MSHIP_SCHEDULER_URL = f"unix:{socket_path}"
+    assert registry.SiteMeter().begin("http://engine", 1.0, (1, 0, "m")) is None
+    to = client_module.link()
+    assert to is not None and to.runner is not None and not to.up.is_set()
+    to.runner.cancel()

@@ -13,6 +13,7 @@ MAX_SHARE = 1024.0  # GPUs one replica may hold, as a gateway says it (a bound, 
 MAX_NAME = 200  # a deployment's name, as its model field bounds it
 MAX_URL = 2048
 MAX_COUNT = 10**12  # an id or a request's tokens, as a gateway says them (a bound)
+MAX_FIRST_S = 86_400.0  # a stream's seconds to its first byte
 
 
 def is_count(value: Any) -> bool:
@@ -46,8 +47,9 @@ def work_of(said: Any) -> Work | None:
     prompt, output, first_s = said
     if not (is_count(prompt) and is_count(output)):
         return None
-    if first_s is not None and (
-        not isinstance(first_s, int | float) or isinstance(first_s, bool) or first_s < 0
-    ):
-        return None
+    if first_s is not None:
+        if not isinstance(first_s, int | float) or isinstance(first_s, bool):
+            return None
+        if not 0 <= first_s <= MAX_FIRST_S:  # NaN and infinities fail this too
+            return None
     return Work(prompt, output, None if first_s is None else float(first_s))

@@ -175,7 +175,7 @@ class Gateway:
     def meter_from(self, held_id: str, said: dict[str, Any]) -> None:
         """A request began on a replica with a GPU share: in its division until it ends."""
         url, share, account = gpu_said.begun(said)
-        if held_id in self.held or len(self.metered) >= MAX_ASKING:
+        if held_id in self.held or held_id in self.asking or len(self.metered) >= MAX_ASKING:
             raise wire.WireError(f"a GPU share's id in use, or too many: {held_id!r}")
         self.metered[held_id] = meter.begin(url, share, account)
         self.held[held_id] = functools.partial(self.unmetered, held_id, None)
@@ -184,8 +184,9 @@ class Gateway:
         """The request ended having done the work `said` ([prompt tokens computed, output
         tokens, seconds to its first byte or None]; None, or not that: not counted, it is
         charged its time): what the site's division gave it so far (None: not begun here)."""
+        work = gpu_said.work_of(said)  # read first: nothing it says leaves a ticket behind
         ticket = self.metered.pop(held_id, None)
-        return None if ticket is None else meter.end(ticket, gpu_said.work_of(said))
+        return None if ticket is None else meter.end(ticket, work)
 
     def handle(self, message: dict[str, Any]) -> None:
         op, ask_id = message.get("op"), str(message.get("id"))[:32]
@@ -335,6 +336,9 @@ class Gateway:
             except Exception:  # the rest are given back all the same
                 log.exception("giving back what %s held failed", self.name)
         self.held.clear()
+        for ticket in self.metered.values():  # none should be left: ended all the same
+            meter.end(ticket)
+        self.metered.clear()
 
 
 class Owner:

@@ -28,6 +28,7 @@ it; a process meters on its own only where no owner answers when the request sta
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,13 @@ if TYPE_CHECKING:
 
     from openai_api.catalog import Snapshot
 
+log = logging.getLogger(__name__)
 RATE_DECAY = 0.99  # a replica's fastest measured rate gives way by 1% per measurement
+RATE_JUMP = 4.0  # one measurement raises a known rate at most this many times
+MIN_FIRST_S = 0.001  # a first byte sooner measures nothing (a clock's grain, an odd count)
+MAX_FIRST_S = 86_400.0
+MINUTES_CUT = 1_440  # minute starts cut into one gap at most (a clock set a year ahead)
+MAX_REPLICAS = 4_096  # replicas kept; past it, those with nothing under way are forgotten
 # Ended requests a replica keeps undivided while an earlier one is under way; past it, the
 # segments so far are divided with the requests under way weighing 1 (a bound, not a rule).
 MAX_PENDING = 10_000
@@ -71,7 +78,9 @@ class Replica:
     base: int = 0  # the index of starts[0]
     starts: list[float] = field(default_factory=list)  # each segment's start time
     shares: list[float] = field(default_factory=list)  # the replica's share in each
-    running: list[Request] = field(default_factory=list)
+    # Under way, in the order they began (the oldest first: its first segment is the one
+    # division waits at); ended, not divided yet.
+    running: dict[int, Request] = field(default_factory=dict)
     ended: list[Request] = field(default_factory=list)
     prefill_rate: float | None = None  # tokens a second
     decode_rate: float | None = None
@@ -87,7 +96,9 @@ class Replica:
         now = max(now, last)  # a clock set back: no segment of negative length
         if self.running:
             minute = (math.floor(last / 60) + 1) * 60
-            while minute < now:
+            for _ in range(MINUTES_CUT):
+                if minute >= now:
+                    break
                 self.starts.append(float(minute))
                 self.shares.append(self.share)
                 minute += 60
@@ -99,11 +110,11 @@ class Replica:
     def measured(self, work: Work, seconds: float) -> None:
         """The replica's rates, from a stream's first byte and the rest."""
         first = work.first_s
-        if first is None or first <= 0:
+        if first is None or not MIN_FIRST_S <= first <= MAX_FIRST_S:
             return
         if work.prompt > 0:
             self.prefill_rate = fastest(self.prefill_rate, work.prompt / first)
-        if work.output > 1 and seconds > first:
+        if work.output > 1 and seconds - first >= MIN_FIRST_S:
             self.decode_rate = fastest(self.decode_rate, (work.output - 1) / (seconds - first))
 
     def weight(self, work: Work | None, seconds: float) -> float:
@@ -119,7 +130,11 @@ class Replica:
 
 
 def fastest(rate: float | None, seen: float) -> float:
-    return seen if rate is None else max(seen, rate * RATE_DECAY)
+    """The fastest rate seen, giving way by RATE_DECAY; one measurement raises it at most
+    RATE_JUMP times (an outlier, a cache hit the engine did not report, moves it little)."""
+    if rate is None:
+        return seen
+    return max(min(seen, rate * RATE_JUMP), rate * RATE_DECAY)
 
 
 class Ticket:
@@ -153,12 +168,14 @@ class GpuMeter:
         """A request starts on the replica at `url`, which holds `share` of a GPU."""
         replica = self.replicas.get(url)
         if replica is None:
+            if len(self.replicas) >= MAX_REPLICAS:
+                self.forget_idle()
             replica = self.replicas[url] = Replica(share)
         now = self.clock()
         index = replica.cut(now)
         replica.share = replica.shares[index - replica.base] = share  # from here on
         request = Request(account, index, now)
-        replica.running.append(request)
+        replica.running[id(request)] = request
         return Ticket(replica, request)
 
     def end(
@@ -180,19 +197,24 @@ class GpuMeter:
             replica.measured(work, seconds)
         request.weight = replica.weight(work, seconds)
         request.done = done
-        replica.running.remove(request)
+        oldest = next(iter(replica.running.values()))
+        del replica.running[id(request)]
         replica.ended.append(request)
-        self.divide(replica, provisional=len(replica.ended) > MAX_PENDING)
+        if request is oldest or len(replica.ended) > MAX_PENDING:
+            # Division waits at the oldest request under way's first segment: only its end
+            # moves that (or the bound on what waits, with those under way weighing 1).
+            self.divide(replica, provisional=len(replica.ended) > MAX_PENDING)
+        elif request.end == request.first:
+            self.divide(replica)  # it spanned no time: told its figure (0) at once
         return request.spent
 
     def divide(self, replica: Replica, provisional: bool = False) -> None:
         """Divide every segment no request under way is in (`provisional`: every closed one,
         those under way weighing 1), and book the parts."""
         last = replica.base + len(replica.starts) - 1  # the open segment
-        frontier = min((r.first for r in replica.running), default=last)
-        if provisional:
-            frontier = last
-        members = [*replica.ended, *(replica.running if provisional else ())]
+        oldest = next(iter(replica.running.values()), None)
+        frontier = last if provisional or oldest is None else oldest.first
+        members = [*replica.ended, *(replica.running.values() if provisional else ())]
         count = frontier - replica.base
         # Each segment's sum of weights, by a difference array over the members' spans.
         sums = [0.0] * (count + 1)
@@ -213,6 +235,7 @@ class GpuMeter:
             per_weight.append(total)
             minutes.append(int(start // 60) * 60)
         finished = []
+        booked: list[tuple[Account, int, float]] = []
         for request in members:
             low = max(request.first, replica.base) - replica.base
             high = (frontier if request.end < 0 else min(request.end, frontier)) - replica.base
@@ -225,8 +248,7 @@ class GpuMeter:
                 part = request.weight * (per_weight[stop] - per_weight[index])
                 if part > 0:
                     request.spent += part
-                    if self.book is not None:
-                        self.book(request.account, minute, part)
+                    booked.append((request.account, minute, part))
                 index = stop
             if 0 <= request.end <= frontier:
                 finished.append(request)
@@ -235,12 +257,27 @@ class GpuMeter:
         if finished:
             gone = set(map(id, finished))
             replica.ended = [r for r in replica.ended if id(r) not in gone]
-            for request in finished:
-                if request.done is not None:
-                    request.done(request.spent)
         drop = frontier - replica.base
         del replica.starts[:drop], replica.shares[:drop]
         replica.base = frontier
+        # Booked and told once the ledger's state is whole: a booking that fails loses its
+        # part (logged), never books another twice.
+        if self.book is not None:
+            for account, minute, part in booked:
+                try:
+                    self.book(account, minute, part)
+                except Exception:
+                    log.exception("GPU-seconds of %s not booked", account[2])
+        for request in finished:
+            if request.done is not None:
+                request.done(request.spent)
+
+    def forget_idle(self) -> None:
+        """Replicas with nothing under way or undivided are forgotten (their measured rates
+        with them)."""
+        for url, replica in list(self.replicas.items()):
+            if not replica.running and not replica.ended:
+                del self.replicas[url]
 
     def read_shares(self, snapshot: Snapshot) -> None:
         """Each replica's share from a new route table; a replica no route points at any

@@ -200,6 +200,8 @@ def book_gpu(account: Account, minute: int, seconds: float) -> None:
     process whose meter divided them (the site scheduler's owner, where there is one)."""
     key_id, team_id, model = account
     key = key_by_id(key_id) if key_id else None
+    if key is not None:
+        team_id = key.team_id  # the team its budgets are counted in, whatever was said
     if ledger.thread is None:
         ledger.start()
     with ledger.lock:
