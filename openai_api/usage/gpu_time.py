@@ -27,6 +27,8 @@ it; a process meters on its own only where no owner answers when the request sta
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 import logging
 import math
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from openai_api.catalog import Snapshot
 
@@ -70,27 +72,50 @@ class Request:
     weight: float = 1.0
     spent: float = 0.0  # GPU-seconds divided to it so far
     done: Callable[[float], None] | None = None  # told its whole figure once divided
+    whole: bool = False  # its every segment divided and its parts booked
 
 
 @dataclass(slots=True)
 class Replica:
+    """One replica's ledger. Segment k runs from starts[k - base] to the next start; a
+    request is in segments first to end - 1. `diff` holds each segment's change in the sum
+    of its requests' weights (a request's +weight at its first, -weight at its end, said as
+    it ends); `cum`, the GPU-seconds per unit of weight of the divided segments, summed up
+    to each one's start (from base); `level`, the sum of weights where division stands. A
+    request's part is then its weight times the difference of two sums, per minute: each
+    request is visited once, as it ends and once divided."""
+
     share: float = 0.0
     base: int = 0  # the index of starts[0]
     starts: list[float] = field(default_factory=list)  # each segment's start time
     shares: list[float] = field(default_factory=list)  # the replica's share in each
+    diff: list[float] = field(default_factory=list)
+    cum: list[float] = field(default_factory=lambda: [0.0])
+    divided: int = 0  # segments before this one are divided
+    level: float = 0.0
+    marks: list[int] = field(default_factory=list)  # segments whose start is a new minute
     # Under way, in the order they began (the oldest first: its first segment is the one
-    # division waits at); ended, not divided yet.
+    # division waits at); ended and not divided yet, a heap by end, and the same by first
+    # (those whole since are dropped from it as it is read: what trim keeps is theirs).
     running: dict[int, Request] = field(default_factory=dict)
-    ended: list[Request] = field(default_factory=list)
+    ended: list[tuple[int, int, Request]] = field(default_factory=list)
+    by_first: list[tuple[int, int, Request]] = field(default_factory=list)
+    order: Iterator[int] = field(default_factory=itertools.count)
     prefill_rate: float | None = None  # tokens a second
     decode_rate: float | None = None
+
+    def add(self, start: float) -> None:
+        if self.starts and int(start // 60) != int(self.starts[-1] // 60):
+            self.marks.append(self.base + len(self.starts))
+        self.starts.append(start)
+        self.shares.append(self.share)
+        self.diff.append(0.0)
 
     def cut(self, now: float) -> int:
         """A segment starts at `now` (a minute's start before it, where requests were under
         way across it): its index."""
         if not self.starts:
-            self.starts.append(now)
-            self.shares.append(self.share)
+            self.add(now)
             return self.base
         last = self.starts[-1]
         now = max(now, last)  # a clock set back: no segment of negative length
@@ -99,13 +124,56 @@ class Replica:
             for _ in range(MINUTES_CUT):
                 if minute >= now:
                     break
-                self.starts.append(float(minute))
-                self.shares.append(self.share)
+                self.add(float(minute))
                 minute += 60
         if now > self.starts[-1]:
-            self.starts.append(now)
-            self.shares.append(self.share)
+            self.add(now)
         return self.base + len(self.starts) - 1
+
+    def weigh(self, request: Request, low: int, high: int) -> None:
+        """The request weighs its weight in segments low to high - 1."""
+        self.diff[low - self.base] += request.weight
+        if high - self.base < len(self.diff):
+            self.diff[high - self.base] -= request.weight
+
+    def divide_to(self, frontier: int) -> None:
+        """The segments up to `frontier` divided: their sums per unit of weight."""
+        total = self.cum[-1]
+        for index in range(self.divided - self.base, frontier - self.base):
+            self.level += self.diff[index]
+            if self.level > 1e-12:
+                length = self.starts[index + 1] - self.starts[index]
+                total += self.shares[index] * length / max(1.0, self.level)
+            self.cum.append(total)
+        self.divided = max(self.divided, frontier)
+
+    def parts(self, request: Request, low: int, high: int) -> list[tuple[int, float]]:
+        """The request's GPU-seconds in divided segments low to high - 1, per minute."""
+        found = []
+        at = bisect.bisect_right(self.marks, low)
+        while low < high:
+            stop = min(high, self.marks[at]) if at < len(self.marks) else high
+            part = request.weight * (self.cum[stop - self.base] - self.cum[low - self.base])
+            if part > 0:
+                found.append((int(self.starts[low - self.base] // 60) * 60, part))
+            low, at = stop, at + 1
+        return found
+
+    def trim(self) -> None:
+        """Segments no request needs any more let go: those before the first segment of the
+        oldest request under way and of every one ended and not whole."""
+        while self.by_first and self.by_first[0][2].whole:
+            heapq.heappop(self.by_first)
+        oldest = next(iter(self.running.values()), None)
+        keep = min(self.divided, oldest.first if oldest is not None else self.divided)
+        if self.by_first:
+            keep = min(keep, self.by_first[0][0])
+        drop = keep - self.base
+        if drop > 0:
+            del self.starts[:drop], self.shares[:drop], self.diff[:drop], self.cum[:drop]
+            self.base = keep
+            cut = bisect.bisect_right(self.marks, keep)
+            del self.marks[:cut]
 
     def measured(self, work: Work, seconds: float) -> None:
         """The replica's rates, from a stream's first byte and the rest."""
@@ -135,6 +203,18 @@ def fastest(rate: float | None, seen: float) -> float:
     if rate is None:
         return seen
     return max(min(seen, rate * RATE_JUMP), rate * RATE_DECAY)
+
+
+def tally(
+    booked: dict[tuple[Account, int], float], request: Request, parts: list[tuple[int, float]]
+) -> float:
+    """A request's parts added to what a division books, per account and minute: their sum."""
+    total = 0.0
+    for minute, part in parts:
+        place = (request.account, minute)
+        booked[place] = booked.get(place, 0.0) + part
+        total += part
+    return total
 
 
 class Ticket:
@@ -196,74 +276,56 @@ class GpuMeter:
         if work is not None:
             replica.measured(work, seconds)
         request.weight = replica.weight(work, seconds)
-        request.done = done
         oldest = next(iter(replica.running.values()))
         del replica.running[id(request)]
-        replica.ended.append(request)
+        if request.end == request.first:  # it spanned no time: nothing to divide
+            if done is not None:
+                done(0.0)
+            return 0.0
+        request.done = done
+        replica.weigh(request, request.first, request.end)
+        heapq.heappush(replica.ended, (request.end, next(replica.order), request))
+        heapq.heappush(replica.by_first, (request.first, next(replica.order), request))
         if request is oldest or len(replica.ended) > MAX_PENDING:
             # Division waits at the oldest request under way's first segment: only its end
             # moves that (or the bound on what waits, with those under way weighing 1).
             self.divide(replica, provisional=len(replica.ended) > MAX_PENDING)
-        elif request.end == request.first:
-            self.divide(replica)  # it spanned no time: told its figure (0) at once
+        if request.end > replica.divided:
+            # Not whole yet: what the segments divided so far give it (its log line's).
+            upto = max(request.first, replica.divided)
+            return request.spent + sum(p for _, p in replica.parts(request, request.first, upto))
         return request.spent
 
     def divide(self, replica: Replica, provisional: bool = False) -> None:
         """Divide every segment no request under way is in (`provisional`: every closed one,
-        those under way weighing 1), and book the parts."""
+        those under way weighing 1 in them), and book the parts of the requests whose
+        segments are all divided."""
         last = replica.base + len(replica.starts) - 1  # the open segment
         oldest = next(iter(replica.running.values()), None)
         frontier = last if provisional or oldest is None else oldest.first
-        members = [*replica.ended, *(replica.running.values() if provisional else ())]
-        count = frontier - replica.base
-        # Each segment's sum of weights, by a difference array over the members' spans.
-        sums = [0.0] * (count + 1)
-        for request in members:
-            low = max(request.first, replica.base) - replica.base
-            high = (frontier if request.end < 0 else min(request.end, frontier)) - replica.base
-            if low < high:
-                sums[low] += request.weight
-                sums[high] -= request.weight
-        # A running sum of each segment's GPU-seconds per unit of weight, and the minutes.
-        per_weight = [0.0]
-        minutes: list[int] = []
-        total = 0.0
-        for index, weight in enumerate(itertools.accumulate(sums[:count])):
-            start, stop = replica.starts[index], replica.starts[index + 1]
-            if weight > 1e-12:
-                total += replica.shares[index] * (stop - start) / max(1.0, weight)
-            per_weight.append(total)
-            minutes.append(int(start // 60) * 60)
+        booked: dict[tuple[Account, int], float] = {}
+        under_way = list(replica.running.values()) if provisional else []
+        for request in under_way:
+            weight, request.weight = request.weight, 1.0
+            replica.weigh(request, request.first, frontier)
+            request.weight = weight
+        replica.divide_to(frontier)
+        for request in under_way:
+            kept, request.weight = request.weight, 1.0
+            request.spent += tally(booked, request, replica.parts(request, request.first, frontier))
+            request.weight, request.first = kept, frontier  # divided up to here
         finished = []
-        booked: list[tuple[Account, int, float]] = []
-        for request in members:
-            low = max(request.first, replica.base) - replica.base
-            high = (frontier if request.end < 0 else min(request.end, frontier)) - replica.base
-            index = low
-            while index < high:  # one booking per minute the span crosses
-                minute = minutes[index]
-                stop = index + 1
-                while stop < high and minutes[stop] == minute:
-                    stop += 1
-                part = request.weight * (per_weight[stop] - per_weight[index])
-                if part > 0:
-                    request.spent += part
-                    booked.append((request.account, minute, part))
-                index = stop
-            if 0 <= request.end <= frontier:
-                finished.append(request)
-            else:
-                request.first = max(request.first, frontier)  # divided up to here
-        if finished:
-            gone = set(map(id, finished))
-            replica.ended = [r for r in replica.ended if id(r) not in gone]
-        drop = frontier - replica.base
-        del replica.starts[:drop], replica.shares[:drop]
-        replica.base = frontier
+        while replica.ended and replica.ended[0][0] <= replica.divided:
+            request = heapq.heappop(replica.ended)[2]
+            parts = replica.parts(request, request.first, request.end)
+            request.spent += tally(booked, request, parts)
+            request.whole = True
+            finished.append(request)
+        replica.trim()
         # Booked and told once the ledger's state is whole: a booking that fails loses its
         # part (logged), never books another twice.
         if self.book is not None:
-            for account, minute, part in booked:
+            for (account, minute), part in booked.items():
                 try:
                     self.book(account, minute, part)
                 except Exception:
