@@ -25,7 +25,7 @@ from deployments.models import HOLDING_STATES, Deployment, State
 from ondemand import lease
 from ondemand.coalesce import Coalesced
 from ondemand.state import Budget, View
-from openai_api.usage.gpu_share import replica_shares
+from openai_api.usage.held import gpu_share
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,7 +76,7 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         wakes_on=tuple(i for replica in row.gpus or [] for i in replica)
         if row.state == State.ASLEEP
         else (),
-        gpu_share=sum(replica_shares(row, row.num_replicas, gpus)),
+        gpu_share=gpu_share(row, gpus),
     )
 
 

@@ -6,12 +6,13 @@ and counts it against their GPU-second budgets where MSHIP_USAGE_BUDGET_LOADS is
 from __future__ import annotations
 
 import logging
-import math
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from common import metrics
 from openai_api.usage import recording
+from openai_api.usage.held import held_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -36,13 +37,11 @@ def charge(view: View, key_ids: Sequence[int | None], seconds: float) -> None:
     if view.gpu_share <= 0 or seconds <= 0 or not key_ids:
         return
     end = time.time()
+    loading = (datetime.fromtimestamp(end - seconds, UTC), datetime.fromtimestamp(end, UTC))
+    by_minute = held_seconds([loading], "minute")
     each = view.gpu_share / len(key_ids)
     for key_id in key_ids:
-        key = recording.key_by_id(key_id) if key_id else None
-        account = (key_id or 0, key.team_id if key is not None else 0, view.name)
-        moment = end - seconds
-        while moment < end:
-            minute = math.floor(moment / 60) * 60
-            upto = min(end, minute + 60)
-            recording.book_load(account, minute, each * (upto - moment))
-            moment = upto
+        account = (key_id or 0, 0, view.name)  # its team: the key's, as booking reads it
+        for opened, length in by_minute.items():
+            assert opened is not None
+            recording.book_load(account, int(opened.timestamp()), each * length)

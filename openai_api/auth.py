@@ -19,7 +19,7 @@ from django.utils import timezone
 from common.db_calls import off_loop
 from common.networks import Network, networks
 from openai_api.errors import GatewayError
-from openai_api.limit_headers import WINDOW_S, Left
+from openai_api.limit_headers import WINDOW_S, Left, requests_headers
 from openai_api.models import KEY_PREFIX, ApiKey, hash_secret
 
 if TYPE_CHECKING:
@@ -124,11 +124,14 @@ def remember(raw: str, secret_hash: str) -> None:
 
 
 def too_many(limit: int, retry_s: int) -> GatewayError:
+    """A key over its requests per minute: when to try again, and the window's
+    x-ratelimit-*-requests headers (nothing left), as every answer of the key says them."""
+    said = requests_headers(Left(limit, 0, float(retry_s)))
     return GatewayError(
         429,
         f"Rate limit reached: {limit} requests per minute for this key.",
         "rate_limit_exceeded",
-        {"retry-after": str(retry_s)},
+        {"retry-after": str(retry_s), **{k.decode(): v.decode() for k, v in said}},
     )
 
 

@@ -28,8 +28,7 @@ from django.conf import settings
 
 from common.redis_errors import with_redis_errors
 from openai_api.auth import RateLimiter, too_many
-from openai_api.errors import GatewayError
-from openai_api.limit_headers import Left, requests_headers
+from openai_api.limit_headers import Left
 
 if TYPE_CHECKING:
     from openai_api.catalog import Key
@@ -86,20 +85,10 @@ class SharedRateLimiter:
     async def check(self, key: Key) -> Left | None:
         """What the key's window has left after this request (None: it has no limit);
         GatewayError 429 with Retry-After and the x-ratelimit-*-requests headers when the key
-        is over its limit."""
+        is over its limit (auth.too_many, whichever window refused)."""
         limit = key.requests_per_minute or settings.MSHIP_DEFAULT_RPM
         if not limit:
             return None
-        try:
-            return await self._admitted(key, limit)
-        except GatewayError as exc:
-            retry = exc.headers.get("retry-after", "")
-            if exc.code == "rate_limit_exceeded" and retry.isdigit():
-                said = requests_headers(Left(limit, 0, float(retry)))
-                exc.headers.update({name.decode(): value.decode() for name, value in said})
-            raise
-
-    async def _admitted(self, key: Key, limit: int) -> Left | None:
         if not settings.REDIS_URL:
             site = await self.site.admit(key.id, limit) if self.site is not None else None
             return site if site is not None else self.local.check(key)

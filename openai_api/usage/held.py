@@ -10,9 +10,13 @@ What it held less its load and what its requests were charged is its idle accoun
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from deployments.models import HOLDING_STATES, Deployment, DeploymentEvent, State
 from openai_api.usage.gpu_share import replica_shares
+
+if TYPE_CHECKING:
+    from deployments.nvml import GpuReading
 
 Period = tuple[datetime, datetime]
 WAKING = "waking"  # the event a wake writes as it starts (deployments/deployer.py)
@@ -27,14 +31,10 @@ BUCKETS = {
 }
 
 
-def gpu_share(deployment: Deployment) -> float:
-    """The GPUs all its replicas hold together (0: it runs on CPUs only)."""
-    return sum(replica_shares(deployment, deployment.num_replicas))
-
-
-def held_periods(name: str, since: datetime, until: datetime) -> list[Period]:
-    """When the deployment of this name held its GPUs between `since` and `until`."""
-    return account_periods(name, since, until)[0]
+def gpu_share(deployment: Deployment, gpus: list[GpuReading] | None = None) -> float:
+    """The GPUs all its replicas hold together (0: none; `gpus`: the host's inventory, where
+    the caller read it already)."""
+    return sum(replica_shares(deployment, deployment.num_replicas, gpus))
 
 
 def account_periods(

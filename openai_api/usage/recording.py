@@ -198,21 +198,7 @@ def book_gpu(account: Account, minute: int, seconds: float) -> None:
     """GPU-seconds the meter divided to a request in a minute (openai_api/usage/gpu_time.py),
     added to its key's row of that minute and to its key's and team's budgets: in the
     process whose meter divided them (the site scheduler's owner, where there is one)."""
-    key_id, team_id, model = account
-    key = key_by_id(key_id) if key_id else None
-    if key is not None:
-        team_id = key.team_id  # the team its budgets are counted in, whatever was said
-    if ledger.thread is None:
-        ledger.start()
-    with ledger.lock:
-        ledger.row((minute, key_id, team_id, model))[GPU] += seconds
-        if key is not None:
-            seen[key.id] = key
-            if key.budget_owners:
-                budgets.watch(key.budget_owners)
-                budgets.add(key.budget_owners, 0, seconds)
-    if key is not None and key.budget_owners and sync.thread is None:
-        sync.start()  # the owner's process admits no request: its counts go out from here
+    book(account, minute, seconds, GPU, budgeted=True)
 
 
 meter.book = book_gpu
@@ -222,18 +208,29 @@ def book_load(account: Account, minute: int, seconds: float) -> None:
     """A part of a start's or a wake's GPU-seconds that a key's request waited for: in its
     row (an attribution of the deployment's load account) and, where
     MSHIP_USAGE_BUDGET_LOADS is on, in its key's and team's GPU-second budgets."""
+    book(account, minute, seconds, LOAD, budgeted=settings.MSHIP_USAGE_BUDGET_LOADS)
+
+
+def book(account: Account, minute: int, seconds: float, column: int, *, budgeted: bool) -> None:
+    """GPU-seconds added to `column` of the account's row of the minute (its team the key's,
+    as the route table has it, whatever was said) and, `budgeted`, to its key's and team's
+    GPU-second budgets."""
     key_id, team_id, model = account
     key = key_by_id(key_id) if key_id else None
-    counts = key is not None and bool(key.budget_owners) and settings.MSHIP_USAGE_BUDGET_LOADS
+    if key is not None:
+        team_id = key.team_id
+    owners = key.budget_owners if key is not None and budgeted else ()
     if ledger.thread is None:
         ledger.start()
     with ledger.lock:
-        ledger.row((minute, key_id, team_id, model))[LOAD] += seconds
-        if counts and key is not None:
-            budgets.watch(key.budget_owners)
-            budgets.add(key.budget_owners, 0, seconds)
-    if counts and sync.thread is None:
-        sync.start()
+        ledger.row((minute, key_id, team_id, model))[column] += seconds
+        if key is not None:
+            seen[key.id] = key
+        if owners:
+            budgets.watch(owners)
+            budgets.add(owners, 0, seconds)
+    if owners and sync.thread is None:
+        sync.start()  # the owner's process admits no request: its counts go out from here
 
 
 _keys: tuple[object, dict[int, Key]] = (None, {})
