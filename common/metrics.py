@@ -83,6 +83,23 @@ queued = Gauge(
     ["deployment"],
     multiprocess_mode="livesum",
 )
+kv_saves = Counter(
+    "modelship_kv_saves",
+    "llama.cpp slot caches saved to disk as their engine stopped (deployments/kv_store.py).",
+    ["deployment"],
+)
+kv_restores = Counter(
+    "modelship_kv_restores",
+    "Saved slot caches restored for a request after a start, by outcome: restored, or"
+    " discarded (the engine refused the file: corrupt, truncated, not its model's).",
+    ["deployment", "outcome"],
+)
+kv_saved_bytes = Gauge(
+    "modelship_kv_saved_bytes",
+    "Bytes of a deployment's slot caches saved on disk, as last written or restored.",
+    ["deployment"],
+    multiprocess_mode="mostrecent",
+)
 cold_starts = Counter(
     "modelship_cold_starts",
     "On-demand starts (or wakes) that requests waited for, by how they ended.",

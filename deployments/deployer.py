@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from common import metrics
-from deployments import engine_envs, engine_secrets, out_of_memory, sleep_tiers
+from deployments import engine_envs, engine_secrets, kv_store, out_of_memory, sleep_tiers
 from deployments.audit import event, event_at
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -243,7 +243,9 @@ def _mark_stopping(
 
 
 def _take_down(deployment: Deployment, prior: str, *, actor: str, reason: str) -> bool:
-    """Stop the engines of a row marked stopping (by the approval it was marked with)."""
+    """Stop the engines of a row marked stopping (by the approval it was marked with); the
+    slots' caches worth keeping are saved first (deployments/kv_store.py)."""
+    kv_store.save(deployment)
     try:
         stop_handles(deployment, handles_of(deployment))
     except EngineUnreachable as exc:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from deployments import engine_envs, engine_secrets, hooks
+from deployments import engine_envs, engine_secrets, hooks, kv_store
 from deployments.adapters import has_adapters, lora_files
 from deployments.fingerprint import deployment_fingerprint
 from deployments.loaders import EngineSpec, get_loader
@@ -163,6 +163,9 @@ def launch_all(
     loras = lora_files(deployment)
     enabled = has_adapters(deployment)
     spec = dataclasses.replace(spec, adapters=tuple(p for _, p in loras), lora=enabled)
+    if kv_store.keeps(deployment):  # its slots' caches saved at a stop, restored after
+        saved_in = str(kv_store.prepare(deployment, spec.adapters))
+        spec = dataclasses.replace(spec, slot_save_path=saved_in)
     family = loader.engine_family(spec, container)
     # A container runs its family's environment from the host, mounted where it lies, and
     # sees its adapters' files where they lie.

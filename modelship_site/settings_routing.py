@@ -35,3 +35,12 @@ MSHIP_CACHE_SCOPE = env_choice("MSHIP_CACHE_SCOPE", "team", ("team", "key", "sit
 # where the engine keeps tenants' caches apart (vLLM salted), else taken out; "none": taken
 # out everywhere; "all": passed on as the engine said them (a site of one tenant).
 MSHIP_CACHE_FIGURES = env_choice("MSHIP_CACHE_FIGURES", "own", ("own", "none", "all"))
+# llama.cpp's slot caches kept across a stop (deployments/kv_store.py): the most bytes the
+# site's saved caches take on disk, under VAR_DIR/kv (0: none are kept); the oldest go first.
+MSHIP_KV_KEEP_BYTES = env_int("MSHIP_KV_KEEP_BYTES", 4 << 30)
+# A slot is saved at a stop where its conversation holds at least this many tokens and its
+# last request ended within MSHIP_KV_KEEP_RECENT_S; a saved cache older than
+# MSHIP_KV_KEEP_MAX_AGE_S is deleted.
+MSHIP_KV_KEEP_MIN_TOKENS = env_int("MSHIP_KV_KEEP_MIN_TOKENS", 512)
+MSHIP_KV_KEEP_RECENT_S = env_float("MSHIP_KV_KEEP_RECENT_S", 3600)
+MSHIP_KV_KEEP_MAX_AGE_S = env_float("MSHIP_KV_KEEP_MAX_AGE_S", 86400)

@@ -99,6 +99,9 @@ class RequestRecord:
     # (openai_api/routing/).
     replica: int | None = None
     routed_by: str = ""
+    # Of a llama.cpp engine whose slots the gateway chooses: what the slot held of its
+    # prompt (restored: a cache saved at the engine's last stop; hit; miss).
+    cache: str = ""
     # False for work that carries on a request already counted (a background run): its
     # usage counts, not as a request of its own.
     counts_request: bool = True
@@ -355,6 +358,8 @@ def line(
         out += f', "trace_id": {text(record.trace_id)}'
     if record.routed_by:
         out += f', "replica": {number(record.replica)}, "routed_by": {text(record.routed_by)}'
+    if record.cache:
+        out += f', "cache": {text(record.cache)}'
     if used is not None:
         team = record.key_ref.team_name if record.key_ref is not None else ""
         out += (

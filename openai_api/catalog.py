@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from common import metrics
 from common.db_thread import DatabaseThread
 from common.versioned import Stamp, stamp
-from deployments import engine_secrets
+from deployments import engine_secrets, kv_store
 from deployments.adapters import RUNTIME_ADAPTERS, lora_files
 from deployments.loaders import LOADERS, EngineSpec
 from deployments.loaders.base import whole_number
@@ -77,6 +77,12 @@ class Route:
     # Per engine URL, the adapters its engine loaded when it started (llama.cpp's --lora
     # list, in order): a request for an adapter names its place in its engine's own list.
     loras: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Requests its engine serves at once (the replica choice's load floor), the slots the
+    # gateway pins its requests to (0: none), and whether their caches are saved at a stop
+    # and restored after (openai_api/routing/, deployments/kv_store.py).
+    batch: int = 1
+    slots: int = 0
+    keeps_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,9 @@ def route_of(d: Deployment) -> Route:
         max_concurrency=d.max_concurrency,
         engine_priority=loader.schedules_by_priority(spec) if loader else False,
         gpu_shares=replica_shares(d, len(d.engine_urls or ())),
+        batch=loader.batch_size(spec) if loader else 1,
+        slots=loader.pinned_slots(spec) if loader else 0,
+        keeps_cache=kv_store.keeps(d),
         loras=tuple(
             (str(h.get("url", "")), tuple(str(n) for n in h.get("adapters", ())))
             for h in handles
@@ -194,6 +203,7 @@ def adapter_route(adapter: Deployment, base: Deployment) -> Route:
         state=state,
         created=int(adapter.created.timestamp()),
         adapter=found,
+        keeps_cache=False,  # its requests share its base's slots; the base's stop saves them
     )
 
 

@@ -19,7 +19,9 @@ from deployments.models import State
 from openai_api.auth import current_key
 from openai_api.concurrency import Limits, limits
 from openai_api.errors import GatewayError
+from openai_api.routing import hints
 from openai_api.routing.router import Router
+from openai_api.routing.slots import UNPINNED
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
@@ -88,27 +90,29 @@ class Replica:
     and never waits long (`immediate`: no keepalives are needed while it is taken)."""
 
     immediate = True
-    __slots__ = ("deployment", "router", "url", "urls")
+    __slots__ = ("deployment", "router", "slot", "url", "urls")
 
     def __init__(self, router: Router, urls: tuple[str, ...], deployment: str) -> None:
         self.router = router
         self.urls = urls
         self.deployment = deployment
         self.url = ""
+        self.slot = UNPINNED
 
     async def __aenter__(self) -> str:
         urls = self.urls
-        if len(urls) == 1:
+        if len(urls) == 1 and hints.current.get() is None:
             url = urls[0]
         else:
-            url, _ = await self.router.pick(urls, self.deployment)
+            url, pin = await self.router.take(urls, self.deployment)
+            self.slot = pin.slot if pin is not None else UNPINNED
         outstanding = self.router.outstanding
         outstanding[url] = outstanding.get(url, 0) + 1
         self.url = url
         return url
 
     async def __aexit__(self, *exc: object) -> None:
-        self.router.outstanding[self.url] -= 1
+        self.router.give(self.url, self.slot)
 
 
 class Dispatcher:
@@ -191,9 +195,11 @@ class Dispatcher:
     def replica(
         self, urls: tuple[str, ...], deployment: str
     ) -> Replica | AbstractAsyncContextManager[str]:
-        """One of `urls` held while the block runs: chosen by the site's scheduler where
-        there are several and this process is one of several, else here."""
-        if len(urls) > 1 and self.site is not None:
+        """One of `urls` held while the block runs (and its slot, where the gateway chooses
+        its engine's): chosen by the site's scheduler where there is a choice and this
+        process is one of several, else here."""
+        hint = hints.current.get()
+        if (len(urls) > 1 or (hint is not None and hint.slots)) and self.site is not None:
             remote = self.site.replica(urls, deployment)
             if remote is not None:
                 return remote

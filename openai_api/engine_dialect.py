@@ -70,6 +70,17 @@ def with_lora(route: Route, base_url: str, body: dict[str, Any]) -> dict[str, An
     return {**body, "lora": [{"id": loaded.index(route.name), "scale": 1.0}]}
 
 
+def with_slot(body: bytes, slot: int) -> bytes:
+    """A llama.cpp request pinned to its engine's `slot` (openai_api/routing/slots.py):
+    `id_slot` last in the object, where the engine's reading of a key said twice takes it
+    over any the caller sent."""
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return body
+    inner = end[:-1].rstrip()
+    return inner + (b"" if inner.endswith(b"{") else b",") + b'"id_slot":%d}' % slot
+
+
 def chat_body(route: Route, body: dict[str, Any]) -> dict[str, Any]:
     """`body` for the route's engine (and its adapter, `adapter_body`). llama.cpp takes
     `tool_choice` as a word only (an object is logged as the wrong type and dropped): a

@@ -92,6 +92,8 @@ class Exchange:
             extra = self.cors_headers() if self.cors_origin else []
             if self.record.routed_by:
                 extra += routing_headers(self.record.replica, self.record.routed_by)
+            if self.record.cache:
+                extra.append((b"x-modelship-cache", self.record.cache.encode()))
             if self.answer_headers is not None:
                 extra += self.answer_headers()
             if extra:
@@ -319,7 +321,7 @@ def traced(span: Any, record: access.RequestRecord) -> None:
 # Told to a browser's script too (CORS): the request id, a refusal's wait, the replica, what
 # the key's limits have left.
 EXPOSED = (
-    b"x-request-id, retry-after, x-modelship-replica, x-modelship-routed-by, "
+    b"x-request-id, retry-after, x-modelship-replica, x-modelship-routed-by, x-modelship-cache, "
     + limit_headers.EXPOSED
 )
 

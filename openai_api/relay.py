@@ -16,12 +16,13 @@ from common import metrics
 from openai_api.bodies import json_bytes
 from openai_api.cache_figures import FigureHider, hides
 from openai_api.catalog import Route, catalog
-from openai_api.engine_dialect import needs_lora, with_lora
+from openai_api.engine_dialect import needs_lora, with_lora, with_slot
 from openai_api.errors import GatewayError
 from openai_api.forwarder import Call, cancel_on_hangup, forwarder, send_sse_error
 from openai_api.keepalive import SseOpener, enter_kept_alive
 from openai_api.queued_notice import QueuedNotice
 from openai_api.queued_notice import eligible as notice_eligible
+from openai_api.routing import slots
 from openai_api.usage.stream_usage import UsageStripper
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ async def relay(
             if needs_lora(route):  # its place in the engine it got (engine_dialect.with_lora)
                 said = with_lora(route, base_url, json.loads(body))
                 body = await json_bytes(said, len(body))
+            pin = slots.pinned.get()
+            if pin is not None and pin.slot != slots.UNPINNED:
+                body = with_slot(body, pin.slot)
             call = Call(
                 method="POST",
                 url=base_url + traffic.upstream_path + (f"?{query}" if query else ""),

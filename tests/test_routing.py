@@ -68,7 +68,7 @@ def trio(serving: Callable[..., Deployment], site: Any) -> Deployment:
     return serving("trio", num_replicas=3, config={"tokens_per_second": 200})
 
 
-def test_it_returns_a_conversation_to_its_replica_and_says_so(
+def test_it_returns_a_conversation_to_the_replica_holding_its_blocks_and_says_so(
     gateway_url: str,
     api_key: Callable[..., str],
     trio: Deployment,
@@ -78,20 +78,19 @@ def test_it_returns_a_conversation_to_its_replica_and_says_so(
     first = chat(gateway_url, key, opening("Ada"))
     home, reason = routed(first)
     assert reason == "prefix"
+    # Its next turn: the replica that holds the most of its prompt's blocks (all of them).
     second = chat(gateway_url, key, turn(opening("Ada"), first, "And the total?"))
-    assert routed(second) == (home, "affinity")
-    # Another conversation under the same long system prompt meets the same cached prefix.
-    assert routed(chat(gateway_url, key, opening("Grace"))) == (home, "prefix")
-    # A short system prompt: the opening is the key, and conversations spread.
+    assert routed(second) == (home, "cache")
+    # Another conversation under the same long system prompt meets the same cached blocks.
+    assert routed(chat(gateway_url, key, opening("Grace"))) == (home, "cache")
+    # A short system prompt: no whole block; the opening is the key, and conversations spread.
     homes = {routed(chat(gateway_url, key, opening(f"n{i}", "Be brief.")))[0] for i in range(12)}
     assert len(homes) > 1
     wait_until(lambda: sum(1 for line in access_lines if line.get("routed_by")) >= 15)
-    assert any(line.get("routed_by") == "affinity" for line in access_lines)
-    assert all(
-        line["replica"] == home for line in access_lines if line.get("routed_by") == "affinity"
-    )
+    assert any(line.get("routed_by") == "cache" for line in access_lines)
+    assert all(line["replica"] == home for line in access_lines if line.get("routed_by") == "cache")
     scraped = httpx.get(gateway_url + "/metrics").text
-    assert 'modelship_routing_choices_total{model="trio",reason="affinity"}' in scraped
+    assert 'modelship_routing_choices_total{model="trio",reason="cache"}' in scraped
     assert 'modelship_routing_choices_total{model="trio",reason="prefix"}' in scraped
 
 

@@ -46,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     # until a request's `lora` field sets its scale.
     p.add_argument("--lora", action="append", default=[])
     p.add_argument("--lora-init-without-apply", action="store_true")
+    # Where `POST /slots/{id}?action=save|restore` writes and reads (deployments/kv_store.py).
+    p.add_argument("--slot-save-path", default="")
     return p
 
 
@@ -73,6 +75,8 @@ def params_of(args: argparse.Namespace) -> Any:
     params.endpoint_metrics = args.metrics
     params.use_jinja = args.jinja
     params.n_predict = args.predict
+    if args.slot_save_path:
+        params.slot_save_path = args.slot_save_path
     # The API key from llama-server's own variable, never the command line (`ps` shows it):
     # every route but /health then asks for it (deployments/engine_secrets.py).
     keys = [k for k in os.environ.get("LLAMA_API_KEY", "").split(",") if k]

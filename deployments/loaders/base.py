@@ -50,6 +50,9 @@ class EngineSpec:
     # filled in at launch.
     adapters: tuple[str, ...] = ()
     lora: bool = False  # it has adapters (vLLM: --enable-lora, loaded as it runs)
+    # Where llama.cpp saves and restores its slots' caches (deployments/kv_store.py), filled
+    # in at launch where the deployment keeps them; "" none.
+    slot_save_path: str = ""
 
     @classmethod
     def of(cls, deployment: Any) -> EngineSpec:
@@ -179,6 +182,16 @@ class Loader:
         `scheduling_policy: priority`): the gateway then sends each request's class. Others
         serve what they hold first come, first served (llama.cpp's slots)."""
         return False
+
+    def batch_size(self, spec: EngineSpec) -> int:
+        """Requests its engine serves at once without one waiting for another: the floor of
+        the replica choice's load bound (openai_api/routing/choice.py)."""
+        return 1
+
+    def pinned_slots(self, spec: EngineSpec) -> int:
+        """Slots of its engine the gateway pins each request to (llama.cpp's `id_slot`:
+        openai_api/routing/slots.py); 0: the engine places requests itself."""
+        return 0
 
     def reads_files(self, spec: EngineSpec) -> bool:
         """Its chat takes file parts (OpenAI's `file`: a PDF as data). vLLM's and llama.cpp's

@@ -24,6 +24,9 @@ from deployments.loaders.defaults import RequestDefaults, llama_server
 
 LAUNCHER = "xllamacpp"
 POOLINGS = ("mean", "cls", "last", "none", "rank")
+# More slots than this are left to the engine to place requests in (the gateway's table of
+# them stays small).
+MAX_PINNED_SLOTS = 1024
 
 
 class LlamaServerLoader(Loader):
@@ -101,8 +104,9 @@ class LlamaServerLoader(Loader):
         argv += ["-c", str(cfg.get("n_ctx", 4096))]
         n_gpu_layers = cfg.get("n_gpu_layers", 999 if spec.num_gpus else 0)
         argv += ["-ngl", str(n_gpu_layers)]
-        if "parallel" in cfg:
-            argv += ["--parallel", str(cfg["parallel"])]
+        # Said always, so that the slots the gateway pins requests to are the engine's
+        # (llama-server's own default varies by build).
+        argv += ["--parallel", str(self.batch_size(spec))]
         if "threads" in cfg:
             argv += ["--threads", str(cfg["threads"])]
         if "mmproj" in cfg:  # the vision projector: the model then takes images
@@ -113,7 +117,18 @@ class LlamaServerLoader(Loader):
             argv += ["--lora", adapter]
         if spec.adapters:
             argv.append("--lora-init-without-apply")
+        if spec.slot_save_path:  # llama.cpp wants the separator at its end
+            argv += ["--slot-save-path", spec.slot_save_path.rstrip("/") + "/"]
         return argv + list(cfg.get("extra_args", []))
+
+    def batch_size(self, spec: EngineSpec) -> int:
+        return whole_number(spec.config.get("parallel")) or 1
+
+    def pinned_slots(self, spec: EngineSpec) -> int:
+        if spec.usecase != "generate" or has_flag(spec.config, "-np", "--parallel"):
+            return 0  # its extra_args set the slots: not known here
+        slots = self.batch_size(spec)
+        return slots if slots <= MAX_PINNED_SLOTS else 0
 
     def command(self, spec: EngineSpec, container: bool) -> list[str]:
         configured = spec.config.get("binary")
@@ -145,6 +160,12 @@ class LlamaServerLoader(Loader):
     def memory_estimate(self, spec: EngineSpec) -> estimate.Estimate | None:
         n_ctx = whole_number(spec.config.get("n_ctx", 4096)) or 4096
         return estimate.llama_cpp(spec.model, n_ctx, on_gpu=bool(spec.num_gpus))
+
+
+def has_flag(cfg: dict[str, object], *names: str) -> bool:
+    extra = cfg.get("extra_args")
+    args = [str(a) for a in extra] if isinstance(extra, list) else []
+    return any(arg.split("=", 1)[0] in names for arg in args)
 
 
 def reranks(cfg: dict[str, object]) -> bool:

@@ -29,6 +29,8 @@ def cpu_cache_gib(spec: EngineSpec) -> int:
 # Adapter slots per replica and their largest rank, where the base's config sets none.
 DEFAULT_MAX_LORAS = 4
 DEFAULT_MAX_LORA_RANK = 64
+# The requests it batches where its config says none (vLLM's own default for --max-num-seqs).
+DEFAULT_MAX_NUM_SEQS = 256
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
@@ -138,6 +140,9 @@ class VllmLoader(Loader):
             options.setdefault("max_loras", DEFAULT_MAX_LORAS)
             options.setdefault("max_lora_rank", DEFAULT_MAX_LORA_RANK)
         return argv + cli_flags(options)
+
+    def batch_size(self, spec: EngineSpec) -> int:
+        return whole_number(spec.config.get("max_num_seqs")) or DEFAULT_MAX_NUM_SEQS
 
     def schedules_by_priority(self, spec: EngineSpec) -> bool:
         return str(spec.config.get("scheduling_policy", "")).strip().lower() == "priority"

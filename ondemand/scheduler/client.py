@@ -35,7 +35,7 @@ from openai_api import access, wait_status
 from openai_api.access import mark_waited
 from openai_api.dispatch import Replica, dispatcher
 from openai_api.errors import GatewayError
-from openai_api.routing import hints
+from openai_api.routing import hints, slots
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
@@ -319,6 +319,15 @@ async def place(to: Link, claim: Claim) -> AsyncIterator[None]:
         to.release(ask.id)
 
 
+def pinned_of(chosen: dict[str, Any], count: int) -> slots.Pinned:
+    """The slot the owner pinned the request to, as it said it (unpinned where it said
+    something else)."""
+    slot, cache, blocks = chosen.get("slot"), chosen.get("cache"), chosen.get("blocks")
+    if type(slot) is not int or not 0 <= slot < count or cache not in ("restored", "hit", "miss"):
+        return slots.Pinned()
+    return slots.Pinned(slot, cache, blocks if type(blocks) is int else 0)
+
+
 @contextlib.asynccontextmanager
 async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIterator[str]:
     """One of several replicas, chosen by the owner over the site's outstanding requests
@@ -342,9 +351,14 @@ async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIter
         to.release(ask.id)
         raise unavailable("it chose a replica the route does not have")
     record = access.current.get()
-    if record is not None:
+    if record is not None and len(urls) > 1:
         record.replica, record.routed_by = urls.index(url), str(chosen.get("routed_by", ""))
-    to.hold(ask, {"kind": "replica", "url": url})
+    held: dict[str, Any] = {"kind": "replica", "url": url}
+    if hint is not None and hint.slots:
+        pin = pinned_of(chosen, hint.slots)
+        slots.note(pin)
+        held["slot"] = pin.slot
+    to.hold(ask, held)
     try:
         yield url
     finally:

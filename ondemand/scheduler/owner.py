@@ -39,6 +39,7 @@ from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.routing import hints
 from openai_api.routing.hints import Hint
+from openai_api.routing.slots import UNPINNED
 from openai_api.runtime_adapters import runtime_adapters
 from openai_api.usage import recording
 from openai_api.usage.gpu_time import GpuMeter, Ticket
@@ -164,7 +165,9 @@ class Gateway:
                 url = str(item["url"])
                 outstanding = dispatcher.router.outstanding
                 outstanding[url] = outstanding.get(url, 0) + 1
-                self.held[held_id] = functools.partial(given_back, url)
+                slot = item.get("slot")
+                slot = slot if type(slot) is int else UNPINNED
+                self.held[held_id] = functools.partial(dispatcher.router.give, url, slot)
             elif item.get("kind") == "adapter":
                 route, url = adapter_route(item["route"]), str(item["url"])
                 runtime_adapters.adopt(route, url)
@@ -289,11 +292,19 @@ class Gateway:
     ) -> tuple[dict[str, Any], Callable[[], None]]:
         urls = tuple(str(url) for url in message["urls"])
         hint = message.get("hint")
-        hints.current.set(Hint(**hint) if isinstance(hint, dict) else None)
+        try:
+            hints.current.set(Hint.received(hint) if isinstance(hint, dict) else None)
+        except ValueError as exc:
+            raise wire.WireError(str(exc)) from exc
         marks = cast("Marks", access.current.get())
-        url = await dispatcher.replica(urls, str(message["deployment"])).__aenter__()
-        chosen = {"url": url, "routed_by": marks.routed_by}
-        return chosen, functools.partial(given_back, url)
+        url, pin = await dispatcher.router.take(urls, str(message["deployment"]))
+        outstanding = dispatcher.router.outstanding
+        outstanding[url] = outstanding.get(url, 0) + 1
+        slot = pin.slot if pin is not None else UNPINNED
+        chosen: dict[str, Any] = {"url": url, "routed_by": marks.routed_by}
+        if pin is not None:
+            chosen.update(slot=pin.slot, cache=pin.cache, blocks=pin.blocks)
+        return chosen, functools.partial(dispatcher.router.give, url, slot)
 
     async def adapter(
         self, ask_id: str, message: dict[str, Any]
@@ -479,11 +490,6 @@ def claim_of(fields: Any) -> Claim:
     if not all(n is None or (type(n) is int and n >= 0) for n in maybe):
         raise wire.WireError("a claim with a field of the wrong type")
     return claim
-
-
-def given_back(url: str) -> None:
-    """A replica's outstanding request ended (the dispatcher's Replica, on the owner's side)."""
-    dispatcher.router.outstanding[url] -= 1
 
 
 def addresses() -> list[wire.Address]:

@@ -23,7 +23,7 @@ from openai_api.forwarder import engine_error_of, forwarder, requested, unreacha
 from openai_api.keepalive import enter_kept_alive, waiting_answer
 from openai_api.responses.engine_events import EngineEvents
 from openai_api.responses.translator import Event, StreamTranslator
-from openai_api.routing import hints
+from openai_api.routing import hints, slots
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -45,11 +45,16 @@ async def generate(
             hint.tenant,
         )
         also = hints.response_key(hint.owner, str(translator.response.get("id", "")))
-        hints.current.set(replace(hint, prefix=prefix or hint.prefix, also=also))
+        blocks, marks = hints.blocks_of(body, hints.block_scope(route, hint.tenant))
+        turn = replace(hint, prefix=prefix or hint.prefix, also=also, blocks=blocks, marks=marks)
+        hints.current.set(turn)
     async with AsyncExitStack() as held:
         base_url = await enter_kept_alive(held, dispatcher.slot(route), waiting_answer.get())
         if needs_lora(route):  # its place in the engine it got
             body = with_lora(route, base_url, body)
+        pin = slots.pinned.get()
+        if pin is not None and pin.slot != slots.UNPINNED:
+            body = {**body, "id_slot": pin.slot}
         try:
             await call_engine(
                 base_url, body, translator, emit, request_id, route.name, hides(route)

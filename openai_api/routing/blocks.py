@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
+
+from openai_api.routing.choice import bound
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -42,8 +43,14 @@ def laid_out(data: Mapping[str, Any]) -> str:
     """A chat, completions or Responses body as one text in the order the engine reads it:
     its tools, then each message's role and content; an image by the hash of its address or
     data. Read no further than the blocks can use."""
+    return layout(data)[0]
+
+
+def layout(data: Mapping[str, Any]) -> tuple[str, list[int]]:
+    """The text `laid_out` gives, and where in it each message ends."""
     budget = BLOCK_CHARS * MAX_BLOCKS
     parts: list[str] = []
+    ends: list[int] = []
     size = 0
 
     def put(text: str) -> bool:
@@ -52,13 +59,17 @@ def laid_out(data: Mapping[str, Any]) -> str:
         size += len(parts[-1]) + 1
         return size < budget
 
+    def done() -> tuple[str, list[int]]:
+        return SEPARATOR.join(parts), ends
+
     tools = data.get("tools")
     if isinstance(tools, list) and tools and not put(canonical(tools)[:budget]):
-        return SEPARATOR.join(parts)
+        return done()
     prompt = data.get("prompt")
     if isinstance(prompt, str):
         put(prompt)
-        return SEPARATOR.join(parts)
+        ends.append(size - 1)
+        return done()
     found = data.get("messages")
     messages: list[Any] = found if isinstance(found, list) else []
     if not isinstance(found, list):  # Responses: its instructions, then its input items
@@ -73,7 +84,21 @@ def laid_out(data: Mapping[str, Any]) -> str:
             break
         if not all(put(text) for text in texts(message.get("content"))):
             break
-    return SEPARATOR.join(parts)
+        ends.append(size - 1)
+    return done()
+
+
+def marks(text: str, ends: Sequence[int], scope: str) -> tuple[int, ...]:
+    """A hash of the text up to each message's end, seeded with the tenant's scope (the
+    last MAX_BLOCKS): a conversation's earlier request is one of its later one's marks."""
+    found = []
+    whole = hashlib.blake2b(scope.encode(), digest_size=8)
+    start = 0
+    for end in ends:
+        whole.update(text[start:end].encode())
+        start = end
+        found.append(int.from_bytes(whole.copy().digest(), "big"))
+    return tuple(found[-MAX_BLOCKS:])
 
 
 def texts(content: Any) -> Iterable[str]:
@@ -156,8 +181,7 @@ def score(
     adapter the request needs loaded."""
     if not urls:
         raise ValueError("no replica to choose from")
-    total = sum(loads.get(url, 0) for url in urls) + 1
-    cap = max(floor, math.ceil((1 + epsilon) * total / len(urls)))
+    cap = bound(loads, tuple(urls), epsilon, floor)
     open_ = [url for url in urls if loads.get(url, 0) < cap] or list(urls)
     best, best_key, held = open_[0], None, 0
     for order, url in enumerate(open_):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-Reason = Literal["affinity", "prefix", "load", "round-robin"]
+Reason = Literal["cache", "affinity", "prefix", "load", "round-robin"]
 POLICIES: Final = ("cache-aware", "least-outstanding", "round-robin")
 # Points per replica on the ring: with 3 replicas, each owns 33 % ± ~5 % of the keys.
 POINTS: Final = 160
@@ -41,10 +41,11 @@ def ring(urls: frozenset[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return tuple(p for p, _ in points), tuple(u for _, u in points)
 
 
-def bound(loads: Mapping[str, int], urls: tuple[str, ...], epsilon: float) -> int:
-    """The most requests a replica may hold with this one placed."""
+def bound(loads: Mapping[str, int], urls: tuple[str, ...], epsilon: float, floor: int = 1) -> int:
+    """The most requests a replica may hold with this one placed: never below `floor`, the
+    engine's batch size (it serves that many at once without one waiting for another)."""
     total = sum(loads.get(url, 0) for url in urls) + 1
-    return max(1, math.ceil((1 + epsilon) * total / len(urls)))
+    return max(1, floor, math.ceil((1 + epsilon) * total / len(urls)))
 
 
 def on_ring(key: str, urls: tuple[str, ...], loads: Mapping[str, int], cap: int) -> str | None:
@@ -86,16 +87,18 @@ def choose(
     prefix: str | None = None,
     epsilon: float = 0.25,
     turn: int = 0,
+    floor: int = 1,
 ) -> tuple[str, Reason]:
     """The replica for one request and why. `affine`: the replica that served the request's
     conversation before (ignored when no longer among `urls`: gone or draining); `prefix`:
-    the request's prefix key; `turn`: a counter for round robin."""
+    the request's prefix key; `turn`: a counter for round robin; `floor`: the engine's
+    batch size, the least the load bound is."""
     if not urls:
         raise ValueError("no replica to choose from")
     if policy == "round-robin":
         return urls[turn % len(urls)], "round-robin"
     if policy == "cache-aware":
-        cap = bound(loads, urls, epsilon)
+        cap = bound(loads, urls, epsilon, floor)
         if affine is not None and affine in urls and loads.get(affine, 0) < cap:
             return affine, "affinity"
         if prefix:

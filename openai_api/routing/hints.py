@@ -12,6 +12,13 @@ for the dispatcher (the slot is taken further down, by routes that know nothing 
   a long shared system prompt keys by itself (every conversation under it meets its cached
   KV), a short one keys with the conversation's opening. Scoped to the caller's tenant
   (openai_api/cache_scope.py): one tenant's prefix never leads to another's cache.
+- **Blocks**: the prompt as the engine's cache sees it, in chained block hashes seeded with
+  the tenant's scope (routing/blocks.py): what the replica and slot choice scores by.
+
+With them, what the route tells the choice: the engine's batch size (the load bound's
+floor), the slots the gateway pins a request to (llama.cpp's `parallel`), whether those
+slots' caches are kept across a stop (deployments/kv_store.py), and the runtime adapter the
+request needs.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from django.conf import settings
 
 from openai_api.auth import current_key
 from openai_api.cache_scope import tenant_of
+from openai_api.routing.blocks import MAX_BLOCKS, block_hashes, layout
+from openai_api.routing.blocks import marks as marks_of
 
 if TYPE_CHECKING:
     from openai_api.catalog import Route
@@ -48,6 +57,52 @@ class Hint:
     also: str | None = None
     owner: str = ""  # the caller's key: every key is scoped to it
     tenant: str = ""  # whose caches it may meet (openai_api/cache_scope.py)
+    blocks: tuple[int, ...] = ()  # the prompt's chained block hashes (routing/blocks.py)
+    marks: tuple[int, ...] = ()  # its text up to each message's end, hashed (blocks.marks)
+    batch: int = 1  # requests its engine batches at once: the load bound's floor
+    slots: int = 0  # llama.cpp slots per replica the request is pinned among (0: none)
+    keep: bool = False  # its slots' caches are saved at a stop and restored after
+    adapter: str = ""  # the runtime adapter it needs (a replica with it loaded scores more)
+
+    @classmethod
+    def received(cls, said: dict[str, Any]) -> Hint:
+        """A hint as a gateway process sent it to the scheduler's owner, checked: bounded
+        strings and numbers, at most MAX_BLOCKS 64-bit hashes (a ValueError otherwise)."""
+        texts = {}
+        for name in ("conversation", "prefix", "also", "owner", "tenant", "adapter"):
+            value = said.get(name)
+            if value is not None and not (isinstance(value, str) and len(value) <= 4 * SCAN_CHARS):
+                raise ValueError(f"hint {name}: a string")
+            texts[name] = value
+        blocks, marks = hashes(said, "blocks"), hashes(said, "marks")
+        numbers = {}
+        for name, most in (("batch", 1 << 16), ("slots", 1 << 10)):
+            value = said.get(name, 0)
+            if type(value) is not int or not 0 <= value <= most:
+                raise ValueError(f"hint {name}: a whole number up to {most}")
+            numbers[name] = value
+        return cls(
+            texts["conversation"],
+            texts["prefix"],
+            texts["also"],
+            owner=texts["owner"] or "",
+            tenant=texts["tenant"] or "",
+            blocks=blocks,
+            marks=marks,
+            batch=max(1, numbers["batch"]),
+            slots=numbers["slots"],
+            keep=said.get("keep") is True,
+            adapter=texts["adapter"] or "",
+        )
+
+
+def hashes(said: dict[str, Any], name: str) -> tuple[int, ...]:
+    found = said.get(name) or []
+    if not isinstance(found, list) or len(found) > MAX_BLOCKS:
+        raise ValueError(f"hint {name}: a list of at most {MAX_BLOCKS} hashes")
+    if not all(type(b) is int and 0 <= b < 1 << 64 for b in found):
+        raise ValueError(f"hint {name}: 64-bit hashes")
+    return tuple(found)
 
 
 current: ContextVar[Hint | None] = ContextVar("modelship_routing_hint", default=None)
@@ -67,6 +122,7 @@ def hint_of(
     owner: str,
     prefix_chars: int,
     tenant: str = "",
+    route: Route | None = None,
 ) -> Hint:
     """The keys of a chat, completions or Responses request (`owner`: the caller's key id,
     or "" for none). Anything the body does not have (an embeddings input) gives no key.
@@ -85,7 +141,39 @@ def hint_of(
         user = data.get("user") or data.get("safety_identifier")
         user = user[:ID_CHARS] if isinstance(user, str) else ""
         conversation = digest("opening", owner, user, opening)
-    return Hint(conversation, prefix, owner=owner, tenant=tenant)
+    blocks, marks = blocks_of(data, block_scope(route, tenant))
+    if route is None:
+        return Hint(conversation, prefix, owner=owner, tenant=tenant, blocks=blocks, marks=marks)
+    adapter = route.name if route.adapter is not None and route.adapter.runtime else ""
+    return Hint(
+        conversation,
+        prefix,
+        owner=owner,
+        tenant=tenant,
+        blocks=blocks,
+        marks=marks,
+        batch=route.batch,
+        slots=route.slots,
+        keep=route.keeps_cache,
+        adapter=adapter,
+    )
+
+
+def block_scope(route: Route | None, tenant: str) -> str:
+    """Whose cache a request's blocks may meet: its tenant's, under the adapter it asks for
+    (an adapter's cache is not its base's)."""
+    if route is None or route.adapter is None:
+        return tenant
+    return f"{tenant}\x1fadapter:{route.name}"
+
+
+def blocks_of(data: dict[str, Any], scope: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A chat, completions or Responses body's blocks and marks, scoped (none for a body
+    without a prompt: an embeddings input is not a cache's)."""
+    if any(isinstance(data.get(name), list | str) for name in ("messages", "input", "prompt")):
+        text, ends = layout(data)
+        return block_hashes(text, scope), marks_of(text, ends, scope)
+    return (), ()
 
 
 def scoped(prefix: str, tenant: str) -> str:
@@ -100,10 +188,12 @@ def normalised(text: str, length: int) -> str:
 
 def note(route: Route, data: dict[str, Any] | None, headers: dict[str, str], owner: str) -> None:
     """Leave the request's keys for the dispatcher, where there is a choice to make (a route
-    with several replicas, or an on-demand one whose replicas are not known yet)."""
-    if len(route.urls) != 1:
+    with several replicas, an on-demand one whose replicas are not known yet, or one whose
+    engine's slots the gateway chooses)."""
+    if len(route.urls) != 1 or route.slots:
         tenant = tenant_of(current_key.get())
-        current.set(hint_of(data, headers, owner, settings.MSHIP_ROUTING_PREFIX_CHARS, tenant))
+        chars = settings.MSHIP_ROUTING_PREFIX_CHARS
+        current.set(hint_of(data, headers, owner, chars, tenant, route))
 
 
 def conversation_id(data: dict[str, Any]) -> str:

@@ -1,19 +1,39 @@
 """The replica choice with its state: the loads it weighs (this process's outstanding
-requests, plus the other processes' where Redis shares them), the conversations' table and
-the round-robin turn. The choice itself is choice.choose, pure."""
+requests, plus the other processes' where Redis shares them), the block tables of what each
+replica was sent (routing/blocks.py), the conversations' table, the round-robin turn, and
+each llama.cpp replica's slots (routing/slots.py). The choices themselves are pure:
+choice.choose, blocks.score, slots.Book.choose.
+
+Cache-aware, a request whose prompt fills whole blocks goes to the replica holding the longest
+run of them under the load bound (whose floor is the engine's batch size); one that no
+replica holds any of, or too short for a block, is placed by affinity, then its prefix's place
+on the ring, then the fewest outstanding (choice.py)."""
 
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from common import metrics
+from deployments import kv_store
 from openai_api import access
+from openai_api.routing import kv_restore
 from openai_api.routing.affinity import Affinity
+from openai_api.routing.blocks import Table, score
 from openai_api.routing.choice import Reason, choose, home
-from openai_api.routing.hints import current
+from openai_api.routing.hints import Hint, current
 from openai_api.routing.shared import Shared
+from openai_api.routing.slots import UNPINNED, Book, Cache, Pinned, note
+from openai_api.runtime_adapters import runtime_adapters
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+# Replicas whose tables are kept: past it, those of engines no longer routed to go.
+MAX_TABLES = 256
 
 
 class Router:
@@ -22,10 +42,35 @@ class Router:
         self.affinity = Affinity()
         self.shared = Shared(outstanding, self.affinity)
         self.turns = itertools.count()
+        self.tables: dict[str, Table] = {}
+        self.books: dict[str, Book] = {}
+        self.kept: dict[str, str] = {}  # a replica whose slots are kept -> its deployment
+        self.writer: ThreadPoolExecutor | None = None  # the ledgers', in order
+        self.written: Future[None] | None = None
 
     def loads(self, urls: tuple[str, ...]) -> dict[str, int]:
         local, remote = self.outstanding, self.shared.remote
         return {url: local.get(url, 0) + remote.get(url, 0) for url in urls}
+
+    async def take(self, urls: tuple[str, ...], deployment: str) -> tuple[str, Pinned | None]:
+        """A replica for the running request (the only one, or the one `pick` chooses), and
+        its slot where the route's engine has slots the gateway chooses (also left in
+        slots.pinned for the request's body)."""
+        hint = current.get()
+        url = urls[0] if len(urls) == 1 else (await self.pick(urls, deployment))[0]
+        pin = None
+        if hint is not None and hint.slots:
+            pin = await self.pin(url, deployment, hint)
+            note(pin)
+        return url, pin
+
+    def give(self, url: str, slot: int = UNPINNED) -> None:
+        """The request on `url` (and its slot) ended."""
+        self.outstanding[url] -= 1
+        book = self.books.get(url)
+        if book is not None and 0 <= slot < len(book.slots):
+            book.give(slot)
+            self.ledger(url, book)
 
     async def pick(self, urls: tuple[str, ...], deployment: str) -> tuple[str, Reason]:
         """One of several replicas for the running request (its hint in hints.current); the
@@ -40,27 +85,122 @@ class Router:
             affine = self.affinity.get(hint.conversation)
             if affine is None and shared and self.shared.healthy:
                 affine = await self.shared.lookup(hint.conversation)
-        url, reason = choose(
-            urls,
-            self.loads(urls),
-            policy=policy,
-            affine=affine,
-            prefix=hint.prefix if hint is not None else None,
-            epsilon=min(max(settings.MSHIP_ROUTING_LOAD_BOUND, 0.0), 100.0),
-            turn=next(self.turns),
-        )
+        loads = self.loads(urls)
+        epsilon = min(max(settings.MSHIP_ROUTING_LOAD_BOUND, 0.0), 100.0)
+        cached, held = "", 0
+        if hint is not None and hint.blocks:
+            cached, held = score(
+                ordered(urls, affine, hint),
+                loads,
+                hint.blocks,
+                self.tables,
+                floor=hint.batch,
+                epsilon=epsilon,
+                adapter_on=self.adapter_on(urls, hint),
+            )
+        reason: Reason
+        if held:
+            url, reason = cached, "cache"
+        else:
+            url, reason = choose(
+                urls,
+                loads,
+                policy=policy,
+                affine=affine,
+                prefix=hint.prefix if hint is not None else None,
+                epsilon=epsilon,
+                turn=next(self.turns),
+                floor=hint.batch if hint is not None else 1,
+            )
         if hint is not None:
-            # Another process finds a conversation at its prefix's own replica by itself:
-            # one placed elsewhere (a spill, the least loaded) is shared, and one moved.
-            moved = affine is not None and affine != url
-            natural = hint.prefix is not None and url == home(hint.prefix, urls)
-            share = shared and (moved or (hint.prefix is not None and not natural))
-            ttl = settings.MSHIP_ROUTING_AFFINITY_S
-            for key in (hint.conversation, hint.also):
-                if key is not None:
-                    self.affinity.put(key, url, ttl, share=share)
+            self.remember(url, urls, affine, hint, shared)
         metrics.routing_choices.labels(deployment, reason).inc()
         record = access.current.get()
         if record is not None:
             record.replica, record.routed_by = urls.index(url), reason
         return url, reason
+
+    def remember(
+        self, url: str, urls: tuple[str, ...], affine: str | None, hint: Hint, shared: bool
+    ) -> None:
+        """The choice, for the conversation's next turn and the blocks' next request."""
+        if hint.blocks:
+            table = self.tables.get(url)
+            if table is None:
+                if len(self.tables) >= MAX_TABLES:
+                    self.forget_gone()
+                table = self.tables[url] = Table()
+            table.record(hint.blocks)
+        # Another process finds a conversation at its prefix's own replica by itself: one
+        # placed elsewhere (a spill, the least loaded, its blocks) is shared, and one moved.
+        moved = affine is not None and affine != url
+        natural = hint.prefix is not None and url == home(hint.prefix, urls)
+        share = shared and (moved or (hint.prefix is not None and not natural))
+        ttl = settings.MSHIP_ROUTING_AFFINITY_S
+        for key in (hint.conversation, hint.also):
+            if key is not None:
+                self.affinity.put(key, url, ttl, share=share)
+
+    def forget_gone(self) -> None:
+        from openai_api.catalog import catalog  # noqa: PLC0415 - the catalog imports dispatch
+
+        snapshot = catalog.snapshot
+        live = {u for r in snapshot.models for u in r.urls} if snapshot is not None else set()
+        for gone in [u for u in self.tables if u not in live] or list(self.tables)[:1]:
+            del self.tables[gone]
+        for gone in [u for u in self.books if u not in live and not self.outstanding.get(u)]:
+            del self.books[gone]
+            self.kept.pop(gone, None)
+
+    @staticmethod
+    def adapter_on(urls: tuple[str, ...], hint: Hint) -> frozenset[str]:
+        """The replicas that have the runtime adapter the request needs loaded."""
+        if not hint.adapter:
+            return frozenset()
+        held = runtime_adapters.replicas
+        return frozenset(u for u in urls if u in held and hint.adapter in held[u].used)
+
+    async def pin(self, url: str, deployment: str, hint: Hint) -> Pinned:
+        """The request's slot on `url`, with a saved cache restored into it where one holds
+        more of its prompt than the slot does."""
+        book = self.books.get(url)
+        if book is None or len(book.slots) != hint.slots:
+            if len(self.books) >= MAX_TABLES:
+                self.forget_gone()
+            book = self.books[url] = Book.of(hint.slots)
+        slot, held, same = book.choose(hint.blocks, hint.marks)
+        if slot == UNPINNED:
+            return Pinned()
+        book.take(slot, hint.blocks, hint.marks)  # before any await: no other request takes it
+        cache: Cache = "hit" if held else "miss"
+        if hint.keep:
+            self.kept[url] = deployment
+            found = await kv_restore.restore(deployment, url, slot, hint, (held, same))
+            if found is not None:
+                held, cache = found, "restored"
+        self.ledger(url, book)  # an adapter's request too: the slot no longer holds the base's
+        return Pinned(slot, cache, held)
+
+    def ledger(self, url: str, book: Book) -> None:
+        """The replica's slots written where its stop reads them (off the event loop, in
+        order)."""
+        deployment = self.kept.get(url)
+        if deployment is None:
+            return
+        if self.writer is None:
+            self.writer = ThreadPoolExecutor(1, thread_name_prefix="modelship-ledger")
+        where = kv_store.folder(deployment)
+        self.written = self.writer.submit(kv_store.write_ledger, where, url, book.ledger())
+
+
+def ordered(urls: tuple[str, ...], affine: str | None, hint: Hint) -> tuple[str, ...]:
+    """The replicas in the order ties go: the conversation's own, then as listed from the
+    prefix key's own replica on the ring on."""
+    start = home(hint.prefix, urls) if hint.prefix else None
+    ring_order = urls
+    if start is not None:
+        at = urls.index(start)
+        ring_order = urls[at:] + urls[:at]
+    if affine in urls:
+        return (affine, *(u for u in ring_order if u != affine))
+    return ring_order

@@ -1,0 +1,117 @@
+"""The slot inside a llama.cpp replica: which of its `parallel` slots a request is pinned to
+(`id_slot`), so a continuing conversation meets the KV cache its last turn left there.
+
+Each replica's book keeps, per slot, the block hashes of the prompt it was last sent
+(routing/blocks.py: chained, so a run of equal hashes is a shared prefix, within one tenant
+only) and the mark of its whole text (an earlier request of a conversation is among its later
+one's marks), whether a request is on it, and when it was last used. A request goes to the
+free slot holding its conversation, else to the free slot least recently used (the recent
+conversations stay); when every slot is busy it is not pinned (llama.cpp gives it the first
+slot to free up). The choice is made where the replica choice is (the scheduler's owner, where
+several gateway processes serve), so no two processes pin two conversations to one slot.
+
+Where the route keeps its caches across a stop (routing/kv_keep.py), each change of a slot is
+written to the replica's ledger, which the stop reads to save the slots worth keeping.
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
+
+from common.chains import shared_run
+from openai_api import access
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+Cache = Literal["restored", "hit", "miss"]
+UNPINNED: Final = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """What the choice decided for the running request: its slot (UNPINNED: none), and
+    what it expects of the engine's cache (the `x-modelship-cache` header)."""
+
+    slot: int = UNPINNED
+    cache: Cache = "miss"
+    blocks: int = 0  # blocks of its prompt the slot (or the replica) holds
+
+
+pinned: ContextVar[Pinned | None] = ContextVar("modelship_pinned_slot", default=None)
+
+
+def note(pin: Pinned) -> None:
+    """The slot for the request's body, its cache for its answer's header and access line."""
+    pinned.set(pin)
+    record = access.current.get()
+    if record is not None and pin.slot != UNPINNED:
+        record.cache = pin.cache
+
+
+@dataclass
+class Slot:
+    blocks: tuple[int, ...] = ()
+    busy: int = 0
+    used: float = 0.0  # wall time of its last request's end (the ledger's "recent")
+    done: bool = True  # its last request ended: the cache holds that prompt and its answer
+    mark: int = 0  # its last request's whole text, hashed (blocks.marks): its conversation
+
+
+@dataclass
+class Book:
+    slots: list[Slot] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, count: int) -> Book:
+        return cls([Slot() for _ in range(count)])
+
+    def choose(self, blocks: Sequence[int], marks: Sequence[int] = ()) -> tuple[int, int, bool]:
+        """The slot for a request with these blocks and marks, how many of its blocks it
+        holds, and whether it holds an earlier request of its conversation. That slot first;
+        else the least recently used (a conversation's history costs more to recompute than
+        a shared system prompt, which llama.cpp's host-memory cache gives any slot), the
+        longest run among equals."""
+        best, best_key = UNPINNED, None
+        for index, slot in enumerate(self.slots):
+            if slot.busy:
+                continue
+            held = shared_run(slot.blocks, blocks) if blocks else 0
+            same = bool(slot.mark) and slot.mark in marks
+            key = (not same, slot.used, -held, index)
+            if best_key is None or key < best_key:
+                best, best_key = index, key
+        if best == UNPINNED or best_key is None:
+            return UNPINNED, 0, False
+        return best, -best_key[2], not best_key[0]
+
+    def take(self, index: int, blocks: Sequence[int], marks: Sequence[int] = ()) -> None:
+        slot = self.slots[index]
+        slot.blocks, slot.busy, slot.done = tuple(blocks), slot.busy + 1, False
+        slot.mark = marks[-1] if marks else 0
+
+    def give(self, index: int) -> None:
+        slot = self.slots[index]
+        slot.busy = max(0, slot.busy - 1)
+        slot.used, slot.done = time.time(), slot.busy == 0
+
+    def holds(self, blocks: Sequence[int]) -> int:
+        """The longest run of these blocks any slot holds."""
+        return max((shared_run(s.blocks, blocks) for s in self.slots), default=0)
+
+    def ledger(self) -> dict[str, object]:
+        """What the stop reads: each slot's blocks, whether its last request ended, when."""
+        return {
+            "slots": [
+                {
+                    "blocks": list(s.blocks),
+                    "mark": s.mark,
+                    "done": s.done and not s.busy,
+                    "used": s.used,
+                }
+                for s in self.slots
+            ]
+        }

@@ -1,0 +1,206 @@
+"""The prefix cache kept across a stop, end to end on a real llama.cpp engine (the project's
+tiny GGUF behind the llama_server loader): a conversation pinned to its slot, its slot saved
+as the engine stops, restored for its next turn after the start (the same greedy answer,
+computed from a few tokens), never for another tenant nor into a changed model, and a
+damaged file served cold."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from django.core.management import call_command
+
+from deployments import deployer, kv_store
+from deployments.models import Deployment, State
+from tests.gateway_support import seen_by_gateway
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+pytestmark = pytest.mark.usefixtures("engines")
+# Three whole blocks (routing/blocks.py: 512 characters) before the user's turn.
+SYSTEM = "You keep the ledger of the accounts team, line by line, and answer briefly. " * 22
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny.gguf"
+    call_command("make_tiny_model", str(path))
+    return path
+
+
+@pytest.fixture
+def keeping(site: Any, tmp_path: Path) -> Any:
+    site.VAR_DIR = tmp_path / "var"
+    site.MSHIP_KV_KEEP_MIN_TOKENS = 32
+    site.MSHIP_CACHE_FIGURES = "all"  # the engine's timings reach the test
+    site.MSHIP_CACHE_SCOPE = "key"  # each key its own tenant
+    return site
+
+
+@pytest.fixture
+def kept(
+    keeping: Any, serving: Callable[..., Deployment], tiny_model: Path
+) -> Callable[..., Deployment]:
+    def start(**config: Any) -> Deployment:
+        return serving(
+            "keeper",
+            model=str(tiny_model),
+            loader="llama_server",
+            mode="on_demand",
+            idle_timeout_s=600,
+            memory_gib=0.5,
+            config={"n_ctx": 4096, "parallel": 2, "threads": 1, **config},
+        )
+
+    return start
+
+
+def chat(url: str, key: str, messages: list[dict[str, str]]) -> httpx.Response:
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "keeper", "messages": messages, "max_tokens": 8, "temperature": 0},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
+def said(answer: httpx.Response) -> str:
+    return str(answer.json()["choices"][0]["message"]["content"])
+
+
+def computed(answer: httpx.Response) -> int:
+    return int(answer.json()["timings"]["prompt_n"])
+
+
+def conversation(who: str, answer: httpx.Response | None = None) -> list[dict[str, str]]:
+    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"I am {who}."}]
+    if answer is None:
+        return opening
+    return [
+        *opening,
+        {"role": "assistant", "content": said(answer)},
+        {"role": "user", "content": "And the total of the second line?"},
+    ]
+
+
+def restart(deployment: Deployment) -> Deployment:
+    assert deployer.stop(deployment.pk, reason="a test's swap")
+    deployer.restart(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.state == State.READY, deployment.state_reason
+    urls = tuple(deployment.engine_urls)
+    seen_by_gateway(lambda s: s.routes["keeper"].urls == urls)
+    return deployment
+
+
+def test_it_pins_a_conversation_to_its_slot_and_restores_it_after_a_stop(
+    kept: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    deployment = kept()
+    key = api_key()
+    first = chat(gateway_url, key, conversation("Ada"))
+    assert first.headers["x-modelship-cache"] == "miss"
+    # Another conversation takes the other slot: Ada's stays as it was.
+    chat(gateway_url, key, conversation("Grace"))
+    second = chat(gateway_url, key, conversation("Ada", first))
+    assert second.headers["x-modelship-cache"] == "hit"
+    assert computed(second) < computed(first) // 2
+    fresh = computed(first) + 20  # about what a cold second turn computes
+
+    deployment = restart(deployment)
+    folder = kv_store.folder("keeper")
+    index = kv_store.read_index(folder)
+    assert len(index.entries) == 2  # Ada's slot (her second turn) and Grace's
+    for entry in index.entries:
+        mode = stat.S_IMODE(os.stat(folder / entry.file).st_mode)
+        assert mode == 0o600 and entry.bytes > 0
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+    again = chat(gateway_url, key, conversation("Ada", first))
+    assert again.headers["x-modelship-cache"] == "restored"
+    assert said(again) == said(second)  # greedy: the same answer as without the swap
+    assert computed(again) < 8 < fresh
+    left = kv_store.read_index(folder).entries
+    assert len(left) == 1 and all((folder / e.file).is_file() for e in left)  # Ada's let go
+    scraped = httpx.get(gateway_url + "/metrics").text
+    assert 'modelship_kv_restores_total{deployment="keeper",outcome="restored"} 1.0' in scraped
+
+
+def test_it_never_restores_a_cache_for_another_tenant_nor_into_a_changed_model(
+    kept: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    deployment = kept()
+    mine, theirs = api_key("mine"), api_key("theirs")
+    first = chat(gateway_url, mine, conversation("Ada"))
+    deployment = restart(deployment)
+    assert len(kv_store.read_index(kv_store.folder("keeper")).entries) == 1
+    # The same words from another tenant: its blocks are its own; nothing is restored.
+    other = chat(gateway_url, theirs, conversation("Ada", first))
+    assert other.headers["x-modelship-cache"] == "miss"
+    assert computed(other) > computed(first)
+    assert len(kv_store.read_index(kv_store.folder("keeper")).entries) == 1
+
+    # A changed configuration is another model: its caches go as it starts.
+    Deployment.objects.filter(pk=deployment.pk).update(config={**deployment.config, "n_ctx": 3072})
+    deployment.refresh_from_db()
+    restart(deployment)
+    assert kv_store.read_index(kv_store.folder("keeper")).entries == []
+    assert not list(kv_store.folder("keeper").glob("*.bin"))
+    mine_again = chat(gateway_url, mine, conversation("Ada", first))
+    assert mine_again.headers["x-modelship-cache"] == "miss"
+
+
+def test_it_serves_cold_where_a_saved_cache_is_damaged(
+    kept: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
+) -> None:
+    deployment = kept()
+    key = api_key()
+    first = chat(gateway_url, key, conversation("Ada"))
+    deployment = restart(deployment)
+    folder = kv_store.folder("keeper")
+    (entry,) = kv_store.read_index(folder).entries
+    whole = (folder / entry.file).read_bytes()
+    (folder / entry.file).write_bytes(whole[: len(whole) // 3])  # truncated
+    answer = chat(gateway_url, key, conversation("Ada", first))
+    assert answer.headers["x-modelship-cache"] == "miss"
+    assert computed(answer) > computed(first)
+    assert not (folder / entry.file).exists()  # discarded
+    scraped = httpx.get(gateway_url + "/metrics").text
+    assert 'modelship_kv_restores_total{deployment="keeper",outcome="discarded"} 1.0' in scraped
+
+
+def test_it_keeps_the_sites_caches_within_the_disk_budget_oldest_first(
+    keeping: Any, tmp_path: Path
+) -> None:
+    now = time.time()
+    for name, ages in (("a", (50, 10)), ("b", (30,))):
+        where = kv_store.folder(name)
+        with kv_store.locked(where) as index:
+            for number, age in enumerate(ages):
+                file = f"{name}{number:015d}.bin"
+                (where / file).write_bytes(b"k" * 1000)
+                index.entries.append(kv_store.Entry(file, [number + 1], 100, 1000, now - age))
+    keeping.MSHIP_KV_KEEP_BYTES = 2000
+    kv_store.within_budget()
+    left = {e.file for n in "ab" for e in kv_store.read_index(kv_store.folder(n)).entries}
+    assert left == {"a000000000000001.bin", "b000000000000000.bin"}  # the 50 s old one went
+    assert not (kv_store.folder("a") / "a000000000000000.bin").exists()
+    # Too old to keep at all, or its file gone: swept; a stray file too.
+    keeping.MSHIP_KV_KEEP_MAX_AGE_S = 20
+    (kv_store.folder("b") / "stray.bin").write_bytes(b"x")
+    with kv_store.locked(kv_store.folder("b")) as index:
+        kv_store.sweep(kv_store.folder("b"), index)
+    assert kv_store.read_index(kv_store.folder("b")).entries == []
+    assert not list(kv_store.folder("b").glob("*.bin"))
+    # An index that is not JSON is read as empty (its files then swept as strays).
+    (kv_store.folder("a") / kv_store.INDEX).write_text("{not json")
+    assert kv_store.read_index(kv_store.folder("a")).entries == []
