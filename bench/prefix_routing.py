@@ -19,7 +19,10 @@ mean. Ratios are against fewest outstanding, run in the same process tree.
 
     .venv/bin/python bench/prefix_routing.py [--tenants 3] [--conversations 12] [--turns 4]
         [--system-words 600] [--policies least-outstanding,round-robin,cache-aware]
-        [--replicas 3]
+        [--replicas 3] [--workers 4]
+
+`--workers N` serves through `serve --workers N --gateway-only`: N gateway processes whose
+replica and slot choices are the site scheduler's (one table for all of them).
 """
 
 from __future__ import annotations
@@ -146,11 +149,19 @@ def run_policy(
     # without marking itself dead, would still count (its own metrics folder each).
     metrics = Path(env["MSHIP_VAR_DIR"]) / f"metrics-{policy}"
     metrics.mkdir()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "modelship_site.server", "--port", str(port)],
-        cwd=REPO,
-        env={**env, "MSHIP_ROUTING_POLICY": policy, "PROMETHEUS_MULTIPROC_DIR": str(metrics)},
-    )
+    command = [sys.executable, "-m", "modelship_site.server", "--port", str(port)]
+    env = {**env, "MSHIP_ROUTING_POLICY": policy, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+    owner = None
+    if args.workers > 1:
+        # Gateway processes on one socket whose replica and slot choices are the site's one
+        # scheduler's, as `serve --workers N` runs them (its owner, here apart: `serve` would
+        # also stop and resume the bench's engines).
+        env["MSHIP_SCHEDULER_URL"] = f"unix:{tempfile.mkdtemp(prefix='ms-')}/scheduler.sock"
+        scheduler = [sys.executable, "manage.py", "scheduler", "--fresh"]
+        owner = subprocess.Popen(scheduler, cwd=REPO, env=env)
+        serve = [sys.executable, "manage.py", "serve", "--port", str(port), "--gateway-only"]
+        command = [*serve, "--workers", str(args.workers)]
+    server = subprocess.Popen(command, cwd=REPO, env=env)
     try:
         deployer.restart(pk)
         ready = time.time()
@@ -179,6 +190,9 @@ def run_policy(
     finally:
         server.terminate()
         server.wait()
+        if owner is not None:
+            owner.terminate()
+            owner.wait()
     if len(results) != args.conversations * args.turns:
         raise SystemExit(f"{policy}: {len(results)} answers of {args.conversations * args.turns}")
     print(
@@ -209,6 +223,7 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=1.0, help="s between a conversation's turns")
     parser.add_argument("--policies", default="least-outstanding,round-robin,cache-aware")
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="gateway processes (serve)")
     args = parser.parse_args()
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,7 +268,7 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"{args.tenants} tenants, {args.conversations} conversations x {args.turns} turns,"
         f" system prompts of {args.system_words} words; {args.replicas} llama.cpp replicas of"
-        " SmolLM2-135M"
+        f" SmolLM2-135M; {args.workers} gateway process(es)"
     )
     print()
     print(

@@ -245,7 +245,7 @@ def _mark_stopping(
 def _take_down(deployment: Deployment, prior: str, *, actor: str, reason: str) -> bool:
     """Stop the engines of a row marked stopping (by the approval it was marked with); the
     slots' caches worth keeping are saved first (deployments/kv_store.py)."""
-    kv_store.save(deployment)
+    kv_store.save(deployment, reason)
     try:
         stop_handles(deployment, handles_of(deployment))
     except EngineUnreachable as exc:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,8 +50,10 @@ INDEX: Final = "index.json"
 LOCK: Final = ".lock"
 SAVE_TIMEOUT_S: Final = 10.0
 # The whole save at a stop: what is not saved by then is let go (a stop is not held up).
-SAVE_DEADLINE_S: Final = 20.0
+SAVE_DEADLINE_S: Final = 5.0
 MAX_ENTRIES: Final = 4096  # per deployment
+REMOVED: Final = "removed"  # a deletion's stop (deployments/tasks.py): nothing to keep
+FILE: Final = re.compile(r"[0-9a-f]{16}\.bin")
 
 
 @dataclass
@@ -90,6 +93,8 @@ def keeps(deployment: Deployment) -> bool:
         and deployment.is_on_demand
         and deployment.runtime == Runtime.PROCESS
         and deployment.adapter_of_id is None
+        # llama.cpp saves no slot of a model that reads images (its projector's state).
+        and "mmproj" not in (deployment.config or {})
     )
 
 
@@ -125,8 +130,10 @@ def read_index(where: Path) -> Index:
     try:
         said = json.loads((where / INDEX).read_text())
         entries = [Entry(**e) for e in said.get("entries", [])]
+        # Only names made here: an index edited by hand names no other file to delete.
+        entries = [e for e in entries if isinstance(e.file, str) and FILE.fullmatch(e.file)]
         return Index(str(said.get("identity", "")), entries)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):
         return Index()  # none, or not ours to read: its files are swept as strays
 
 
@@ -156,7 +163,20 @@ def prepare(deployment: Deployment, adapters: tuple[str, ...] = ()) -> Path:
                 drop(where, index, entry)
             index.identity = now
         sweep(where, index)
+        for ledger in where.glob("ledger-*.json"):  # of engines gone: this one starts anew
+            with contextlib.suppress(OSError):
+                ledger.unlink()
     return where
+
+
+def purge(name: str) -> None:
+    """A deployment deleted: its saved caches go with it."""
+    where = folder(name)
+    if where.is_dir():
+        with locked(where) as index:
+            for entry in list(index.entries):
+                drop(where, index, entry)
+            sweep(where, index)
 
 
 def sweep(where: Path, index: Index) -> None:
@@ -196,11 +216,20 @@ def read_ledger(where: Path, url: str) -> list[dict[str, Any]]:
         return []
 
 
-def save(deployment: Deployment) -> int:
-    """Before its engines stop: the slots worth keeping saved (count). Never raises: a
-    cache not saved is a cache recomputed."""
-    if not keeps(deployment):
+def save(deployment: Deployment, reason: str = "") -> int:
+    """Before its engines stop: the slots worth keeping saved (count), within
+    SAVE_DEADLINE_S and the site's budget. Never raises: a cache not saved is a cache
+    recomputed, and the stop goes on."""
+    if not keeps(deployment) or reason == REMOVED:
         return 0
+    try:
+        return save_all(deployment)
+    except Exception:
+        log.exception("%s: slot caches not saved", deployment.name)
+        return 0
+
+
+def save_all(deployment: Deployment) -> int:
     began, saved = time.monotonic(), 0
     where = folder(deployment.name)
     try:
@@ -219,6 +248,9 @@ def save(deployment: Deployment) -> int:
     except OSError as exc:
         log.warning("%s: slot caches not saved: %s", deployment.name, exc)
     within_budget()
+    if saved:
+        took = time.monotonic() - began
+        log.info("%s: saved %d slot cache(s) in %.3f s", deployment.name, saved, took)
     return saved
 
 
@@ -236,9 +268,10 @@ def save_replica(
         return 0
     recent = time.time() - settings.MSHIP_KV_KEEP_RECENT_S
     saved = 0
+    budget = settings.MSHIP_KV_KEEP_BYTES - site_bytes()
     for slot in slots if isinstance(slots, list) else []:
-        if time.monotonic() - began > SAVE_DEADLINE_S:
-            break
+        if time.monotonic() - began > SAVE_DEADLINE_S or budget <= 0:
+            break  # past the budget, what is saved next only makes older ones go
         number = slot.get("id") if isinstance(slot, dict) else None
         if type(number) is not int or not 0 <= number < len(ledger):
             continue
@@ -252,6 +285,7 @@ def save_replica(
             answer.raise_for_status()
             os.chmod(where / file, 0o600)
             size = (where / file).stat().st_size
+            budget -= size
         except (httpx.HTTPError, OSError) as exc:
             log.warning("slot %s of %s not saved: %s", number, url, exc)
             with contextlib.suppress(OSError):
@@ -280,6 +314,11 @@ def worth_keeping(said: dict[str, Any], slot: dict[str, Any], recent: float) -> 
     if type(tokens) is not int or tokens < settings.MSHIP_KV_KEEP_MIN_TOKENS:
         return None
     return blocks
+
+
+def site_bytes() -> int:
+    folders = [p for p in root().glob("*") if p.is_dir()] if root().is_dir() else []
+    return sum(e.bytes for where in folders for e in read_index(where).entries)
 
 
 def within_budget() -> None:
@@ -316,13 +355,24 @@ def take(
     with locked(where) as index:
         best, most = None, held
         for entry in index.entries:
-            run = shared_run(entry.blocks, blocks)
-            found = (run, bool(entry.mark) and entry.mark in seen)
-            if run and found > most:
+            found = worth_restoring(entry, blocks, seen)
+            if found is not None and found > most:
                 best, most = entry, found
         if best is not None:
             index.entries.remove(best)
         return best, len(index.entries)
+
+
+def worth_restoring(entry: Entry, blocks: list[int], marks: set[int]) -> tuple[int, bool] | None:
+    """What a saved cache holds of a request (its run of blocks, whether it is an earlier
+    state of the request's conversation), where it is worth restoring: that conversation's,
+    or one whose every block the request begins with (a shared prompt and nothing more).
+    Another conversation under the same system prompt is not taken from its owner."""
+    run = shared_run(entry.blocks, blocks)
+    same = bool(entry.mark) and entry.mark in marks
+    if not run or not (same or run == len(entry.blocks)):
+        return None
+    return run, same
 
 
 def let_go(name: str, entry: Entry) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,8 @@ from deployments.transitions import refused_to, transition
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 Needs = tuple[str | None, str | None]
@@ -164,8 +167,11 @@ def launch_all(
     enabled = has_adapters(deployment)
     spec = dataclasses.replace(spec, adapters=tuple(p for _, p in loras), lora=enabled)
     if kv_store.keeps(deployment):  # its slots' caches saved at a stop, restored after
-        saved_in = str(kv_store.prepare(deployment, spec.adapters))
-        spec = dataclasses.replace(spec, slot_save_path=saved_in)
+        try:
+            saved_in = str(kv_store.prepare(deployment, spec.adapters))
+            spec = dataclasses.replace(spec, slot_save_path=saved_in)
+        except OSError as exc:  # it starts keeping nothing, rather than not at all
+            log.warning("%s: slot caches not kept: %s", deployment.name, exc)
     family = loader.engine_family(spec, container)
     # A container runs its family's environment from the host, mounted where it lies, and
     # sees its adapters' files where they lie.

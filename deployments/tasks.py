@@ -7,7 +7,7 @@ import logging
 from django.db import transaction
 
 from common import metrics
-from deployments import audit, deployer, hooks
+from deployments import audit, deployer, hooks, kv_store
 from deployments.memory import InsufficientMemory
 from deployments.models import Deployment, State
 from deployments.runtimes import EngineUnreachable
@@ -71,6 +71,7 @@ def remove(deployment_id: int, actor: str = "system") -> bool:
             return False
         audit.record("delete", deployment, actor=actor, before=deployment.snapshot())
         deployment.delete()
+    kv_store.purge(deployment.name)  # its saved conversations go with it
     if deployment.state not in (State.PLANNED, State.STOPPED, State.FAILED):
         # The stop found it busy (going to sleep, or asleep by now): its engines go with it.
         deployer.stop_orphans(deployment)

@@ -201,6 +201,7 @@ DESCRIBED = (
     ("Engine URLs", "engine_urls"),
     ("Configuration", "config"),
     ("Running its configuration", "config_current"),
+    ("Saved conversations", "saved_conversations"),
     ("On demand", "ondemand"),
     ("When idle", "when_idle"),
     ("LiteLLM", "litellm"),
@@ -247,6 +248,13 @@ def words(value: Any) -> str:
     return shown(value).replace("_", " ")
 
 
+def saved_text(value: Any) -> str:
+    """A deployment's saved slot caches: how many, and their size on disk."""
+    if not isinstance(value, dict):
+        return "-"
+    return f"{value.get('count', 0)} ({float(value.get('bytes', 0)) / 2**20:.1f} MiB)"
+
+
 FORMATS = {
     "effective_mode": words,
     "pending_mode": words,
@@ -254,6 +262,7 @@ FORMATS = {
     "created": moment,
     "updated": moment,
     "ondemand": on_demand_text,
+    "saved_conversations": saved_text,
 }
 
 

@@ -17,9 +17,10 @@ from django.db import DatabaseError
 from common.redis_errors import with_redis_errors
 from deployments.models import State
 from openai_api.auth import current_key
+from openai_api.catalog import catalog
 from openai_api.concurrency import Limits, limits
 from openai_api.errors import GatewayError
-from openai_api.routing import hints
+from openai_api.routing import hints, slots
 from openai_api.routing.router import Router
 from openai_api.routing.slots import UNPINNED
 from openai_api.runtime_adapters import runtime_adapters
@@ -111,8 +112,9 @@ class Replica:
         self.url = url
         return url
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.router.give(self.url, self.slot)
+    async def __aexit__(self, kind: object, *exc: object) -> None:
+        served = kind is None and slots.served()
+        self.router.give(self.url, self.slot, served)
 
 
 class Dispatcher:
@@ -243,3 +245,5 @@ class Dispatcher:
 
 
 dispatcher = Dispatcher()
+# A route table that changed may have stopped an engine: its blocks and slots go.
+catalog.listeners.append(dispatcher.router.forget_gone)

@@ -92,7 +92,7 @@ class Exchange:
             extra = self.cors_headers() if self.cors_origin else []
             if self.record.routed_by:
                 extra += routing_headers(self.record.replica, self.record.routed_by)
-            if self.record.cache:
+            if self.record.cache and settings.MSHIP_CACHE_FIGURES != "none":
                 extra.append((b"x-modelship-cache", self.record.cache.encode()))
             if self.answer_headers is not None:
                 extra += self.answer_headers()

@@ -115,6 +115,7 @@ async def handle(exchange: Exchange) -> None:
     if (endpoint == "responses" or tool) and isinstance(previous, str):
         await check_response_scope(caller, snapshot, previous)
     if endpoint == COUNT_TOKENS:
+        hints.current.set(None)  # counted by the engine's tokenizer: no slot's cache changes
         return await input_tokens.count(exchange, route, caller.identity, data or {})
     if endpoint == COMPACT:
         route = responses_route(snapshot, caller, name)

@@ -43,6 +43,7 @@ class Site:
     log: Path
     began: float
     workers: int
+    var: Path = Path()  # its VAR_DIR
 
     @property
     def socket(self) -> Path:
@@ -101,7 +102,7 @@ def site_of(workers: int, django_db_blocker: Any, tmp_path_factory: Any) -> Iter
         )
         began = time.monotonic()
         url = f"http://127.0.0.1:{port}"
-        site = Site(url, serve, run_dir, log, began, workers)
+        site = Site(url, serve, run_dir, log, began, workers, folder / "var")
 
         def up() -> bool:
             return answers(url + "/health") and (workers == 1 or site.socket.exists())

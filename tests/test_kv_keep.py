@@ -16,7 +16,9 @@ import pytest
 from django.core.management import call_command
 
 from deployments import deployer, kv_store
+from deployments.api.serializers import DeploymentSerializer
 from deployments.models import Deployment, State
+from modelship_cli.render import saved_text
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.usefixtures("engines")
 # Three whole blocks (routing/blocks.py: 512 characters) before the user's turn.
 SYSTEM = "You keep the ledger of the accounts team, line by line, and answer briefly. " * 22
+OTHER = "You plan the rota of the clinic's nurses, week by week, and answer briefly. " * 22
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +84,10 @@ def computed(answer: httpx.Response) -> int:
     return int(answer.json()["timings"]["prompt_n"])
 
 
-def conversation(who: str, answer: httpx.Response | None = None) -> list[dict[str, str]]:
-    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"I am {who}."}]
+def conversation(
+    who: str, answer: httpx.Response | None = None, system: str = SYSTEM
+) -> list[dict[str, str]]:
+    opening = [{"role": "system", "content": system}, {"role": "user", "content": f"I am {who}."}]
     if answer is None:
         return opening
     return [
@@ -90,6 +95,15 @@ def conversation(who: str, answer: httpx.Response | None = None) -> list[dict[st
         {"role": "assistant", "content": said(answer)},
         {"role": "user", "content": "And the total of the second line?"},
     ]
+
+
+def restores(url: str, outcome: str) -> float:
+    """The gateway's count of restores so far (its metrics outlive a test)."""
+    sample = f'modelship_kv_restores_total{{deployment="keeper",outcome="{outcome}"}} '
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(sample):
+            return float(line.removeprefix(sample))
+    return 0.0
 
 
 def restart(deployment: Deployment) -> Deployment:
@@ -109,8 +123,8 @@ def test_it_pins_a_conversation_to_its_slot_and_restores_it_after_a_stop(
     key = api_key()
     first = chat(gateway_url, key, conversation("Ada"))
     assert first.headers["x-modelship-cache"] == "miss"
-    # Another conversation takes the other slot: Ada's stays as it was.
-    chat(gateway_url, key, conversation("Grace"))
+    # Another conversation, under another system prompt, takes the other slot: Ada's stays.
+    chat(gateway_url, key, conversation("Grace", system=OTHER))
     second = chat(gateway_url, key, conversation("Ada", first))
     assert second.headers["x-modelship-cache"] == "hit"
     assert computed(second) < computed(first) // 2
@@ -124,15 +138,19 @@ def test_it_pins_a_conversation_to_its_slot_and_restores_it_after_a_stop(
         mode = stat.S_IMODE(os.stat(folder / entry.file).st_mode)
         assert mode == 0o600 and entry.bytes > 0
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    # What `modelship describe` shows of them.
+    shown = DeploymentSerializer(deployment).data["saved_conversations"]
+    assert shown == {"count": 2, "bytes": sum(e.bytes for e in index.entries)}
+    assert saved_text(shown).startswith("2 (")
 
+    restored = restores(gateway_url, "restored")
     again = chat(gateway_url, key, conversation("Ada", first))
     assert again.headers["x-modelship-cache"] == "restored"
     assert said(again) == said(second)  # greedy: the same answer as without the swap
     assert computed(again) < 8 < fresh
     left = kv_store.read_index(folder).entries
     assert len(left) == 1 and all((folder / e.file).is_file() for e in left)  # Ada's let go
-    scraped = httpx.get(gateway_url + "/metrics").text
-    assert 'modelship_kv_restores_total{deployment="keeper",outcome="restored"} 1.0' in scraped
+    assert restores(gateway_url, "restored") == restored + 1
 
 
 def test_it_never_restores_a_cache_for_another_tenant_nor_into_a_changed_model(
@@ -170,12 +188,12 @@ def test_it_serves_cold_where_a_saved_cache_is_damaged(
     (entry,) = kv_store.read_index(folder).entries
     whole = (folder / entry.file).read_bytes()
     (folder / entry.file).write_bytes(whole[: len(whole) // 3])  # truncated
+    discarded = restores(gateway_url, "discarded")
     answer = chat(gateway_url, key, conversation("Ada", first))
     assert answer.headers["x-modelship-cache"] == "miss"
     assert computed(answer) > computed(first)
     assert not (folder / entry.file).exists()  # discarded
-    scraped = httpx.get(gateway_url + "/metrics").text
-    assert 'modelship_kv_restores_total{deployment="keeper",outcome="discarded"} 1.0' in scraped
+    assert restores(gateway_url, "discarded") == discarded + 1
 
 
 def test_it_keeps_the_sites_caches_within_the_disk_budget_oldest_first(

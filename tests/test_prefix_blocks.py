@@ -110,3 +110,11 @@ def test_it_keeps_a_bounded_table_the_most_recent_last() -> None:
     assert table.longest(new) == len(new)
     # Its own blocks went first; the system prompt it shares with the newer one stays.
     assert table.longest(old) == len(blocks(chat(system=SYSTEM))) < len(old)
+
+
+def test_it_evicts_a_requests_last_blocks_before_its_first() -> None:
+    table = Table(limit=4)
+    table.record((1, 2, 3, 4))
+    table.record((5, 6))  # two of the first request's blocks go: its last two
+    assert table.longest((1, 2, 3, 4)) == 2
+    assert table.longest((5, 6)) == 2

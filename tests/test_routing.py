@@ -6,6 +6,7 @@ counts and the conversations shared through Redis."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -19,7 +20,7 @@ from openai_api.models import ApiKey
 from openai_api.routing.choice import choose
 from openai_api.routing.hints import hint_of
 from openai_api.routing.shared import affinity_key
-from tests.conftest import wait_until
+from tests.conftest import as_gateway, wait_until
 from tests.gateway_support import REDIS
 
 if TYPE_CHECKING:
@@ -128,6 +129,36 @@ def test_it_spreads_by_outstanding_under_that_policy(
     key = api_key()
     placed = {routed(chat(gateway_url, key, opening("Ada"))) for _ in range(3)}
     assert placed == {(0, "load")}  # one at a time: each finds every replica idle
+
+
+def test_it_weighs_what_each_engine_says_it_holds(
+    gateway_url: str, api_key: Callable[..., str], trio: Deployment, site: Any
+) -> None:
+    """Streams sent to two engines directly (not through this gateway) count: the engines'
+    own gauges say them, and the fewest-outstanding choice sends new requests to the third."""
+    site.MSHIP_ROUTING_POLICY = "least-outstanding"
+    key = api_key()
+    urls = list(trio.engine_urls)
+    body = {"model": "trio", "messages": HI_, "stream": True, "max_tokens": 2000}
+    kept = []  # the streams' line readers: dropping one would close its stream
+    with contextlib.ExitStack() as held:
+        for url in urls[:2]:
+            for _ in range(2):
+                stream = held.enter_context(
+                    httpx.stream(
+                        "POST", url + "/v1/chat/completions", json=body, auth=as_gateway, timeout=60
+                    )
+                )
+                kept.append(lines := stream.iter_lines())
+                next(line for line in lines if line.startswith("data:"))
+        # The gauges are read once a second after the first choice among these replicas.
+        wait_until(lambda: routed(chat(gateway_url, key, opening("Ada")))[0] == 2, 10)
+        assert {routed(chat(gateway_url, key, opening(f"n{i}")))[0] for i in range(4)} == {2}
+    scraped = httpx.get(gateway_url + "/metrics").text
+    assert 'modelship_routing_choices_total{model="trio",reason="load"}' in scraped
+
+
+HI_ = [{"role": "user", "content": "Count slowly to a thousand."}]
 
 
 @pytest.fixture

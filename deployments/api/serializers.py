@@ -4,7 +4,7 @@ from typing import Any, cast
 
 from rest_framework import serializers
 
-from deployments import display, hooks
+from deployments import display, hooks, kv_store
 from deployments.api.fields import QUERY_NAMES, StrictFields, StrictIntegerField, StrictNumbers
 from deployments.api.masking import MASKED_FIELDS, masked, may_see_secrets, unmasked
 from deployments.engine_logs import MAX_TAIL
@@ -57,6 +57,11 @@ class DeploymentSerializer(StrictFields, StrictNumbers, serializers.ModelSeriali
     config_current = serializers.SerializerMethodField(
         help_text="False while the running engine has an older configuration."
     )
+    saved_conversations = serializers.SerializerMethodField(
+        help_text="llama.cpp slot caches saved as its engine last stopped, waiting to be"
+        " restored for their conversations' next turns (count, bytes on disk); null where"
+        " it keeps none (deployments/kv_store.py)."
+    )
     ondemand = serializers.SerializerMethodField(
         help_text="On-demand deployments: inflight, queued, queued_since, last_request_at and"
         " phase."
@@ -93,6 +98,7 @@ class DeploymentSerializer(StrictFields, StrictNumbers, serializers.ModelSeriali
             "need_gib",
             "memory_estimate",
             "config_current",
+            "saved_conversations",
             "ondemand",
             "when_idle",
             "litellm",
@@ -142,6 +148,12 @@ class DeploymentSerializer(StrictFields, StrictNumbers, serializers.ModelSeriali
 
     def get_memory_estimate(self, obj: Deployment) -> dict[str, Any] | None:
         return estimate_report(obj)
+
+    def get_saved_conversations(self, obj: Deployment) -> dict[str, int] | None:
+        if not kv_store.keeps(obj):
+            return None
+        count, size = kv_store.held(obj.name)
+        return {"count": count, "bytes": size}
 
     def get_need_gib(self, obj: Deployment) -> float:
         return round(need_gib(obj), 3)

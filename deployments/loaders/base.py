@@ -93,6 +93,9 @@ class Loader:
     # Prometheus gauges of requests running and waiting, read by make-room and the reaper.
     running_gauge: ClassVar[str | None] = None
     waiting_gauge: ClassVar[str | None] = None
+    # How full its KV cache is (0 to 1), where its metrics say it: the replica choice
+    # treats a nearly full one as at its bound (openai_api/routing/engine_load.py).
+    kv_usage_gauges: ClassVar[tuple[str, ...]] = ()
     can_sleep_mode: ClassVar[bool] = False
     # It serves /v1/responses itself (a deployment may pass the endpoint to it).
     native_responses: ClassVar[bool] = False

@@ -47,6 +47,7 @@ class VllmLoader(Loader):
     usecases = frozenset({"generate", "embed", "transcription", "translation"})
     running_gauge = "vllm:num_requests_running"
     waiting_gauge = "vllm:num_requests_waiting"
+    kv_usage_gauges = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new, old
     binary_name = "vllm"
     binary_env = "MSHIP_VLLM_BIN"
     # As --api-key, which it guards /v1 with (not /metrics, /health nor the sleep endpoints).

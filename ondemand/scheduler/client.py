@@ -24,7 +24,7 @@ import json
 import logging
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -161,9 +161,12 @@ class Link:
     def hold(self, ask: Ask, what: dict[str, Any]) -> None:
         self.held[ask.id] = what
 
-    def release(self, ask_id: str) -> None:
+    def release(self, ask_id: str, *, failed: bool = False) -> None:
         self.held.pop(ask_id, None)
-        self._write({"op": "release", "id": ask_id})
+        said: dict[str, Any] = {"op": "release", "id": ask_id}
+        if failed:  # a pinned slot's request that did not reach its engine, or failed there
+            said["failed"] = True
+        self._write(said)
 
     def _write(self, message: dict[str, Any]) -> None:
         if self.writer is None or self.writer.is_closing():
@@ -342,7 +345,10 @@ async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIter
         if exc.code != "scheduler_unavailable":
             raise
         # No owner now: this process's own counts choose, rather than a 503 for a request
-        # that any replica can serve.
+        # that any replica can serve; its slots are the owner's to choose (the engine places
+        # this request itself, and no ledger is written here).
+        if hint is not None and hint.slots:
+            hints.current.set(replace(hint, slots=0))
         async with Replica(dispatcher.router, urls, deployment) as url:
             yield url
         return
@@ -359,10 +365,12 @@ async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIter
         slots.note(pin)
         held["slot"] = pin.slot
     to.hold(ask, held)
+    failed = True
     try:
         yield url
+        failed = not slots.served()
     finally:
-        to.release(ask.id)
+        to.release(ask.id, failed=failed and "slot" in held)
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ import functools
 import logging
 import math
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
@@ -140,6 +141,8 @@ class Gateway:
         self.waits: dict[str, wait_status.WaitStatus] = {}
         self.said: dict[str, dict[str, Any] | None] = {}
         self.held: dict[str, Callable[[], object]] = {}
+        # A pinned slot whose request failed: what it holds is not known (routing/slots.py).
+        self.spoil: dict[str, Callable[[], object]] = {}
         # GPU time under way: each request's ticket on the site's meter.
         self.metered: dict[str, Ticket] = {}
 
@@ -213,6 +216,8 @@ class Gateway:
                 task.cancel()
             self.release(ask_id)
         elif op == "release":
+            if (spoil := self.spoil.pop(ask_id, None)) is not None and message.get("failed"):
+                spoil()
             self.release(ask_id)
         elif op == "gpu":
             self.meter_from(ask_id, message)
@@ -292,18 +297,21 @@ class Gateway:
     ) -> tuple[dict[str, Any], Callable[[], None]]:
         urls = tuple(str(url) for url in message["urls"])
         hint = message.get("hint")
+        deployment = str(message["deployment"])
         try:
-            hints.current.set(Hint.received(hint) if isinstance(hint, dict) else None)
+            said = Hint.received(hint) if isinstance(hint, dict) else None
         except ValueError as exc:
             raise wire.WireError(str(exc)) from exc
+        hints.current.set(as_routed(said, deployment))
         marks = cast("Marks", access.current.get())
-        url, pin = await dispatcher.router.take(urls, str(message["deployment"]))
+        url, pin = await dispatcher.router.take(urls, deployment)
         outstanding = dispatcher.router.outstanding
         outstanding[url] = outstanding.get(url, 0) + 1
         slot = pin.slot if pin is not None else UNPINNED
         chosen: dict[str, Any] = {"url": url, "routed_by": marks.routed_by}
         if pin is not None:
             chosen.update(slot=pin.slot, cache=pin.cache, blocks=pin.blocks)
+            self.spoil[ask_id] = functools.partial(dispatcher.router.spoil, url, slot)
         return chosen, functools.partial(dispatcher.router.give, url, slot)
 
     async def adapter(
@@ -490,6 +498,17 @@ def claim_of(fields: Any) -> Claim:
     if not all(n is None or (type(n) is int and n >= 0) for n in maybe):
         raise wire.WireError("a claim with a field of the wrong type")
     return claim
+
+
+def as_routed(hint: Hint | None, deployment: str) -> Hint | None:
+    """A gateway's hint with what the route says of its engine (batch, slots, kept caches)
+    as this owner's table has it: two gateways whose tables differ for a moment never make
+    it rebuild a replica's slots back and forth."""
+    snapshot = catalog.snapshot
+    route = snapshot.routes.get(deployment) if snapshot is not None else None
+    if hint is None or route is None:
+        return hint
+    return replace(hint, batch=route.batch, slots=route.slots, keep=route.keeps_cache)
 
 
 def addresses() -> list[wire.Address]:

@@ -7,9 +7,9 @@ A request's blocks: its prompt laid out in order (tools first, then each message
 text; an image by its identity, not its bytes), cut into BLOCK_CHARS pieces, each hashed
 with the hash before it and the tenant's scope, so block k's hash stands for the whole
 prompt up to it, within one tenant only. A replica's table keeps the hashes it was sent, the
-most recent last, up to MAX_KEPT; since every request records all its blocks, a block's
-predecessors are never older than it, and the longest run a replica holds is found by
-bisection over the chain.
+most recent last, up to MAX_KEPT; every request records its blocks last to first, so a
+block's predecessors are never less recent than it (never evicted before it), and the
+longest run a replica holds is found by bisection over the chain.
 
 The choice (`score`): among the replicas under the load bound, whose floor is the engine's
 batch size (its `parallel` slots, vLLM's `max_num_seqs`), so affinity holds at low load, the
@@ -37,6 +37,7 @@ MAX_BLOCKS: Final = 128  # 64 KiB of a prompt read at most (the hints' own scan 
 MAX_KEPT: Final = 50_000  # hashes a replica's table keeps (8 bytes each and the dict's)
 ADAPTER_BLOCKS: Final = 8  # what an adapter already loaded is worth, in blocks
 SEPARATOR: Final = "\x1e"
+MAX_TOOLS: Final = 128  # tools read for the layout (their JSON cut at the blocks' budget)
 
 
 def laid_out(data: Mapping[str, Any]) -> str:
@@ -62,8 +63,15 @@ def layout(data: Mapping[str, Any]) -> tuple[str, list[int]]:
     def done() -> tuple[str, list[int]]:
         return SEPARATOR.join(parts), ends
 
+    def ends_at() -> bool:
+        ends.append(size - 1)
+        return True
+
     tools = data.get("tools")
-    if isinstance(tools, list) and tools and not put(canonical(tools)[:budget]):
+    if isinstance(tools, list) and tools and not put(canonical(tools[:MAX_TOOLS])[:budget]):
+        return done()
+    system = data.get("system")  # Anthropic's messages: the system prompt beside them
+    if system is not None and not (all(put(text) for text in texts(system)) and ends_at()):
         return done()
     prompt = data.get("prompt")
     if isinstance(prompt, str):
@@ -117,8 +125,12 @@ def texts(content: Any) -> Iterable[str]:
             yield text
             continue
         reference = part.get("image_url") or part.get("file") or part.get("input_audio")
+        if isinstance(reference, dict) and isinstance(reference.get("url"), str):
+            reference = reference["url"]
         if reference is not None:
-            source = canonical(reference)[: 1 << 20]  # a data: URL hashed, never kept
+            # A data: URL hashed (its first MiB), never kept nor serialised whole.
+            source = reference if isinstance(reference, str) else canonical(reference)
+            source = source[: 1 << 20]
             yield "image:" + hashlib.blake2b(source.encode(), digest_size=8).hexdigest()
 
 
@@ -147,7 +159,7 @@ class Table:
     limit: int = MAX_KEPT
 
     def record(self, hashes: Sequence[int]) -> None:
-        for value in hashes:  # in order: each block ends up more recent than those before
+        for value in reversed(hashes):  # the first block the most recent: it goes last
             self.kept[value] = None
             self.kept.move_to_end(value)
         while len(self.kept) > self.limit:

@@ -2,8 +2,9 @@
 before a request is sent to a slot that holds less of its prompt than a cache saved at the
 engine's last stop, that cache is restored into the slot (`POST /slots/{id}?action=restore`).
 
-The folder's index is read only where it changed since (its time, one stat a request of a
-route that keeps caches); taking an entry and letting its file go run off the event loop. A
+The folder's index is read again only where it changed (its time: one stat a request of a
+route that keeps caches); reading it, taking an entry and letting its file go run off the
+event loop. A
 file the engine refuses (corrupt, truncated, another model's) is deleted and the request is
 served as it would have been: cold.
 """
@@ -11,7 +12,6 @@ served as it would have been: cold.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Final
@@ -28,31 +28,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RESTORE_TIMEOUT: Final = aiohttp.ClientTimeout(total=30)
-# Per deployment: the index's time when it was last read empty.
-_empty: dict[str, int] = {}
+# Per deployment: its index as last read, by the index file's time.
+_read: dict[str, tuple[int, list[kv_store.Entry]]] = {}
 
 
-def may_hold(name: str) -> bool:
-    """Whether the deployment's folder may hold a saved cache (its index changed since it
-    was last found empty)."""
+async def saved(name: str) -> list[kv_store.Entry]:
+    """The deployment's saved caches: read again (off the loop) only when its index changed,
+    so a route whose saved caches no request continues costs a stat a request."""
     try:
         stamp = os.stat(kv_store.folder(name) / kv_store.INDEX).st_mtime_ns
     except OSError:
-        return False
-    return _empty.get(name) != stamp
+        _read.pop(name, None)
+        return []
+    known = _read.get(name)
+    if known is None or known[0] != stamp:
+        index = await asyncio.to_thread(kv_store.read_index, kv_store.folder(name))
+        known = _read[name] = (stamp, index.entries)
+    return known[1]
 
 
 async def restore(name: str, url: str, slot: int, hint: Hint, held: tuple[int, bool]) -> int | None:
     """How many of the request's blocks the slot holds once the best saved cache is restored
     into it, where one holds more of it than the slot does (`held`: its run of blocks, and
     whether it holds an earlier request of the conversation); None where none was."""
-    if not hint.blocks or not may_hold(name):
+    if not hint.blocks:
         return None
-    blocks = list(hint.blocks)
-    entry, left = await asyncio.to_thread(kv_store.take, name, blocks, list(hint.marks), held)
-    if not left:
-        with contextlib.suppress(OSError):
-            _empty[name] = os.stat(kv_store.folder(name) / kv_store.INDEX).st_mtime_ns
+    blocks, marks = list(hint.blocks), set(hint.marks)
+    better = [
+        found
+        for entry in await saved(name)
+        if (found := kv_store.worth_restoring(entry, blocks, marks)) is not None and found > held
+    ]
+    if not better:
+        return None
+    entry, _ = await asyncio.to_thread(kv_store.take, name, blocks, list(hint.marks), held)
     if entry is None:
         return None
     session = forwarder.session(url)

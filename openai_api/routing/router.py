@@ -12,6 +12,7 @@ on the ring, then the fewest outstanding (choice.py)."""
 from __future__ import annotations
 
 import itertools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -20,10 +21,12 @@ from django.conf import settings
 from common import metrics
 from deployments import kv_store
 from openai_api import access
+from openai_api.catalog import catalog
 from openai_api.routing import kv_restore
 from openai_api.routing.affinity import Affinity
 from openai_api.routing.blocks import Table, score
 from openai_api.routing.choice import Reason, choose, home
+from openai_api.routing.engine_load import EngineLoads
 from openai_api.routing.hints import Hint, current
 from openai_api.routing.shared import Shared
 from openai_api.routing.slots import UNPINNED, Book, Cache, Pinned, note
@@ -31,6 +34,9 @@ from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # Replicas whose tables are kept: past it, those of engines no longer routed to go.
 MAX_TABLES = 256
@@ -47,10 +53,25 @@ class Router:
         self.kept: dict[str, str] = {}  # a replica whose slots are kept -> its deployment
         self.writer: ThreadPoolExecutor | None = None  # the ledgers', in order
         self.written: Future[None] | None = None
+        self.unwritten: dict[str, tuple[Path, dict[str, object]]] = {}
+        self.engines = EngineLoads(self.ours)
 
-    def loads(self, urls: tuple[str, ...]) -> dict[str, int]:
-        local, remote = self.outstanding, self.shared.remote
-        return {url: local.get(url, 0) + remote.get(url, 0) for url in urls}
+    def ours(self, url: str) -> int:
+        """The gateway's requests on the replica: this process's, and the others' where Redis
+        shares them."""
+        return self.outstanding.get(url, 0) + self.shared.remote.get(url, 0)
+
+    def loads(self, urls: tuple[str, ...], floor: int = 1) -> dict[str, int]:
+        """Each replica's requests: the gateway's outstanding ones, and those its engine held
+        beyond them when last read; one whose KV cache is nearly full as if at the bound."""
+        found = {url: self.ours(url) for url in urls}
+        for url in urls:
+            seen = self.engines.of(url)
+            if seen is not None:
+                found[url] += seen.others
+                if seen.full:
+                    found[url] = max(found[url], floor, sum(found.values()) + 1)
+        return found
 
     async def take(self, urls: tuple[str, ...], deployment: str) -> tuple[str, Pinned | None]:
         """A replica for the running request (the only one, or the one `pick` chooses), and
@@ -64,13 +85,19 @@ class Router:
             note(pin)
         return url, pin
 
-    def give(self, url: str, slot: int = UNPINNED) -> None:
-        """The request on `url` (and its slot) ended."""
+    def give(self, url: str, slot: int = UNPINNED, served: bool = True) -> None:
+        """The request on `url` (and its slot) ended; `served`: its engine answered it."""
         self.outstanding[url] -= 1
         book = self.books.get(url)
         if book is not None and 0 <= slot < len(book.slots):
-            book.give(slot)
+            book.give(slot, served)
             self.ledger(url, book)
+
+    def spoil(self, url: str, slot: int) -> None:
+        """The request pinned to the slot failed: what the slot holds is not known."""
+        book = self.books.get(url)
+        if book is not None and 0 <= slot < len(book.slots):
+            book.spoil(slot)
 
     async def pick(self, urls: tuple[str, ...], deployment: str) -> tuple[str, Reason]:
         """One of several replicas for the running request (its hint in hints.current); the
@@ -85,7 +112,8 @@ class Router:
             affine = self.affinity.get(hint.conversation)
             if affine is None and shared and self.shared.healthy:
                 affine = await self.shared.lookup(hint.conversation)
-        loads = self.loads(urls)
+        self.watch(urls, deployment)
+        loads = self.loads(urls, hint.batch if hint is not None else 1)
         epsilon = min(max(settings.MSHIP_ROUTING_LOAD_BOUND, 0.0), 100.0)
         cached, held = "", 0
         if hint is not None and hint.blocks:
@@ -120,6 +148,12 @@ class Router:
             record.replica, record.routed_by = urls.index(url), reason
         return url, reason
 
+    def watch(self, urls: tuple[str, ...], deployment: str) -> None:
+        """The engines' own gauges read while their replicas are chosen among."""
+        route = catalog.snapshot.routes.get(deployment) if catalog.snapshot else None
+        if route is not None:
+            self.engines.watch(urls, route.loader)
+
     def remember(
         self, url: str, urls: tuple[str, ...], affine: str | None, hint: Hint, shared: bool
     ) -> None:
@@ -128,7 +162,7 @@ class Router:
             table = self.tables.get(url)
             if table is None:
                 if len(self.tables) >= MAX_TABLES:
-                    self.forget_gone()
+                    del self.tables[next(iter(self.tables))]  # the oldest, gone since
                 table = self.tables[url] = Table()
             table.record(hint.blocks)
         # Another process finds a conversation at its prefix's own replica by itself: one
@@ -142,11 +176,13 @@ class Router:
                 self.affinity.put(key, url, ttl, share=share)
 
     def forget_gone(self) -> None:
-        from openai_api.catalog import catalog  # noqa: PLC0415 - the catalog imports dispatch
-
+        """The tables and slots of engines no longer in the routes (stopped, replaced): a
+        new engine, even at the same address, holds none of what they say."""
         snapshot = catalog.snapshot
-        live = {u for r in snapshot.models for u in r.urls} if snapshot is not None else set()
-        for gone in [u for u in self.tables if u not in live] or list(self.tables)[:1]:
+        if snapshot is None:
+            return
+        live = {u for r in snapshot.models for u in r.urls}
+        for gone in [u for u in self.tables if u not in live]:
             del self.tables[gone]
         for gone in [u for u in self.books if u not in live and not self.outstanding.get(u)]:
             del self.books[gone]
@@ -166,31 +202,49 @@ class Router:
         book = self.books.get(url)
         if book is None or len(book.slots) != hint.slots:
             if len(self.books) >= MAX_TABLES:
-                self.forget_gone()
+                del self.books[next(iter(self.books))]
             book = self.books[url] = Book.of(hint.slots)
         slot, held, same = book.choose(hint.blocks, hint.marks)
         if slot == UNPINNED:
             return Pinned()
+        free = not book.slots[slot].busy
         book.take(slot, hint.blocks, hint.marks)  # before any await: no other request takes it
         cache: Cache = "hit" if held else "miss"
         if hint.keep:
             self.kept[url] = deployment
-            found = await kv_restore.restore(deployment, url, slot, hint, (held, same))
+        if hint.keep and free:  # a busy slot is another request's: nothing is restored there
+            try:
+                found = await kv_restore.restore(deployment, url, slot, hint, (held, same))
+            except Exception:  # the request is served cold, as if nothing had been saved
+                log.exception("%s: a saved slot cache was not restored", deployment)
+                found = None
+            except BaseException:  # cancelled (its caller left): the slot is let go
+                book.give(slot, served=False)
+                raise
             if found is not None:
                 held, cache = found, "restored"
         self.ledger(url, book)  # an adapter's request too: the slot no longer holds the base's
         return Pinned(slot, cache, held)
 
     def ledger(self, url: str, book: Book) -> None:
-        """The replica's slots written where its stop reads them (off the event loop, in
-        order)."""
+        """The replica's slots written where its stop reads them: off the event loop, the
+        latest state of each replica once however many changes came while one was written."""
         deployment = self.kept.get(url)
         if deployment is None:
             return
         if self.writer is None:
             self.writer = ThreadPoolExecutor(1, thread_name_prefix="modelship-ledger")
-        where = kv_store.folder(deployment)
-        self.written = self.writer.submit(kv_store.write_ledger, where, url, book.ledger())
+        waiting = url in self.unwritten
+        self.unwritten[url] = (kv_store.folder(deployment), book.ledger())
+        if not waiting:
+            self.written = self.writer.submit(self.write_ledger, url)
+
+    def write_ledger(self, url: str) -> None:
+        where, said = self.unwritten.pop(url)
+        try:
+            kv_store.write_ledger(where, url, said)
+        except OSError as exc:  # its slots are then not saved at the stop: recomputed after
+            log.warning("the slot ledger of %s not written: %s", url, exc)
 
 
 def ordered(urls: tuple[str, ...], affine: str | None, hint: Hint) -> tuple[str, ...]:

@@ -5,10 +5,11 @@ Each replica's book keeps, per slot, the block hashes of the prompt it was last 
 (routing/blocks.py: chained, so a run of equal hashes is a shared prefix, within one tenant
 only) and the mark of its whole text (an earlier request of a conversation is among its later
 one's marks), whether a request is on it, and when it was last used. A request goes to the
-free slot holding its conversation, else to the free slot least recently used (the recent
-conversations stay); when every slot is busy it is not pinned (llama.cpp gives it the first
-slot to free up). The choice is made where the replica choice is (the scheduler's owner, where
-several gateway processes serve), so no two processes pin two conversations to one slot.
+free slot holding its conversation, else to the free slot holding the longest run of its
+blocks, else to the least recently used; when every slot is busy, to the least busy
+(llama.cpp queues it there).
+The choice is made where the replica choice is (the scheduler's owner, where several gateway
+processes serve), so no two processes pin two conversations to one slot.
 
 Where the route keeps its caches across a stop (routing/kv_keep.py), each change of a slot is
 written to the replica's ledger, which the stop reads to save the slots worth keeping.
@@ -44,6 +45,13 @@ class Pinned:
 pinned: ContextVar[Pinned | None] = ContextVar("modelship_pinned_slot", default=None)
 
 
+def served() -> bool:
+    """Whether the running request's answer was the engine's (a 2xx): only then does its slot
+    hold what the table says."""
+    record = access.current.get()
+    return record is None or 200 <= record.status < 300
+
+
 def note(pin: Pinned) -> None:
     """The slot for the request's body, its cache for its answer's header and access line."""
     pinned.set(pin)
@@ -71,32 +79,41 @@ class Book:
 
     def choose(self, blocks: Sequence[int], marks: Sequence[int] = ()) -> tuple[int, int, bool]:
         """The slot for a request with these blocks and marks, how many of its blocks it
-        holds, and whether it holds an earlier request of its conversation. That slot first;
-        else the least recently used (a conversation's history costs more to recompute than
-        a shared system prompt, which llama.cpp's host-memory cache gives any slot), the
-        longest run among equals."""
+        holds, and whether it holds an earlier request of its conversation. A free slot
+        first: the one holding its conversation, else the one holding the longest run of
+        its blocks (a shared system prompt is not computed again; the conversation it
+        displaces goes to llama.cpp's host-memory prompt cache, from which its next turn is
+        loaded into whichever slot it gets), else the least recently used. With none free,
+        the least busy: llama.cpp queues it there, and the table stays what the engine
+        holds (an unpinned request would land where no one knows)."""
         best, best_key = UNPINNED, None
         for index, slot in enumerate(self.slots):
-            if slot.busy:
-                continue
             held = shared_run(slot.blocks, blocks) if blocks else 0
             same = bool(slot.mark) and slot.mark in marks
-            key = (not same, slot.used, -held, index)
+            key = (slot.busy, not same, -held, slot.used, index)
             if best_key is None or key < best_key:
                 best, best_key = index, key
-        if best == UNPINNED or best_key is None:
+        if best_key is None:
             return UNPINNED, 0, False
-        return best, -best_key[2], not best_key[0]
+        return best, -best_key[2], not best_key[1]
 
     def take(self, index: int, blocks: Sequence[int], marks: Sequence[int] = ()) -> None:
         slot = self.slots[index]
         slot.blocks, slot.busy, slot.done = tuple(blocks), slot.busy + 1, False
         slot.mark = marks[-1] if marks else 0
 
-    def give(self, index: int) -> None:
+    def give(self, index: int, served: bool = True) -> None:
         slot = self.slots[index]
         slot.busy = max(0, slot.busy - 1)
         slot.used, slot.done = time.time(), slot.busy == 0
+        if not served:
+            self.spoil(index)
+
+    def spoil(self, index: int) -> None:
+        """What the slot holds is not known (its request failed, or never reached it): no
+        conversation is found there, nor saved from it."""
+        slot = self.slots[index]
+        slot.blocks, slot.mark = (), 0
 
     def holds(self, blocks: Sequence[int]) -> int:
         """The longest run of these blocks any slot holds."""
