@@ -15,7 +15,7 @@ from ondemand.adapter import DjangoDeployer
 from ondemand.controller import Controller
 from ondemand.count_sums import KEEPALIVE_S, PROCESS
 from ondemand.counters import CounterPublisher, channel_publisher
-from ondemand.scheduler import client
+from ondemand.scheduler import client, replica_link
 from ondemand.scheduler.client import RemoteSlot
 from ondemand.state import Slot, View, describe
 from openai_api import wait_status
@@ -126,7 +126,7 @@ class SiteChoices:
         self, urls: tuple[str, ...], deployment: str
     ) -> AbstractAsyncContextManager[str] | None:
         to = client.link()
-        return None if to is None else client.replica(to, urls, deployment)
+        return None if to is None else replica_link.replica(to, urls, deployment)
 
     def adapter(self, route: Route, url: str) -> AbstractAsyncContextManager[None] | None:
         to = client.link()

@@ -30,7 +30,9 @@ def test_it_gives_every_turn_of_a_chat_the_same_conversation() -> None:
     later = chat(
         ("system", "Be brief."), ("user", "Hi."), ("assistant", "Hello."), ("user", "And?")
     )
-    assert hint_of(first, {}, "1", 1000) == hint_of(later, {}, "1", 1000)
+    before, after = hint_of(first, {}, "1", 1000), hint_of(later, {}, "1", 1000)
+    assert (before.conversation, before.prefix) == (after.conversation, after.prefix)
+    assert before.marks == after.marks[: len(before.marks)]  # its earlier state, marked
     # Another key, or another end user, is another conversation.
     assert hint_of(first, {}, "2", 1000).conversation != hint_of(first, {}, "1", 1000).conversation
     assert (

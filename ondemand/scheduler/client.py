@@ -24,18 +24,16 @@ import json
 import logging
 import socket
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from ondemand.count_sums import PROCESS
 from ondemand.scheduler import wire
-from openai_api import access, wait_status
+from openai_api import wait_status
 from openai_api.access import mark_waited
-from openai_api.dispatch import Replica, dispatcher
 from openai_api.errors import GatewayError
-from openai_api.routing import hints, slots
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
@@ -320,57 +318,6 @@ async def place(to: Link, claim: Claim) -> AsyncIterator[None]:
         yield
     finally:
         to.release(ask.id)
-
-
-def pinned_of(chosen: dict[str, Any], count: int) -> slots.Pinned:
-    """The slot the owner pinned the request to, as it said it (unpinned where it said
-    something else)."""
-    slot, cache, blocks = chosen.get("slot"), chosen.get("cache"), chosen.get("blocks")
-    if type(slot) is not int or not 0 <= slot < count or cache not in ("restored", "hit", "miss"):
-        return slots.Pinned()
-    return slots.Pinned(slot, cache, blocks if type(blocks) is int else 0)
-
-
-@contextlib.asynccontextmanager
-async def replica(to: Link, urls: tuple[str, ...], deployment: str) -> AsyncIterator[str]:
-    """One of several replicas, chosen by the owner over the site's outstanding requests
-    (openai_api/routing/), for this request's hint; held until the block ends."""
-    hint = hints.current.get()
-    asked: dict[str, Any] = {"op": "replica", "urls": list(urls), "deployment": deployment}
-    asked["hint"] = None if hint is None else asdict(hint)
-    ask = to.new_ask(asked)
-    try:
-        chosen = await to.answer(ask)
-    except GatewayError as exc:
-        if exc.code != "scheduler_unavailable":
-            raise
-        # No owner now: this process's own counts choose, rather than a 503 for a request
-        # that any replica can serve; its slots are the owner's to choose (the engine places
-        # this request itself, and no ledger is written here).
-        if hint is not None and hint.slots:
-            hints.current.set(replace(hint, slots=0))
-        async with Replica(dispatcher.router, urls, deployment) as url:
-            yield url
-        return
-    url = str(chosen.get("url"))
-    if url not in urls:
-        to.release(ask.id)
-        raise unavailable("it chose a replica the route does not have")
-    record = access.current.get()
-    if record is not None and len(urls) > 1:
-        record.replica, record.routed_by = urls.index(url), str(chosen.get("routed_by", ""))
-    held: dict[str, Any] = {"kind": "replica", "url": url}
-    if hint is not None and hint.slots:
-        pin = pinned_of(chosen, hint.slots)
-        slots.note(pin)
-        held["slot"] = pin.slot
-    to.hold(ask, held)
-    failed = True
-    try:
-        yield url
-        failed = not slots.served()
-    finally:
-        to.release(ask.id, failed=failed and "slot" in held)
 
 
 @contextlib.asynccontextmanager

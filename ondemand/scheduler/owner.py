@@ -22,7 +22,6 @@ import functools
 import logging
 import math
 import os
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
@@ -31,11 +30,11 @@ from django.db import DatabaseError
 from common.redis_errors import with_redis_errors
 from ondemand import registry
 from ondemand.scheduler import client, gpu_said, reservations, wire
-from ondemand.state import Slot, View
+from ondemand.scheduler.asked import adapter_route, as_routed, claim_of, rated, view_of
 from openai_api import access, wait_status
 from openai_api.auth import RateLimiter
-from openai_api.catalog import Adapter, Route, catalog
-from openai_api.concurrency import Claim, limits
+from openai_api.catalog import catalog
+from openai_api.concurrency import limits
 from openai_api.dispatch import dispatcher
 from openai_api.errors import GatewayError
 from openai_api.routing import hints
@@ -47,6 +46,8 @@ from openai_api.usage.gpu_time import GpuMeter, Ticket
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
+
+    from ondemand.state import Slot
 
 log = logging.getLogger(__name__)
 FIGURES_EVERY_S = 1.0  # a waiting request's figures are said again this often when changed
@@ -66,37 +67,6 @@ class Marks:
     waited = ""
     replica: int | None = None
     routed_by = ""
-
-
-def adapter_route(about: dict[str, Any]) -> Route:
-    """An adapter's route as runtime_adapters reads it: its name, idle timeout and files."""
-    return Route(
-        deployment_id=0,
-        name=str(about["name"]),
-        aliases=(),
-        loader="vllm",
-        usecase="generate",
-        endpoints=frozenset(),
-        state="ready",
-        on_demand=False,
-        urls=(),
-        created=0,
-        idle_timeout_s=float(about["idle_timeout_s"]),
-        adapter=Adapter(**about["adapter"]),
-    )
-
-
-def view_of(fields: dict[str, Any]) -> View:
-    """The asking gateway's view of a deployment, from its route table (no query)."""
-    return View(
-        id=int(fields["id"]),
-        name=str(fields["name"]),
-        state=str(fields["state"]),
-        on_demand=bool(fields["on_demand"]),
-        need_gib=0.0,
-        idle_timeout_s=float(fields["idle_timeout_s"]),
-        urls=tuple(str(url) for url in fields["urls"]),
-    )
 
 
 def refusal(exc: BaseException) -> dict[str, Any]:
@@ -471,44 +441,8 @@ class Owner:
         return hello, nonce
 
 
-def rated(message: dict[str, Any]) -> tuple[int, int]:
-    """A rate-limited arrival's key and limit as a gateway said them, checked."""
-    key, limit = message.get("key"), message.get("limit")
-    # No upper bound: a window holds the arrivals of one minute, what was let in, whatever
-    # the limit (a key of 10**9 a minute is one an operator made unlimited).
-    if type(key) is not int or type(limit) is not int or limit <= 0:
-        raise wire.WireError("a rate limit's key or limit of the wrong type")
-    return key, limit
-
-
 def nothing() -> None:
     """What a status question holds."""
-
-
-def claim_of(fields: Any) -> Claim:
-    """A place's claim as a gateway said it, checked: whole numbers where numbers go (a wrong
-    type would fail later, in the owner's loop, not in this link's)."""
-    if not isinstance(fields, dict):
-        raise wire.WireError("a claim that is not an object")
-    claim = Claim(**fields)
-    numbers = (claim.deployment_id, claim.priority)
-    maybe = (claim.deployment_cap, claim.key_id, claim.key_cap)
-    if not all(type(n) is int for n in numbers) or not isinstance(claim.deployment, str):
-        raise wire.WireError("a claim with a field of the wrong type")
-    if not all(n is None or (type(n) is int and n >= 0) for n in maybe):
-        raise wire.WireError("a claim with a field of the wrong type")
-    return claim
-
-
-def as_routed(hint: Hint | None, deployment: str) -> Hint | None:
-    """A gateway's hint with what the route says of its engine (batch, slots, kept caches)
-    as this owner's table has it: two gateways whose tables differ for a moment never make
-    it rebuild a replica's slots back and forth."""
-    snapshot = catalog.snapshot
-    route = snapshot.routes.get(deployment) if snapshot is not None else None
-    if hint is None or route is None:
-        return hint
-    return replace(hint, batch=route.batch, slots=route.slots, keep=route.keeps_cache)
 
 
 def addresses() -> list[wire.Address]:
