@@ -161,7 +161,7 @@ def main() -> None:
         setup_django(workdir)
         from django.core.management import call_command  # noqa: PLC0415 - after setup_django()
 
-        from deployments import deployer  # noqa: PLC0415 - after setup_django()
+        from deployments import deployer, kv_store  # noqa: PLC0415 - after setup_django()
         from deployments.example_models import CATALOG  # noqa: PLC0415 - after setup_django()
         from deployments.models import Deployment  # noqa: PLC0415 - after setup_django()
         from openai_api.models import ApiKey  # noqa: PLC0415 - after setup_django()
@@ -190,12 +190,20 @@ def main() -> None:
             "MSHIP_CACHE_FIGURES": "all",  # the cached tokens reach the bench
             "MSHIP_KV_KEEP_MIN_TOKENS": "64",
         }
-        try:
-            kept = run(True, args, key, env)
-            cold = run(False, args, key, env)
-        finally:
+
+        def settle() -> None:
+            """Both models stopped and nothing saved: each run begins alike (a gateway
+            that starts anew does not know the last one's idle engines are idle)."""
             for row in (smol, other):
                 deployer.stop(row.pk)
+            kv_store.purge("smol")
+
+        try:
+            kept = run(True, args, key, env)
+            settle()
+            cold = run(False, args, key, env)
+        finally:
+            settle()
     report(kept, cold)
 
 

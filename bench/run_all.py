@@ -106,6 +106,12 @@ RUNS: list[tuple[str, list[str], list[str] | None]] = [
         ],
     ),
     (
+        "A conversation's KV cache across a swap: SmolLM2 on llama.cpp swapped out by another"
+        " on-demand model between two turns, restored against computed again",
+        ["kv_resume.py"],
+        ["kv_resume.py", "--tokens", "300"],
+    ),
+    (
         "On-demand cold start, the simulated engine",
         ["cold_start.py", "--runs", "5"],
         ["cold_start.py", "--runs", "1"],
@@ -165,7 +171,13 @@ NOT_PASSED = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR", "DJANGO_S
 # wall time, measured).
 SMOKE_JOBS = 3
 # The longest smoke runs start first (longest first), so none is left to run alone at the end.
-SLOW_FIRST = ("litellm_anchor.py", "gateway.py", "prefix_routing.py", "usage_cost.py")
+SLOW_FIRST = (
+    "litellm_anchor.py",
+    "gateway.py",
+    "prefix_routing.py",
+    "usage_cost.py",
+    "kv_resume.py",
+)
 
 
 def passed_env() -> dict[str, str]:

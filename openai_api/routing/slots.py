@@ -5,9 +5,9 @@ Each replica's book keeps, per slot, the block hashes of the prompt it was last 
 (routing/blocks.py: chained, so a run of equal hashes is a shared prefix, within one tenant
 only) and the mark of its whole text (an earlier request of a conversation is among its later
 one's marks), whether a request is on it, and when it was last used. A request goes to the
-free slot holding its conversation, else to the free slot holding the longest run of its
-blocks, else to the least recently used; when every slot is busy, to the least busy
-(llama.cpp queues it there).
+free slot holding its conversation, else to the free slot where the least is computed in
+all (what it must compute there and what the conversation it displaces loses); when every
+slot is busy, to the least busy (llama.cpp queues it there).
 The choice is made where the replica choice is (the scheduler's owner, where several gateway
 processes serve), so no two processes pin two conversations to one slot.
 
@@ -80,22 +80,25 @@ class Book:
     def choose(self, blocks: Sequence[int], marks: Sequence[int] = ()) -> tuple[int, int, bool]:
         """The slot for a request with these blocks and marks, how many of its blocks it
         holds, and whether it holds an earlier request of its conversation. A free slot
-        first: the one holding its conversation, else the one holding the longest run of
-        its blocks (a shared system prompt is not computed again; the conversation it
-        displaces goes to llama.cpp's host-memory prompt cache, from which its next turn is
-        loaded into whichever slot it gets), else the least recently used. With none free,
-        the least busy: llama.cpp queues it there, and the table stays what the engine
-        holds (an unpinned request would land where no one knows)."""
+        first: the one holding its conversation, else the one where the least is computed
+        in all: what the request must compute there (its blocks beyond the slot's run)
+        plus what the conversation it displaces loses (the slot's blocks beyond that run,
+        computed again at its next turn: llama.cpp keeps a slot's cache nowhere else), the
+        least recently used among equals. A long system prompt is shared; a long history
+        is not displaced for it. With none free, the least busy: llama.cpp queues it there,
+        and the table stays what the engine holds (an unpinned request would land where no
+        one knows)."""
         best, best_key = UNPINNED, None
         for index, slot in enumerate(self.slots):
             held = shared_run(slot.blocks, blocks) if blocks else 0
             same = bool(slot.mark) and slot.mark in marks
-            key = (slot.busy, not same, -held, slot.used, index)
+            lost = len(slot.blocks) - 2 * held  # and the request's own length, the same anywhere
+            key = (slot.busy, not same, lost, slot.used, index, held)
             if best_key is None or key < best_key:
                 best, best_key = index, key
         if best_key is None:
             return UNPINNED, 0, False
-        return best, -best_key[2], not best_key[1]
+        return best, best_key[5], not best_key[1]
 
     def take(self, index: int, blocks: Sequence[int], marks: Sequence[int] = ()) -> None:
         slot = self.slots[index]
