@@ -74,18 +74,23 @@ def test_it_sends_a_request_to_the_replica_with_the_longest_run_of_its_blocks() 
 
 
 @pytest.mark.parametrize(
-    ("loads", "floor", "chosen"),
+    ("loads", "floor", "run", "chosen"),
     [
-        ({C: 1}, 1, A),  # at low load the plain bound is 1: C is full, the run is lost
-        ({C: 1}, 4, C),  # the engine's 4 slots are the floor: C keeps the conversation
-        ({C: 4}, 4, A),  # past its batch size, the next with room
+        ({C: 1}, 1, 1, A),  # at low load the plain bound is 1: C is full, a short run is lost
+        ({C: 1}, 4, 1, C),  # the engine's 4 slots are the floor: C keeps the conversation
+        ({C: 4}, 4, 1, A),  # past its batch size, the next with room
+        ({C: 1}, 1, 6, C),  # a long run waits rather than is computed again: twice the bound
+        ({C: 7}, 4, 6, C),
+        ({C: 8}, 4, 6, A),  # past twice the bound, the next with room
     ],
 )
 def test_it_holds_affinity_up_to_the_engines_batch_size(
-    loads: dict[str, int], floor: int, chosen: str
+    loads: dict[str, int], floor: int, run: int, chosen: str
 ) -> None:
     data = chat("question " * 100)
-    assert score((A, B, C), loads, blocks(data), held_by(C, data), floor=floor)[0] == chosen
+    table = Table()
+    table.record(blocks(data)[:run])
+    assert score((A, B, C), loads, blocks(data), {C: table}, floor=floor)[0] == chosen
 
 
 def test_it_weighs_an_adapter_loaded_and_breaks_ties_by_load_then_order() -> None:

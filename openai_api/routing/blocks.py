@@ -36,6 +36,7 @@ BLOCK_CHARS: Final = 512  # about 128 tokens: a block a cache keeps or misses wh
 MAX_BLOCKS: Final = 128  # 64 KiB of a prompt read at most (the hints' own scan bound)
 MAX_KEPT: Final = 50_000  # hashes a replica's table keeps (8 bytes each and the dict's)
 ADAPTER_BLOCKS: Final = 8  # what an adapter already loaded is worth, in blocks
+LONG_RUN: Final = 4  # blocks held (about 500 tokens) that let a replica pass its load bound
 SEPARATOR: Final = "\x1e"
 MAX_TOOLS: Final = 128  # tools read for the layout (their JSON cut at the blocks' budget)
 
@@ -190,15 +191,23 @@ def score(
 ) -> tuple[str, int]:
     """The replica for a request and the blocks it holds of it. `floor`: the engine's batch
     size, below which the load bound never falls; `adapter_on`: the replicas that have the
-    adapter the request needs loaded."""
+    adapter the request needs loaded. A replica holding LONG_RUN blocks or more of it may
+    take it up to twice the bound: computing that much again elsewhere costs more than
+    waiting behind a few requests. No replica holding any: the fewest outstanding, so that
+    new prompts (a tenant's system prompt) spread."""
     if not urls:
         raise ValueError("no replica to choose from")
     cap = bound(loads, tuple(urls), epsilon, floor)
-    open_ = [url for url in urls if loads.get(url, 0) < cap] or list(urls)
+    held_by = {}
+    for url in urls:
+        table = tables.get(url)
+        held_by[url] = table.longest(hashes) if table is not None and hashes else 0
+    open_ = [
+        url for url in urls if loads.get(url, 0) < (2 * cap if held_by[url] >= LONG_RUN else cap)
+    ] or list(urls)
     best, best_key, held = open_[0], None, 0
     for order, url in enumerate(open_):
-        table = tables.get(url)
-        blocks = table.longest(hashes) if table is not None and hashes else 0
+        blocks = held_by[url]
         worth = blocks + (ADAPTER_BLOCKS if url in adapter_on else 0)
         key = (-worth, loads.get(url, 0), order)
         if best_key is None or key < best_key:

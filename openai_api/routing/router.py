@@ -129,6 +129,11 @@ class Router:
         reason: Reason
         if held:
             url, reason = cached, "cache"
+        elif hint is not None and hint.blocks and affine not in urls:
+            # A new prompt (no replica holds a block of it): the fewest outstanding, its
+            # prefix's own replica among equals.
+            url = cached
+            reason = "prefix" if hint.prefix and url == home(hint.prefix, urls) else "load"
         else:
             url, reason = choose(
                 urls,
