@@ -51,7 +51,7 @@ def test_it_runs_every_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     places = [report.find(f"`bench/{script}.py ") for script in scripts]
     assert -1 not in places, dict(zip(scripts, places, strict=True))
     assert places == sorted(places), dict(zip(scripts, places, strict=True))
-    assert report.count("(exit 0,") == 16  # cold_start twice: the simulated engine, the tiny GGUF
+    assert report.count("(exit 0,") == 17  # cold_start twice: the simulated engine, the tiny GGUF
     assert "gateway/modelship-w2" in report  # `serve --workers 2`
     assert "GPU memory in use" in report  # the fleet's figures
     assert "| cache-aware |" in report  # the routing policies' figures
