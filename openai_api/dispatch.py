@@ -101,14 +101,8 @@ class Replica:
         self.slot = UNPINNED
 
     async def __aenter__(self) -> str:
-        urls = self.urls
-        if len(urls) == 1 and hints.current.get() is None:
-            url = urls[0]
-        else:
-            url, pin = await self.router.take(urls, self.deployment)
-            self.slot = pin.slot if pin is not None else UNPINNED
-        outstanding = self.router.outstanding
-        outstanding[url] = outstanding.get(url, 0) + 1
+        url, pin = await self.router.take(self.urls, self.deployment)
+        self.slot = pin.slot if pin is not None else UNPINNED
         self.url = url
         return url
 

@@ -117,6 +117,15 @@ def site_of(workers: int, django_db_blocker: Any, tmp_path_factory: Any) -> Iter
             serve.wait(60)
 
 
+@pytest.fixture(scope="module")
+def four_workers(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any
+) -> Iterator[Site]:
+    """`serve --workers 4` for the module (a test that needs no `--workers 1` twin)."""
+    with site_of(4, django_db_blocker, tmp_path_factory) as site:
+        yield site
+
+
 @pytest.fixture
 def four(served: Site) -> Site:
     """The site of several workers, for the tests of the scheduler's own process."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -21,24 +21,16 @@ from openai_api.usage.held import held_gpu_seconds
 from openai_api.usage.models import UsageMinute
 from openai_api.usage.report import usage_rows
 from tests.conftest import sim, wait_until
-from tests.site_support import HI, Site, finished, known, shown, site_of, started, streams
+from tests.site_support import HI, Site, finished, known, shown, started, streams
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from deployments.models import Deployment
 
 pytestmark = pytest.mark.usefixtures("engines")
 GIB = 2.0
 SHARE = GIB / 17  # of the served site's 17 GiB budget
-
-
-@pytest.fixture(scope="module")
-def four_workers(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any
-) -> Iterator[Site]:
-    with site_of(4, django_db_blocker, tmp_path_factory) as site:
-        yield site
 
 
 def charged(key: str, model: str) -> float:

@@ -12,24 +12,16 @@ import pytest
 
 from deployments import deployer, kv_store
 from deployments.models import State
-from tests.site_support import Site, known, shown, site_of, started
+from tests.site_support import Site, known, shown, started
 from tests.test_kv_keep import OTHER, conversation, said, tiny_model  # noqa: F401 - a fixture
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
     from deployments.models import Deployment
 
 pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.heavy]
-
-
-@pytest.fixture(scope="module")
-def four_workers(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any
-) -> Iterator[Site]:
-    with site_of(4, django_db_blocker, tmp_path_factory) as site:
-        yield site
 
 
 def chat(url: str, key: str, messages: list[dict[str, str]]) -> httpx.Response:

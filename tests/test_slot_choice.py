@@ -122,7 +122,6 @@ def test_it_routes_by_blocks_under_a_floor_and_pins_slots() -> None:
                 url, pin = await router.take(urls, "chat")
             finally:
                 hints.current.reset(token)
-            outstanding[url] = outstanding.get(url, 0) + 1
             placed.append((url, pin.slot if pin is not None else UNPINNED))
         return placed
 

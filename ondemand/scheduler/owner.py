@@ -275,8 +275,6 @@ class Gateway:
         hints.current.set(as_routed(said, deployment))
         marks = cast("Marks", access.current.get())
         url, pin = await dispatcher.router.take(urls, deployment)
-        outstanding = dispatcher.router.outstanding
-        outstanding[url] = outstanding.get(url, 0) + 1
         slot = pin.slot if pin is not None else UNPINNED
         chosen: dict[str, Any] = {"url": url, "routed_by": marks.routed_by}
         if pin is not None:

@@ -4,9 +4,8 @@ engine's last stop, that cache is restored into the slot (`POST /slots/{id}?acti
 
 The folder's index is read again only where it changed (its time: one stat a request of a
 route that keeps caches); reading it, taking an entry and letting its file go run off the
-event loop. A
-file the engine refuses (corrupt, truncated, another model's) is deleted and the request is
-served as it would have been: cold.
+event loop. A file the engine refuses (corrupt, truncated, another model's) is deleted and
+the request is served as it would have been: cold.
 """
 
 from __future__ import annotations
@@ -54,12 +53,10 @@ async def restore(name: str, url: str, slot: int, hint: Hint, held: tuple[int, b
     if not hint.blocks:
         return None
     blocks, marks = list(hint.blocks), set(hint.marks)
-    better = [
-        found
+    if not any(
+        (found := kv_store.worth_restoring(entry, blocks, marks)) is not None and found > held
         for entry in await saved(name)
-        if (found := kv_store.worth_restoring(entry, blocks, marks)) is not None and found > held
-    ]
-    if not better:
+    ):
         return None
     entry, _ = await asyncio.to_thread(kv_store.take, name, blocks, list(hint.marks), held)
     if entry is None:

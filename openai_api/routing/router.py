@@ -33,7 +33,6 @@ from openai_api.routing.slots import UNPINNED, Book, Cache, Pinned, note
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,6 @@ class Router:
         self.books: dict[str, Book] = {}
         self.kept: dict[str, str] = {}  # a replica whose slots are kept -> its deployment
         self.writer: ThreadPoolExecutor | None = None  # the ledgers', in order
-        self.written: Future[None] | None = None
         self.unwritten: dict[str, tuple[Path, dict[str, object]]] = {}
         self.engines = EngineLoads(self.ours)
 
@@ -74,15 +72,16 @@ class Router:
         return found
 
     async def take(self, urls: tuple[str, ...], deployment: str) -> tuple[str, Pinned | None]:
-        """A replica for the running request (the only one, or the one `pick` chooses), and
-        its slot where the route's engine has slots the gateway chooses (also left in
-        slots.pinned for the request's body)."""
+        """A replica for the running request (the only one, or the one `pick` chooses),
+        counted outstanding until `give`, and its slot where the route's engine has slots the
+        gateway chooses (also left in slots.pinned for the request's body)."""
         hint = current.get()
         url = urls[0] if len(urls) == 1 else (await self.pick(urls, deployment))[0]
         pin = None
         if hint is not None and hint.slots:
             pin = await self.pin(url, deployment, hint)
             note(pin)
+        self.outstanding[url] = self.outstanding.get(url, 0) + 1
         return url, pin
 
     def give(self, url: str, slot: int = UNPINNED, served: bool = True) -> None:
@@ -242,7 +241,7 @@ class Router:
         waiting = url in self.unwritten
         self.unwritten[url] = (kv_store.folder(deployment), book.ledger())
         if not waiting:
-            self.written = self.writer.submit(self.write_ledger, url)
+            self.writer.submit(self.write_ledger, url)
 
     def write_ledger(self, url: str) -> None:
         where, said = self.unwritten.pop(url)

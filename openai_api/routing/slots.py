@@ -11,7 +11,7 @@ slot is busy, to the least busy (llama.cpp queues it there).
 The choice is made where the replica choice is (the scheduler's owner, where several gateway
 processes serve), so no two processes pin two conversations to one slot.
 
-Where the route keeps its caches across a stop (routing/kv_keep.py), each change of a slot is
+Where the route keeps its caches across a stop (deployments/kv_store.py), each change of a slot is
 written to the replica's ledger, which the stop reads to save the slots worth keeping.
 """
 
