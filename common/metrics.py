@@ -88,6 +88,13 @@ kv_saves = Counter(
     "llama.cpp slot caches saved to disk as their engine stopped (deployments/kv_store.py).",
     ["deployment"],
 )
+slot_copies = Counter(
+    "modelship_slot_copies",
+    "llama.cpp slot caches copied into another slot of their replica for a request sharing"
+    " their prefix (openai_api/routing/slot_copy.py), by outcome: copied, or failed (served"
+    " as it would have been).",
+    ["deployment", "outcome"],
+)
 kv_restores = Counter(
     "modelship_kv_restores",
     "Saved slot caches restored for a request after a start, by outcome: restored, or"

@@ -54,6 +54,10 @@ SAVE_DEADLINE_S: Final = 5.0
 MAX_ENTRIES: Final = 4096  # per deployment
 REMOVED: Final = "removed"  # a deletion's stop (deployments/tasks.py): nothing to keep
 FILE: Final = re.compile(r"[0-9a-f]{16}\.bin")
+# A slot's cache on its way to another slot (openai_api/routing/slot_copy.py): deleted once
+# restored; one a crash left is deleted at the next start, past COPY_LEFT_S.
+COPY_SUFFIX: Final = ".copy"
+COPY_LEFT_S: Final = 60.0
 
 
 @dataclass
@@ -84,13 +88,25 @@ def folder(name: str) -> Path:
 def keeps(deployment: Deployment) -> bool:
     """Whether its slots' caches are kept across a stop: an on-demand llama.cpp chat model
     run as a process on this host (a container or a Ray node does not see this folder)."""
+    return deployment.is_on_demand and saves_slots(deployment)
+
+
+def copies(deployment: Deployment, slots: int) -> bool:
+    """Whether a free slot of one of its replicas is given another's cache of a shared prefix
+    (openai_api/routing/slot_copy.py): a llama.cpp chat model as `keeps` says, with `slots`
+    (those the gateway pins its requests to) to copy among, always-on or on-demand."""
+    return settings.MSHIP_SLOT_COPY_MIN_BLOCKS > 0 and slots > 1 and saves_slots(deployment)
+
+
+def saves_slots(deployment: Deployment) -> bool:
+    """A llama.cpp chat model run as a process on this host (a container or a Ray node does
+    not see the folder its slots are saved in), where the site lets caches touch the disk."""
     from deployments.models import Runtime  # noqa: PLC0415 - models import this module's users
 
     return (
         settings.MSHIP_KV_KEEP_BYTES > 0
         and deployment.loader == "llama_server"
         and deployment.usecase == "generate"
-        and deployment.is_on_demand
         and deployment.runtime == Runtime.PROCESS
         and deployment.adapter_of_id is None
         # llama.cpp saves no slot of a model that reads images (its projector's state).
@@ -166,6 +182,12 @@ def prepare(deployment: Deployment, adapters: tuple[str, ...] = ()) -> Path:
         for ledger in where.glob("ledger-*.json"):  # of engines gone: this one starts anew
             with contextlib.suppress(OSError):
                 ledger.unlink()
+        # A copy in flight belongs to another replica still running (a replica replaced).
+        left = time.time() - COPY_LEFT_S
+        for copy in where.glob(f"*{COPY_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if copy.stat().st_mtime < left:
+                    copy.unlink()
     return where
 
 
@@ -177,6 +199,9 @@ def purge(name: str) -> None:
             for entry in list(index.entries):
                 drop(where, index, entry)
             sweep(where, index)
+            for copy in where.glob(f"*{COPY_SUFFIX}"):
+                with contextlib.suppress(OSError):
+                    copy.unlink()
 
 
 def sweep(where: Path, index: Index) -> None:

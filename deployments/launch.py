@@ -166,7 +166,8 @@ def launch_all(
     loras = lora_files(deployment)
     enabled = has_adapters(deployment)
     spec = dataclasses.replace(spec, adapters=tuple(p for _, p in loras), lora=enabled)
-    if kv_store.keeps(deployment):  # its slots' caches saved at a stop, restored after
+    # Its slots' caches saved at a stop and restored after, or copied between its slots.
+    if kv_store.keeps(deployment) or kv_store.copies(deployment, loader.pinned_slots(spec)):
         try:
             saved_in = str(kv_store.prepare(deployment, spec.adapters))
             spec = dataclasses.replace(spec, slot_save_path=saved_in)

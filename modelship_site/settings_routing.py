@@ -44,3 +44,8 @@ MSHIP_KV_KEEP_BYTES = env_int("MSHIP_KV_KEEP_BYTES", 4 << 30)
 MSHIP_KV_KEEP_MIN_TOKENS = env_int("MSHIP_KV_KEEP_MIN_TOKENS", 512)
 MSHIP_KV_KEEP_RECENT_S = env_float("MSHIP_KV_KEEP_RECENT_S", 3600)
 MSHIP_KV_KEEP_MAX_AGE_S = env_float("MSHIP_KV_KEEP_MAX_AGE_S", 86400)
+# A llama.cpp request whose slot holds this many fewer blocks (512 characters) of its prompt
+# than another free slot of its replica has that slot's cache copied into its own first
+# (openai_api/routing/slot_copy.py): a shared system prompt computed once per replica, not
+# once per slot. 0: never; with MSHIP_KV_KEEP_BYTES=0 neither (the copy goes through disk).
+MSHIP_SLOT_COPY_MIN_BLOCKS = env_int("MSHIP_SLOT_COPY_MIN_BLOCKS", 4)

@@ -78,11 +78,13 @@ class Route:
     # list, in order): a request for an adapter names its place in its engine's own list.
     loras: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Requests its engine serves at once (the replica choice's load floor), the slots the
-    # gateway pins its requests to (0: none), and whether their caches are saved at a stop
-    # and restored after (openai_api/routing/, deployments/kv_store.py).
+    # gateway pins its requests to (0: none), whether their caches are saved at a stop
+    # and restored after, and whether one is copied into another slot (openai_api/routing/,
+    # deployments/kv_store.py).
     batch: int = 1
     slots: int = 0
     keeps_cache: bool = False
+    copies_slots: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ def route_of(d: Deployment) -> Route:
         batch=loader.batch_size(spec) if loader else 1,
         slots=loader.pinned_slots(spec) if loader else 0,
         keeps_cache=kv_store.keeps(d),
+        copies_slots=kv_store.copies(d, loader.pinned_slots(spec)) if loader else False,
         loras=tuple(
             (str(h.get("url", "")), tuple(str(n) for n in h.get("adapters", ())))
             for h in handles
@@ -204,6 +207,7 @@ def adapter_route(adapter: Deployment, base: Deployment) -> Route:
         created=int(adapter.created.timestamp()),
         adapter=found,
         keeps_cache=False,  # its requests share its base's slots; the base's stop saves them
+        copies_slots=False,
     )
 
 

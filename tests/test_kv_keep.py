@@ -153,6 +153,79 @@ def test_it_pins_a_conversation_to_its_slot_and_restores_it_after_a_stop(
     assert restores(gateway_url, "restored") == restored + 1
 
 
+def test_it_copies_a_shared_system_prompt_into_a_free_slot_rather_than_compute_it(
+    kept: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str], keeping: Any
+) -> None:
+    keeping.MSHIP_SLOT_COPY_MIN_BLOCKS = 2  # SYSTEM is three blocks
+    kept()
+    key = api_key()
+    # Ada's opening holds a long question: her slot holds more than the system prompt, so a
+    # second conversation is not put there (her history would be computed again).
+    long_question = "Which of these lines are wrong: " + "the ninth entry, " * 40
+    ada = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": long_question}]
+    first = chat(gateway_url, key, ada)
+    assert first.headers["x-modelship-cache"] == "miss"
+    grace = chat(gateway_url, key, conversation("Grace"))
+    assert grace.headers["x-modelship-cache"] == "copied"
+    assert computed(grace) < computed(first) // 3  # the system prompt came with the copy
+    assert copies(gateway_url, "copied") >= 1
+    assert not list(kv_store.folder("keeper").glob(f"*{kv_store.COPY_SUFFIX}"))  # let go
+    # The copy is the system prompt's own cache: Grace's answer computed with none is the same.
+    cold = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={
+            "model": "keeper",
+            "messages": conversation("Grace"),
+            "max_tokens": 8,
+            "temperature": 0,
+            "cache_prompt": False,
+        },
+        headers={"authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+    assert computed(cold) > computed(first) // 2, cold.json()["timings"]
+    assert said(cold) == said(grace)
+    # And Ada's slot still holds her: her next turn computes only what it adds.
+    again = chat(gateway_url, key, [*ada, *conversation("Ada", first)[2:]])
+    assert again.headers["x-modelship-cache"] == "hit"
+    assert computed(again) < computed(first) // 2
+
+
+def test_it_serves_a_request_whose_copy_the_engine_refuses_as_it_would_have_been(
+    kept: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    keeping: Any,
+    tmp_path: Path,
+) -> None:
+    keeping.MSHIP_SLOT_COPY_MIN_BLOCKS = 2
+    kept()
+    key = api_key()
+    long_question = "Which of these lines are wrong: " + "the ninth entry, " * 40
+    ada = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": long_question}]
+    first = chat(gateway_url, key, ada)
+    # The engine cannot write its copy: its folder is gone and a file stands in its way.
+    folder = kv_store.folder("keeper")
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+    folder.write_text("not a folder")
+    failed = copies(gateway_url, "failed")
+    grace = chat(gateway_url, key, conversation("Grace"))
+    assert grace.headers["x-modelship-cache"] == "miss"
+    assert computed(grace) > computed(first) // 2  # computed, as with no copy at all
+    assert copies(gateway_url, "failed") == failed + 1
+    folder.unlink()
+
+
+def copies(url: str, outcome: str) -> float:
+    sample = f'modelship_slot_copies_total{{deployment="keeper",outcome="{outcome}"}} '
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(sample):
+            return float(line.removeprefix(sample))
+    return 0.0
+
+
 def test_it_never_restores_a_cache_for_another_tenant_nor_into_a_changed_model(
     kept: Callable[..., Deployment], gateway_url: str, api_key: Callable[..., str]
 ) -> None:

@@ -69,6 +69,35 @@ def test_it_returns_a_conversation_to_its_slot_else_the_longest_run_else_the_old
     assert book.slots[2].blocks == () and book.slots[2].mark == 0
 
 
+def test_it_copies_a_shared_prefix_from_a_free_slot_rather_than_displace_a_history() -> None:
+    book = Book.of(3)
+    ada = keys(chat("I am Ada.", "Hello Ada.", "Check the second line of the ledger. " * 30))
+    grace = keys(chat("I am Grace."))
+    book.take(0, ada.blocks, ada.marks)
+    book.give(0)
+    shared = len(grace.blocks)
+    assert shared > len(ada.blocks) - shared > 1  # her history is shorter than the prompt
+    # With no copy: Ada's slot (her history beyond the system prompt is lost).
+    assert book.choose(grace.blocks, grace.marks) == (0, shared, False)
+    # With a copy of 2 blocks or more: a free slot, given Ada's cache; Ada keeps hers.
+    slot, held, _ = book.choose(grace.blocks, grace.marks, copy_min=2)
+    assert slot == 1 and held == 0
+    assert book.donor(grace.blocks, slot) == (0, shared)
+    # A copy that would gain fewer blocks than asked is not made.
+    assert book.choose(grace.blocks, grace.marks, copy_min=shared + 1)[0] == 0
+    # A busy slot gives no copy (llama.cpp saves it only once its request ends), and a lent
+    # one takes no request while it is read.
+    book.lend(0)
+    assert book.donor(grace.blocks) == (UNPINNED, 0)
+    assert book.choose(grace.blocks, grace.marks, copy_min=2)[0] == 1
+    book.lent(0)
+    assert book.slots[0].busy == 0 and book.slots[0].blocks == ada.blocks
+    # Among donors holding the same run, the smallest cache (the whole cache is copied).
+    book.take(2, grace.blocks, grace.marks)
+    book.give(2)
+    assert book.donor(grace.blocks, 1) == (2, shared)
+
+
 def _of(hint: Hint) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return hint.blocks, hint.marks
 

@@ -22,14 +22,14 @@ from common import metrics
 from deployments import kv_store
 from openai_api import access
 from openai_api.catalog import catalog
-from openai_api.routing import kv_restore
+from openai_api.routing import kv_restore, slot_copy
 from openai_api.routing.affinity import Affinity
 from openai_api.routing.blocks import Table, score
 from openai_api.routing.choice import Reason, choose, home
 from openai_api.routing.engine_load import EngineLoads
 from openai_api.routing.hints import Hint, current
 from openai_api.routing.shared import Shared
-from openai_api.routing.slots import UNPINNED, Book, Cache, Pinned, note
+from openai_api.routing.slots import UNPINNED, Book, Pinned, note
 from openai_api.runtime_adapters import runtime_adapters
 
 if TYPE_CHECKING:
@@ -208,27 +208,65 @@ class Router:
             if len(self.books) >= MAX_TABLES:
                 del self.books[next(iter(self.books))]
             book = self.books[url] = Book.of(hint.slots)
-        slot, held, same = book.choose(hint.blocks, hint.marks)
+        copy_min = copy_blocks(deployment)
+        slot, held, same = book.choose(hint.blocks, hint.marks, copy_min)
         if slot == UNPINNED:
             return Pinned()
         free = not book.slots[slot].busy
-        book.take(slot, hint.blocks, hint.marks)  # before any await: no other request takes it
-        cache: Cache = "hit" if held else "miss"
+        donor, run = book.donor(hint.blocks, slot) if copy_min and free and not same else (0, 0)
+        if run - held < copy_min or not copy_min:
+            donor = UNPINNED
+        # Before any await: no other request takes the slot, nor one on the donor changes it.
+        book.take(slot, hint.blocks, hint.marks)
+        if donor != UNPINNED:
+            book.lend(donor)
         if hint.keep:
             self.kept[url] = deployment
+        try:
+            pin = await self.fill(
+                url,
+                deployment,
+                hint,
+                Pinned(slot, "hit" if held else "miss", held),
+                free,
+                same,
+                (donor, run),
+            )
+        except BaseException:  # cancelled (its caller left): the slot is let go
+            book.give(slot, served=False)
+            raise
+        finally:
+            if donor != UNPINNED:
+                book.lent(donor)
+        self.ledger(url, book)  # an adapter's request too: the slot no longer holds the base's
+        return pin
+
+    @staticmethod
+    async def fill(
+        url: str,
+        deployment: str,
+        hint: Hint,
+        pin: Pinned,
+        free: bool,
+        same: bool,
+        donor: tuple[int, int],
+    ) -> Pinned:
+        """The pinned slot given more of the request's prompt where it can be: a cache saved
+        at the engine's last stop restored into it, else another free slot's copied."""
         if hint.keep and free:  # a busy slot is another request's: nothing is restored there
             try:
-                found = await kv_restore.restore(deployment, url, slot, hint, (held, same))
+                found = await kv_restore.restore(
+                    deployment, url, pin.slot, hint, (pin.blocks, same)
+                )
             except Exception:  # the request is served cold, as if nothing had been saved
                 log.exception("%s: a saved slot cache was not restored", deployment)
                 found = None
-            except BaseException:  # cancelled (its caller left): the slot is let go
-                book.give(slot, served=False)
-                raise
             if found is not None:
-                held, cache = found, "restored"
-        self.ledger(url, book)  # an adapter's request too: the slot no longer holds the base's
-        return Pinned(slot, cache, held)
+                pin = Pinned(pin.slot, "restored", found)
+        copied = donor[0] != UNPINNED and donor[1] > pin.blocks
+        if copied and await slot_copy.copy(deployment, url, donor[0], pin.slot):
+            pin = Pinned(pin.slot, "copied", donor[1])
+        return pin
 
     def ledger(self, url: str, book: Book) -> None:
         """The replica's slots written where its stop reads them: off the event loop, the
@@ -249,6 +287,15 @@ class Router:
             kv_store.write_ledger(where, url, said)
         except OSError as exc:  # its slots are then not saved at the stop: recomputed after
             log.warning("the slot ledger of %s not written: %s", url, exc)
+
+
+def copy_blocks(deployment: str) -> int:
+    """How many more blocks another free slot must hold for its cache to be copied into a
+    request's slot (0: none is, the route's engines cannot)."""
+    route = catalog.snapshot.routes.get(deployment) if catalog.snapshot else None
+    if route is None or not route.copies_slots:
+        return 0
+    return max(0, settings.MSHIP_SLOT_COPY_MIN_BLOCKS)
 
 
 def ordered(urls: tuple[str, ...], affine: str | None, hint: Hint) -> tuple[str, ...]:

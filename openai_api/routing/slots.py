@@ -28,7 +28,7 @@ from openai_api import access
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-Cache = Literal["restored", "hit", "miss"]
+Cache = Literal["restored", "copied", "hit", "miss"]
 UNPINNED: Final = -1
 
 
@@ -77,11 +77,14 @@ class Book:
     def of(cls, count: int) -> Book:
         return cls([Slot() for _ in range(count)])
 
-    def choose(self, blocks: Sequence[int], marks: Sequence[int] = ()) -> tuple[int, int, bool]:
+    def choose(
+        self, blocks: Sequence[int], marks: Sequence[int] = (), copy_min: int = 0
+    ) -> tuple[int, int, bool]:
         """The slot for a request with these blocks and marks, how many of its blocks it
         holds, and whether it holds an earlier request of its conversation. A free slot
         first: the one holding its conversation, else the one where the least is computed
-        in all: what the request must compute there (its blocks beyond the slot's run)
+        in all: what the request must compute there (its blocks beyond the slot's run, or
+        beyond the run a free slot's copy gives it, where `copy_min` or more blocks longer)
         plus what the conversation it displaces loses (the slot's blocks beyond that run,
         computed again at its next turn: llama.cpp keeps a slot's cache nowhere else), the
         least recently used among equals. A long system prompt is shared; a long history
@@ -89,10 +92,13 @@ class Book:
         and the table stays what the engine holds (an unpinned request would land where no
         one knows)."""
         best, best_key = UNPINNED, None
+        copied = self.donor(blocks)[1] if copy_min > 0 else 0
         for index, slot in enumerate(self.slots):
             held = shared_run(slot.blocks, blocks) if blocks else 0
             same = bool(slot.mark) and slot.mark in marks
-            lost = len(slot.blocks) - 2 * held  # and the request's own length, the same anywhere
+            given = copied if copied - held >= copy_min > 0 and not slot.busy else held
+            # And the request's own length, the same anywhere.
+            lost = len(slot.blocks) - held - given
             key = (slot.busy, not same, lost, slot.used, index, held)
             if best_key is None or key < best_key:
                 best, best_key = index, key
@@ -104,6 +110,29 @@ class Book:
         slot = self.slots[index]
         slot.blocks, slot.busy, slot.done = tuple(blocks), slot.busy + 1, False
         slot.mark = marks[-1] if marks else 0
+
+    def donor(self, blocks: Sequence[int], other_than: int = UNPINNED) -> tuple[int, int]:
+        """The free slot whose cache is best copied for a request with these blocks, and the
+        run of them it holds: the longest run, the least held beyond it among equals (the
+        whole cache is copied, not its run only); (UNPINNED, 0) where none holds any."""
+        best, best_key = UNPINNED, (0, 0)
+        for index, slot in enumerate(self.slots):
+            if slot.busy or not slot.done or index == other_than or not blocks:
+                continue
+            held = shared_run(slot.blocks, blocks)
+            key = (held, -len(slot.blocks))
+            if held and key > best_key:
+                best, best_key = index, key
+        return best, best_key[0]
+
+    def lend(self, index: int) -> None:
+        """The slot's cache is being read (copied to another): busy, so none is put on it."""
+        self.slots[index].busy += 1
+
+    def lent(self, index: int) -> None:
+        """Its cache read: as it was (when it was last used is unchanged)."""
+        slot = self.slots[index]
+        slot.busy = max(0, slot.busy - 1)
 
     def give(self, index: int, served: bool = True) -> None:
         slot = self.slots[index]
