@@ -181,6 +181,7 @@ def test_it_lets_an_editor_tune_an_engine(editor: User) -> None:
     api = as_api(editor)
     tuned = [
         ("vllm", {"max_model_len": 4096, "enforce_eager": True, "dtype": "float32"}),
+        ("vllm", {"kv_offloading_size": 8, "kv_offloading_backend": "native"}),
         ("llama_server", {"n_ctx": 2048, "extra_args": ["--temp", "0.5", "-fa", "on"]}),
         ("llama_server", {"extra_args": ["--rope-freq-scale", "-1", "--mlock"]}),
         ("whispercpp", {"threads": 2, "extra_args": ["-bs", "5"]}),

@@ -358,6 +358,56 @@ def test_it_serves_a_real_vllm_on_demand_through_v1(
     assert json.loads(text)["color"] in ("red", "green", "blue")
 
 
+@pytest.mark.skipif(
+    not ON_GPU, reason="vLLM offloads its KV cache and sleeps on CUDA only (gpu_check_vllm.sh)"
+)
+def test_it_offloads_vllms_kv_cache_to_host_memory_and_says_what_a_wake_kept(
+    gateway_url: str,
+    api_key: Callable[..., str],
+    make_deployment: Any,
+    tiny_llama: Path,
+    site: Any,
+) -> None:
+    """An operator's `kv_offloading_size` reaches vLLM (its native offloading: evicted
+    prefix blocks kept in host memory); what a sleep and a wake leave of a prompt's cache is
+    measured and said (issue 61: vLLM's sleep drops the GPU's KV cache)."""
+    lazy = make_deployment(
+        "tiny-vllm-kv",
+        loader="vllm",
+        model=str(tiny_llama),
+        mode="on_demand",
+        idle_timeout_s=60,
+        memory_gib=3,
+        config={**KWARGS, "max_model_len": 2048, "kv_offloading_size": 1},
+    )
+    seen_by_gateway(lambda s: "tiny-vllm-kv" in s.routes)
+    sdk = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(), max_retries=0, timeout=300)
+    prompt: Any = [{"role": "user", "content": "Count the ledger's lines, one by one. " * 100}]
+
+    def cached() -> tuple[int, int]:
+        answer = sdk.chat.completions.create(model="tiny-vllm-kv", messages=prompt, max_tokens=2)
+        assert answer.usage is not None
+        details = answer.usage.prompt_tokens_details
+        return answer.usage.prompt_tokens, (details.cached_tokens or 0) if details else 0
+
+    total, _ = cached()
+    assert cached()[1] > 0  # the GPU's own prefix cache
+    lazy.refresh_from_db()
+    log = Path(lazy.runtime_handle["replicas"][0]["log"]).read_text()
+    assert "--kv-offloading-size 1" in log
+    wait_until(lambda: all(c.entry(lazy.pk).inflight == 0 for c in controllers()))
+    Deployment.objects.filter(pk=lazy.pk).update(lease_until=timezone.now() - timedelta(1))
+    assert reap(site) == "stopped: tiny-vllm-kv (asleep)"
+    kept = cached()[1]  # woken by the request
+    lazy.refresh_from_db()
+    assert lazy.state == State.READY
+    warnings.warn(
+        f"vLLM KV offloading (1 GiB): {kept} of {total} prompt tokens served from cache"
+        " after a sleep (level 1) and a wake",
+        stacklevel=1,
+    )
+
+
 def test_it_embeds_with_vllms_pooling_runner(
     serving: Callable[..., Deployment],
     gateway_url: str,

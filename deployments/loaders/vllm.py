@@ -70,6 +70,7 @@ class VllmLoader(Loader):
             "calculate-kv-scales", "enable-prefix-caching", "no-enable-prefix-caching",
             "enable-chunked-prefill", "no-enable-chunked-prefill", "enable-sleep-mode",
             "enforce-eager", "swap-space", "cpu-offload-gb", "block-size", "seed",
+            "kv-offloading-size", "kv-offloading-backend",
             "max-logprobs", "disable-log-stats", "disable-log-requests",
             "tokenizer-mode", "revision", "enable-auto-tool-choice", "tool-call-parser",
             "reasoning-parser", "limit-mm-per-prompt", "max-num-partial-prefills",
