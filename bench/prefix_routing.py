@@ -12,6 +12,10 @@ carried over) and a gateway process starts with that policy (no affinity carried
 Each request's replica, turn, prompt tokens computed (usage's prompt tokens less its cached
 ones) and TTFT go to stderr, for a closer look.
 
+A policy named with `:no-copy` (`least-outstanding:no-copy`) runs with no slot's cache copied
+into another's (MSHIP_SLOT_COPY_MIN_BLOCKS=0): each slot computes a shared prompt itself, as
+llama.cpp does on its own.
+
 Figures per policy: the prompt tokens the engines computed (llama.cpp's
 `llamacpp:prompt_tokens_total`, summed over the replicas: cached tokens are not in it), time
 to first token p50/p99, requests per second, and the requests each replica took against the
@@ -19,6 +23,7 @@ mean. Ratios are against fewest outstanding, run in the same process tree.
 
     .venv/bin/python bench/prefix_routing.py [--tenants 3] [--conversations 12] [--turns 4]
         [--system-words 600] [--policies least-outstanding,round-robin,cache-aware]
+        (a policy may be given as least-outstanding:no-copy)
         [--replicas 3] [--workers 4]
 
 `--workers N` serves through `serve --workers N --gateway-only`: N gateway processes whose
@@ -147,10 +152,15 @@ def run_policy(
     # The gateway starts while the replicas do (its imports take seconds), and is asked once
     # its route table has them ready: on /metrics, where the last policy's gateway, gone
     # without marking itself dead, would still count (its own metrics folder each).
-    metrics = Path(env["MSHIP_VAR_DIR"]) / f"metrics-{policy}"
+    name, _, variant = policy.partition(":")
+    metrics = Path(env["MSHIP_VAR_DIR"]) / f"metrics-{name}-{variant}"
     metrics.mkdir()
     command = [sys.executable, "-m", "modelship_site.server", "--port", str(port)]
-    env = {**env, "MSHIP_ROUTING_POLICY": policy, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+    env = {**env, "MSHIP_ROUTING_POLICY": name, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+    if variant == "no-copy":  # each slot computes its own prefix (llama.cpp's own way)
+        env["MSHIP_SLOT_COPY_MIN_BLOCKS"] = "0"
+    elif variant:
+        raise SystemExit(f"{policy}: the one variant is :no-copy")
     owner = None
     if args.workers > 1:
         # Gateway processes on one socket whose replica and slot choices are the site's one

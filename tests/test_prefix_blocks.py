@@ -106,6 +106,20 @@ def test_it_weighs_an_adapter_loaded_and_breaks_ties_by_load_then_order() -> Non
         score((), {}, (), {})
 
 
+def test_it_spreads_new_prompts_to_the_replica_holding_the_least_at_equal_load() -> None:
+    # Every replica idle (a think time between turns): a new tenant's prompt goes to the
+    # replica holding nothing, not to the ring's first, where another tenant's cache is.
+    tables = held_by(A, chat(system="tenant one's rules " * 60))
+    tables |= held_by(B, chat(system="tenant two " * 90))
+    new = blocks(chat(system="tenant three's rules " * 60))
+    assert score((A, B, C), {}, new, tables) == (C, 0)
+    assert score((A, B), {}, new, tables)[0] == B  # the smaller table
+    assert score((A, B, C), {C: 1}, new, tables)[0] == B  # load first
+    # A replica holding a run of it is chosen whatever its table holds besides.
+    held = tables | held_by(C, chat(system="tenant three's rules " * 60))
+    assert score((A, B, C), {}, new, held)[0] == C
+
+
 def test_it_keeps_a_bounded_table_the_most_recent_last() -> None:
     table = Table(limit=6)
     old, new = blocks(chat("old " * 300)), blocks(chat("new " * 300))

@@ -193,8 +193,10 @@ def score(
     size, below which the load bound never falls; `adapter_on`: the replicas that have the
     adapter the request needs loaded. A replica holding LONG_RUN blocks or more of it may
     take it up to twice the bound: computing that much again elsewhere costs more than
-    waiting behind a few requests. No replica holding any: the fewest outstanding, so that
-    new prompts (a tenant's system prompt) spread."""
+    waiting behind a few requests. No replica holding any: the fewest outstanding, then the
+    one whose table holds the fewest blocks, so that new prompts (a tenant's system prompt)
+    spread: at low load every replica has none outstanding, and the ring alone would put two
+    tenants on one replica while another holds nothing."""
     if not urls:
         raise ValueError("no replica to choose from")
     cap = bound(loads, tuple(urls), epsilon, floor)
@@ -209,7 +211,10 @@ def score(
     for order, url in enumerate(open_):
         blocks = held_by[url]
         worth = blocks + (ADAPTER_BLOCKS if url in adapter_on else 0)
-        key = (-worth, loads.get(url, 0), order)
+        table = tables.get(url)
+        # Among replicas holding a run, the order's (the conversation's own first).
+        claimed = len(table.kept) if table is not None and not worth else 0
+        key = (-worth, loads.get(url, 0), claimed, order)
         if best_key is None or key < best_key:
             best, best_key, held = url, key, blocks
     return best, held
