@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -19,11 +20,11 @@ from deployments import deployer, kv_store
 from deployments.api.serializers import DeploymentSerializer
 from deployments.models import Deployment, State
 from modelship_cli.render import saved_text
+from tests.conftest import wait_until
 from tests.gateway_support import seen_by_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 pytestmark = pytest.mark.usefixtures("engines")
 # Three whole blocks (routing/blocks.py: 512 characters) before the user's turn.
@@ -199,13 +200,17 @@ def test_it_serves_a_request_whose_copy_the_engine_refuses_as_it_would_have_been
     tmp_path: Path,
 ) -> None:
     keeping.MSHIP_SLOT_COPY_MIN_BLOCKS = 2
-    kept()
+    engine = kept().engine_urls[0]
     key = api_key()
     long_question = "Which of these lines are wrong: " + "the ninth entry, " * 40
     ada = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": long_question}]
     first = chat(gateway_url, key, ada)
-    # The engine cannot write its copy: its folder is gone and a file stands in its way.
+    # The engine cannot write its copy: its folder is gone and a file stands in its way (once
+    # the slots' ledger, written there as Ada's request ended, is written).
     folder = kv_store.folder("keeper")
+    wait_until(
+        lambda: any(s.get("done") and s.get("blocks") for s in kv_store.read_ledger(folder, engine))
+    )
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
@@ -216,6 +221,43 @@ def test_it_serves_a_request_whose_copy_the_engine_refuses_as_it_would_have_been
     assert computed(grace) > computed(first) // 2  # computed, as with no copy at all
     assert copies(gateway_url, "failed") == failed + 1
     folder.unlink()
+
+
+def test_it_asks_an_engine_started_with_nowhere_to_save_for_no_copy_again(
+    serving: Callable[..., Deployment],
+    gateway_url: str,
+    api_key: Callable[..., str],
+    keeping: Any,
+    tiny_model: Path,
+) -> None:
+    # Started before the site copied (an always-on model keeps nothing): no --slot-save-path.
+    keeping.MSHIP_SLOT_COPY_MIN_BLOCKS = 0
+    deployment = serving(
+        "keeper",
+        model=str(tiny_model),
+        loader="llama_server",
+        memory_gib=0.5,
+        config={"n_ctx": 4096, "parallel": 2, "threads": 1},
+    )
+    argv = Path(deployment.runtime_handle["replicas"][0]["log"]).read_text()
+    assert "--slot-save-path" not in argv
+    keeping.MSHIP_SLOT_COPY_MIN_BLOCKS = 2
+    Deployment.objects.filter(pk=deployment.pk).update(aliases=["keeper-copy"])  # read again
+    seen_by_gateway(lambda s: s.routes["keeper"].copies_slots)
+    key = api_key()
+    long_question = "Which of these lines are wrong: " + "the ninth entry, " * 40
+    chat(
+        gateway_url,
+        key,
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": long_question}],
+    )
+    failed = copies(gateway_url, "failed")
+    grace = chat(gateway_url, key, conversation("Grace"))  # the engine says it cannot (501)
+    assert grace.headers["x-modelship-cache"] == "miss"
+    assert copies(gateway_url, "failed") == failed + 1
+    lin = chat(gateway_url, key, conversation("Lin"))  # not asked again
+    assert lin.headers["x-modelship-cache"] in ("hit", "miss")
+    assert copies(gateway_url, "failed") == failed + 1
 
 
 def copies(url: str, outcome: str) -> float:

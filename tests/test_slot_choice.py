@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from ondemand.scheduler.replica_link import pinned_of
 from openai_api.engine_dialect import with_slot
 from openai_api.routing import hints
 from openai_api.routing.blocks import MAX_BLOCKS
 from openai_api.routing.hints import Hint, hint_of
 from openai_api.routing.router import Router
-from openai_api.routing.slots import UNPINNED, Book
+from openai_api.routing.slots import UNPINNED, Book, Pinned
 
 SYSTEM = "You keep the ledger of the accounts team, line by line. " * 30
 
@@ -90,12 +91,41 @@ def test_it_copies_a_shared_prefix_from_a_free_slot_rather_than_displace_a_histo
     book.lend(0)
     assert book.donor(grace.blocks) == (UNPINNED, 0)
     assert book.choose(grace.blocks, grace.marks, copy_min=2)[0] == 1
+    # Every other slot busy: the busy ones first, the slot being copied last (a request sent
+    # there before the copy would hold it up for a whole answer).
+    book.take(1, ())
+    book.take(2, ())
+    assert book.choose(grace.blocks, grace.marks)[0] in (1, 2)
+    # Ada's own next turn waits the copy out in her slot rather than move.
+    later = keys(
+        chat("I am Ada.", "Hello Ada.", "Check the second line of the ledger. " * 30, "ok")
+    )
+    assert book.choose(later.blocks, later.marks)[0] == 0
+    book.give(1)
+    book.give(2)
+    book.spoil(1)
+    book.spoil(2)
     book.lent(0)
     assert book.slots[0].busy == 0 and book.slots[0].blocks == ada.blocks
+    assert book.slots[0].copying == 0
+    # Where the copy gains nothing over a slot holding the run, no copy is made.
+    book.take(2, grace.blocks, grace.marks)
+    book.give(2)
+    lin = keys(chat("I am Lin."))
+    assert lin.blocks == grace.blocks and lin.marks[-1] != grace.marks[-1]
+    assert book.choose(lin.blocks, lin.marks, copy_min=2)[0] == 2
+    book.spoil(2)
     # Among donors holding the same run, the smallest cache (the whole cache is copied).
     book.take(2, grace.blocks, grace.marks)
     book.give(2)
     assert book.donor(grace.blocks, 1) == (2, shared)
+
+
+def test_it_takes_the_owners_copied_slot_as_it_said_it() -> None:
+    assert pinned_of({"slot": 1, "cache": "copied", "blocks": 3}, 2) == Pinned(1, "copied", 3)
+    assert pinned_of({"slot": 1, "cache": "restored"}, 2) == Pinned(1, "restored", 0)
+    assert pinned_of({"slot": 1, "cache": "stolen", "blocks": 3}, 2) == Pinned()
+    assert pinned_of({"slot": 2, "cache": "hit"}, 2) == Pinned()
 
 
 def _of(hint: Hint) -> tuple[tuple[int, ...], tuple[int, ...]]:

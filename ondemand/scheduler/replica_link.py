@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 from ondemand.scheduler.client import Link, unavailable
 from openai_api import access
@@ -23,9 +23,9 @@ def pinned_of(chosen: dict[str, Any], count: int) -> slots.Pinned:
     """The slot the owner pinned the request to, as it said it (unpinned where it said
     something else)."""
     slot, cache, blocks = chosen.get("slot"), chosen.get("cache"), chosen.get("blocks")
-    if type(slot) is not int or not 0 <= slot < count or cache not in ("restored", "hit", "miss"):
+    if type(slot) is not int or not 0 <= slot < count or cache not in get_args(slots.Cache):
         return slots.Pinned()
-    return slots.Pinned(slot, cache, blocks if type(blocks) is int else 0)
+    return slots.Pinned(slot, cast("slots.Cache", cache), blocks if type(blocks) is int else 0)
 
 
 @contextlib.asynccontextmanager

@@ -191,6 +191,7 @@ class Router:
         for gone in [u for u in self.books if u not in live and not self.outstanding.get(u)]:
             del self.books[gone]
             self.kept.pop(gone, None)
+        slot_copy.cannot.intersection_update(live)  # a new engine at an old address may
 
     @staticmethod
     def adapter_on(urls: tuple[str, ...], hint: Hint) -> frozenset[str]:
@@ -208,7 +209,7 @@ class Router:
             if len(self.books) >= MAX_TABLES:
                 del self.books[next(iter(self.books))]
             book = self.books[url] = Book.of(hint.slots)
-        copy_min = copy_blocks(deployment)
+        copy_min = copy_blocks(deployment, url)
         slot, held, same = book.choose(hint.blocks, hint.marks, copy_min)
         if slot == UNPINNED:
             return Pinned()
@@ -218,8 +219,9 @@ class Router:
             donor = UNPINNED
         # Before any await: no other request takes the slot, nor one on the donor changes it.
         book.take(slot, hint.blocks, hint.marks)
-        if donor != UNPINNED:
-            book.lend(donor)
+        copying = (donor, slot) if donor != UNPINNED else ()
+        for index in copying:
+            book.lend(index)
         if hint.keep:
             self.kept[url] = deployment
         try:
@@ -236,8 +238,8 @@ class Router:
             book.give(slot, served=False)
             raise
         finally:
-            if donor != UNPINNED:
-                book.lent(donor)
+            for index in copying:
+                book.lent(index)
         self.ledger(url, book)  # an adapter's request too: the slot no longer holds the base's
         return pin
 
@@ -263,10 +265,14 @@ class Router:
                 found = None
             if found is not None:
                 pin = Pinned(pin.slot, "restored", found)
-        copied = donor[0] != UNPINNED and donor[1] > pin.blocks
-        if copied and await slot_copy.copy(deployment, url, donor[0], pin.slot):
-            pin = Pinned(pin.slot, "copied", donor[1])
-        return pin
+        if donor[0] == UNPINNED or donor[1] <= pin.blocks:
+            return pin
+        try:
+            copied = await slot_copy.copy(deployment, url, donor[0], pin.slot)
+        except Exception:  # the request computes its prompt, as if no slot held it
+            log.exception("%s: a slot's cache was not copied", deployment)
+            copied = False
+        return Pinned(pin.slot, "copied", donor[1]) if copied else pin
 
     def ledger(self, url: str, book: Book) -> None:
         """The replica's slots written where its stop reads them: off the event loop, the
@@ -289,11 +295,11 @@ class Router:
             log.warning("the slot ledger of %s not written: %s", url, exc)
 
 
-def copy_blocks(deployment: str) -> int:
+def copy_blocks(deployment: str, url: str) -> int:
     """How many more blocks another free slot must hold for its cache to be copied into a
-    request's slot (0: none is, the route's engines cannot)."""
+    request's slot (0: none is, the route's engines or this one cannot)."""
     route = catalog.snapshot.routes.get(deployment) if catalog.snapshot else None
-    if route is None or not route.copies_slots:
+    if route is None or not route.copies_slots or url in slot_copy.cannot:
         return 0
     return max(0, settings.MSHIP_SLOT_COPY_MIN_BLOCKS)
 

@@ -67,6 +67,7 @@ class Slot:
     used: float = 0.0  # wall time of its last request's end (the ledger's "recent")
     done: bool = True  # its last request ended: the cache holds that prompt and its answer
     mark: int = 0  # its last request's whole text, hashed (blocks.marks): its conversation
+    copying: int = 0  # its cache is being copied from or into (routing/slot_copy.py)
 
 
 @dataclass
@@ -96,15 +97,20 @@ class Book:
         for index, slot in enumerate(self.slots):
             held = shared_run(slot.blocks, blocks) if blocks else 0
             same = bool(slot.mark) and slot.mark in marks
-            given = copied if copied - held >= copy_min > 0 and not slot.busy else held
+            copy = copied - held >= copy_min > 0 and not slot.busy
+            given = copied if copy else held
             # And the request's own length, the same anywhere.
             lost = len(slot.blocks) - held - given
-            key = (slot.busy, not same, lost, slot.used, index, held)
+            # A slot being copied is taken last: llama.cpp would put a request sent to it
+            # before the copy, and the copy would wait for its whole answer.
+            # (Its own conversation waits the copy out there rather than move.)
+            copying = slot.copying > 0 and not same
+            key = (copying, slot.busy, not same, lost, copy, slot.used, index, held)
             if best_key is None or key < best_key:
                 best, best_key = index, key
         if best_key is None:
             return UNPINNED, 0, False
-        return best, best_key[5], not best_key[1]
+        return best, best_key[7], not best_key[2]
 
     def take(self, index: int, blocks: Sequence[int], marks: Sequence[int] = ()) -> None:
         slot = self.slots[index]
@@ -117,7 +123,7 @@ class Book:
         whole cache is copied, not its run only); (UNPINNED, 0) where none holds any."""
         best, best_key = UNPINNED, (0, 0)
         for index, slot in enumerate(self.slots):
-            if slot.busy or not slot.done or index == other_than or not blocks:
+            if slot.busy or slot.copying or not slot.done or index == other_than or not blocks:
                 continue
             held = shared_run(slot.blocks, blocks)
             key = (held, -len(slot.blocks))
@@ -126,13 +132,14 @@ class Book:
         return best, best_key[0]
 
     def lend(self, index: int) -> None:
-        """The slot's cache is being read (copied to another): busy, so none is put on it."""
-        self.slots[index].busy += 1
+        """The slot's cache is being copied (from or into it): no request is put on it
+        while another slot is free, nor before every other slot is busy."""
+        self.slots[index].copying += 1
 
     def lent(self, index: int) -> None:
-        """Its cache read: as it was (when it was last used is unchanged)."""
+        """The copy ended: the slot as it was (when it was last used is unchanged)."""
         slot = self.slots[index]
-        slot.busy = max(0, slot.busy - 1)
+        slot.copying = max(0, slot.copying - 1)
 
     def give(self, index: int, served: bool = True) -> None:
         slot = self.slots[index]
