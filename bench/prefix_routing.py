@@ -120,6 +120,7 @@ def converse(
             with client.stream("POST", base + "/v1/chat/completions", json=body) as answer:
                 assert answer.status_code == 200, answer.read()
                 replica = answer.headers.get("x-modelship-replica", "?")
+                cache = answer.headers.get("x-modelship-cache", "?")
                 cached = prompt = 0
                 for line in answer.iter_lines():
                     if line.startswith("data: {") and '"content"' in line:
@@ -131,7 +132,14 @@ def converse(
                         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             ttft = first or time.perf_counter() - began
             out.append(
-                {"ttft": ttft, "replica": replica, "turn": turn, "who": who, "new": prompt - cached}
+                {
+                    "ttft": ttft,
+                    "replica": replica,
+                    "turn": turn,
+                    "who": who,
+                    "new": prompt - cached,
+                    "cache": cache,
+                }
             )
             said = f"(answer {turn})"
             messages += [
@@ -207,7 +215,10 @@ def run_policy(
         raise SystemExit(f"{policy}: {len(results)} answers of {args.conversations * args.turns}")
     print(
         policy,
-        sorted((r["who"], r["turn"], r["replica"], r["new"], round(r["ttft"], 2)) for r in results),
+        sorted(
+            (r["who"], r["turn"], r["replica"], r["cache"], r["new"], round(r["ttft"], 2))
+            for r in results
+        ),
         file=sys.stderr,
     )
     ttfts = sorted(r["ttft"] for r in results)
