@@ -48,6 +48,7 @@ SHORT_REASON = 200  # a reason longer than this is folded under its start
 
 STATE_FIELDS = (
     "memory_estimate",
+    "memory_seen",
     "state_now",
     "reason",
     "engines",
@@ -146,6 +147,17 @@ class DeploymentPage:
                 '{}<br><strong class="errornote">{}</strong>', text, report["warning"]
             )
         return text
+
+    @admin.display(description="Memory learned and measured")
+    def memory_seen(self, obj: Deployment) -> str:
+        """Declared against what an out-of-memory start taught and what the engine held."""
+        parts = [f"declared {obj.memory_gib:g} GiB" if obj.memory_gib is not None else "declared —"]
+        if obj.learned_gib is not None:
+            on = f" on {obj.learned_on}" if obj.learned_on else ""
+            parts.append(f"learned {obj.learned_gib:g} GiB{on} (an out-of-memory start)")
+        if obj.measured_gib is not None:
+            parts.append(f"measured {obj.measured_gib:g} GiB at its last start")
+        return "; ".join(parts)
 
     @admin.display(description="Reason")
     def reason(self, obj: Deployment) -> str:

@@ -21,7 +21,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from common import metrics
-from deployments import engine_envs, engine_secrets, kv_store, out_of_memory, sleep_tiers
+from deployments import (
+    engine_envs,
+    engine_secrets,
+    footprint,
+    kv_store,
+    out_of_memory,
+    sleep_tiers,
+)
 from deployments.audit import event, event_at
 from deployments.engine_metrics import read_load
 from deployments.fingerprint import deployment_fingerprint
@@ -129,6 +136,7 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
         expected=[State.STARTING],
         actor=actor,
         running_fingerprint=deployment_fingerprint(deployment),
+        **footprint.after_start(deployment, handles),
     )
     return deployment
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from deployments import nvml, placement
+from deployments import footprint, nvml, placement
 from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.models import (
     HOLDING_STATES,
@@ -156,7 +156,7 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
         1, int(getattr(deployment, "replica_count", None) or deployment.num_replicas or 1)
     )
     num_gpus = deployment.num_gpus
-    learned = float(getattr(deployment, "learned_gib", None) or 0.0)
+    learned = footprint.learned_here(deployment)
     if not on_gpus:
         if deployment.memory_gib is not None:
             gib = float(deployment.memory_gib)

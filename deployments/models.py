@@ -204,6 +204,11 @@ class Deployment(Versioned):
     # Per replica: what a start that ran out of memory showed it needs (deployments/
     # out_of_memory.py); the fit check claims the larger of it and the estimate.
     learned_gib = models.FloatField("memory learned (GiB)", null=True, blank=True, editable=False)
+    # The GPU model it was learned on ("" on a host without one): another model's memory is
+    # another figure. After each start that became ready, what its engine was measured to
+    # hold per replica (deployments/footprint.py), which the learned claim decays toward.
+    learned_on = models.CharField(max_length=200, blank=True, default="", editable=False)
+    measured_gib = models.FloatField("memory measured (GiB)", null=True, blank=True, editable=False)
     # Seconds its starts took to become ready (a running mean of the last ones): what the
     # scheduler weighs as the cost of stopping it, and a waiting client's estimate.
     # Asleep: 1 (weights in host memory) or 2 (weights dropped); None otherwise.

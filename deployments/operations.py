@@ -153,7 +153,8 @@ def update(
             for field, value in changes.items():
                 setattr(current, field, value)
             if changes.keys() & SIZED_BY:
-                current.learned_gib = None  # another model or size: what was learned is moot
+                # Another model or size: what was learned and measured is moot.
+                current.learned_gib, current.learned_on, current.measured_gib = None, "", None
             current.save()
             audit.record(
                 "update", current, user=user, actor=actor, before=before, after=current.snapshot()

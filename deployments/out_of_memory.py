@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from deployments import footprint
 from deployments.memory import demand_of, gpu_inventory
 
 if TYPE_CHECKING:
@@ -62,4 +63,5 @@ def explained(deployment: Deployment, said: str, log: str) -> tuple[str, dict[st
         return f"{OUT_OF_MEMORY}: {said}.\n{log}", {}
     need = learned_need(log, demand.gib)
     words = f"the next start claims {need:g} GiB per replica instead of {demand.gib:g}"
-    return f"{OUT_OF_MEMORY}: {said}; {words}.\n{log}", {"learned_gib": need}
+    learned = {"learned_gib": need, "learned_on": footprint.gpu_model()}
+    return f"{OUT_OF_MEMORY}: {said}; {words}.\n{log}", learned

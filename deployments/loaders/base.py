@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from common.spelling import unknown
 from deployments import estimate, programs
+from deployments.footprint import learned_here
 from deployments.loaders.defaults import UNKNOWN, RequestDefaults
 
 # OpenAI-compatible paths (under /v1) by use case.
@@ -27,10 +28,10 @@ EMBED_ENDPOINTS = ("embeddings",)
 def claimed_gib(deployment: Any) -> float | None:
     """The memory its engine is given: what the operator set, or more where a start that ran
     out of memory taught it needs more (deployments/out_of_memory.py)."""
-    learned = getattr(deployment, "learned_gib", None)
-    if deployment.memory_gib is None or learned is None:
+    learned = learned_here(deployment)
+    if deployment.memory_gib is None or not learned:
         return deployment.memory_gib  # type: ignore[no-any-return]
-    return max(float(deployment.memory_gib), float(learned))
+    return max(float(deployment.memory_gib), learned)
 
 
 @dataclass(frozen=True)

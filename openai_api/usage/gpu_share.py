@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deployments import memory
+from deployments.footprint import learned_here
 from deployments.models import Runtime
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def replica_shares(
     if getattr(deployment, "runtime", None) == Runtime.RAY:
         return (0.0,) * count  # placed by Ray on its own nodes, by num_gpus alone
     gpus = memory.gpu_inventory() if gpus is None else gpus
-    learned = float(getattr(deployment, "learned_gib", None) or 0.0)
+    learned = learned_here(deployment)
     declared = deployment.memory_gib
     gib = max(float(declared) if declared is not None else memory.estimate_gib(deployment), learned)
     if gib <= 0:

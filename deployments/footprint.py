@@ -1,0 +1,142 @@
+"""What a started engine holds, measured, and what an out-of-memory start taught, kept only
+while it is still true.
+
+A start that ran out of memory raises the claim of the next (deployments/out_of_memory.py:
+`learned_gib`, on the GPU model it was learned on). Left alone, that only ever grows: an OOM
+caused by another process on the GPU would inflate the claim for good. So after each start
+that became ready, the engine's footprint is measured (NVML's figure for its processes on a
+GPU host, the resident memory of its process tree on a host without one) and the learned
+claim goes halfway toward the larger of the declaration and the footprint with a margin; it
+is forgotten once it is within DONE_GIB of the declaration. An engine that takes what it is
+given (vLLM sizes its cache to its claim) measures its claim, and keeps it.
+
+Measured for engines run as processes on this host (a container's or a Ray node's
+processes are not ours to read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from deployments import nvml
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from deployments.models import Deployment
+
+log = logging.getLogger(__name__)
+MARGIN: Final = 1.1  # what a measured footprint is claimed with (allocations vary by start)
+DONE_GIB: Final = 0.05  # a learned claim this close to the declaration is forgotten
+MAX_PIDS: Final = 4096  # an engine's process tree, walked at most this far
+
+
+def tree(pid: int) -> list[int]:
+    """The process and its descendants (an engine that forks: vLLM's workers, a launcher)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < MAX_PIDS:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def resident_gib(pids: Iterable[int]) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # statm's second field: resident pages.
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * 4096
+    return total / 2**30
+
+
+def gpu_gib(pids: Iterable[int]) -> float | None:
+    """What NVML says these processes hold on every GPU; None where it cannot say."""
+    library = nvml.library()
+    if library is None:
+        return None
+    wanted, total = set(pids), 0
+    try:
+        for index in range(library.nvmlDeviceGetCount()):
+            device = library.nvmlDeviceGetHandleByIndex(index)
+            for process in library.nvmlDeviceGetComputeRunningProcesses(device):
+                used = getattr(process, "usedGpuMemory", None)
+                if process.pid in wanted and isinstance(used, int):
+                    total += used
+    except Exception as exc:
+        log.warning("NVML could not say what the engine holds: %s", exc)
+        return None
+    return total / 2**30
+
+
+def measured_gib(handles: list[dict[str, Any]]) -> float | None:
+    """The most any replica holds (GiB), where each runs as a process of this host."""
+    most = None
+    for handle in handles:
+        pid = handle.get("pid")
+        if type(pid) is not int or pid <= 0:
+            return None
+        pids = tree(pid)
+        held = gpu_gib(pids) if nvml.readings() else resident_gib(pids)
+        if held is None:
+            return None
+        most = held if most is None else max(most, held)
+    return None if most is None else round(most, 3)
+
+
+def gpu_model() -> str:
+    """The GPU model learned claims are kept for: this host's (its first device's name);
+    "" on a host without one."""
+    found = nvml.readings()
+    return found[0].name if found else ""
+
+
+def learned_here(deployment: Any) -> float:
+    """The learned claim where it was learned on this host's GPU model (or on no known one:
+    a host without GPUs, or before the model was kept), else 0: another model's memory is
+    another figure."""
+    learned = getattr(deployment, "learned_gib", None)
+    if learned is None:
+        return 0.0
+    on = getattr(deployment, "learned_on", "") or ""
+    return float(learned) if on in ("", gpu_model()) else 0.0
+
+
+def after_start(deployment: Deployment, handles: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields a start that became ready updates: its measured footprint, and its learned
+    claim gone halfway toward what the footprint shows (forgotten once it meets the
+    declaration). Never raises: a footprint not measured changes nothing learned."""
+    try:
+        measured = measured_gib(handles)
+    except Exception:
+        log.exception("%s: its footprint was not measured", deployment.name)
+        return {}
+    fields: dict[str, Any] = {"measured_gib": measured}
+    learned = learned_here(deployment)
+    if not learned:
+        return fields
+    now = settled(learned, float(deployment.memory_gib or 0.0), measured)
+    if now is None:
+        fields.update(learned_gib=None, learned_on="")
+    elif now != learned:
+        fields["learned_gib"] = now
+    return fields
+
+
+def settled(learned: float, declared: float, measured: float | None) -> float | None:
+    """A learned claim after a start that measured this footprint: halfway toward the larger
+    of the declaration and the footprint with its margin (never up: an out-of-memory start
+    raises it, not a measurement); None once it is within DONE_GIB of the declaration."""
+    if measured is None:
+        return learned
+    target = max(declared, measured * MARGIN)
+    if target >= learned:
+        return learned
+    now = round(learned - (learned - target) / 2, 3)
+    return None if now - declared <= DONE_GIB else now
