@@ -35,6 +35,7 @@ class Faults:
     published_sha256: str = ""  # the SHA-256 /files/ states (Repr-Digest), true or not
     slow_bytes_per_s: int | None = None
     no_length: bool = False  # /files/ sent without a Content-Length (closed at its end)
+    xet: bool = False  # LFS files said to be in Xet too (a hash and its token's route)
 
 
 @dataclass
@@ -123,6 +124,11 @@ def make_handler(host: ModelHost) -> type[http.server.BaseHTTPRequestHandler]:
                 if is_lfs:
                     headers["X-Linked-Etag"] = f'"{sha}"'
                     headers["X-Linked-Size"] = str(len(data))
+                if is_lfs and host.faults.xet:
+                    headers["X-Xet-Hash"] = sha
+                    headers["X-Xet-Refresh-Route"] = (
+                        f"{host.url}/api/models/{repo}/xet-read-token/x"
+                    )
                 if name in host.faults.corrupt:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 return self.file(data, headers, body)

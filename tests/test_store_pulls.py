@@ -94,6 +94,24 @@ def test_it_keeps_nothing_of_a_file_that_does_not_match_its_published_hash(
     assert not store.staged()
 
 
+def test_it_pulls_over_plain_http_where_the_hub_offers_xet_unless_told_otherwise(
+    store: Store, api: APIClient, tiny_gguf: bytes, site: Any
+) -> None:
+    store.host.faults.xet = True  # its LFS files said to be in Xet storage too
+    store.repo("acme/xet-GGUF", {"tiny.gguf": tiny_gguf})
+    model = pulled(api, source="hf:acme/xet-GGUF")
+    assert model["state"] == "ready", model["error"]
+    assert store.gets("/tiny.gguf")  # over plain HTTP, into the pull's folder
+    assert not [r for r in store.host.requests if "xet-read-token" in r["path"]]
+    # Told to: huggingface_hub takes the Xet path (it asks for Xet's token first), which
+    # this stand-in does not serve.
+    site.MSHIP_HUB_XET = True
+    store.repo("acme/xet2-GGUF", {"tiny.gguf": tiny_gguf})
+    model = pulled(api, source="hf:acme/xet2-GGUF")
+    assert model["state"] == "failed"
+    assert [r for r in store.host.requests if "xet-read-token" in r["path"]]
+
+
 def test_it_says_which_repository_or_revision_is_missing(store: Store, api: APIClient) -> None:
     model = pulled(api, source="hf:acme/nothing-here")
     assert model["state"] == "failed"

@@ -14,6 +14,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 import huggingface_hub
+from django.conf import settings
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -37,6 +38,8 @@ def fetch(source: Source, job: Job) -> Path:
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
     api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
+    # Read by huggingface_hub at each download (MSHIP_HUB_XET says why it is off).
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = not settings.MSHIP_HUB_XET
     where = f"{source.ref}" + (f"@{source.revision}" if source.revision else "")
     try:
         info = api.model_info(source.ref, revision=source.revision or None, files_metadata=True)
