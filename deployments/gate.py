@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # The advisory locks' keys: any constants the site's other locks do not use ("mship" + 1, 2).
 ADVISORY_KEY = 0x6D73_6869_7001
 BRING_UP_KEY = 0x6D73_6869_7002
+SLEEP_KEY = 0x6D73_6869_7003
 
 
 @contextmanager
@@ -52,6 +53,14 @@ def site_lock(key: int = ADVISORY_KEY, shared: bool = False) -> Iterator[None]:
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT pg_advisory_unlock{kind}(%s)", [key])
+
+
+@contextmanager
+def sleep_gate() -> Iterator[None]:
+    """One sleep's choice of its level at a time (the host memory level-1 sleepers keep),
+    across processes and hosts, as the start gate is for starts' memory."""
+    with _file_lock("sleep.lock", fcntl.LOCK_EX), site_lock(SLEEP_KEY):
+        yield
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import functools
 import httpx
 from django.conf import settings
 
+from deployments.gate import sleep_gate
 from deployments.memory import need_gib
 from deployments.models import Deployment, State
 
@@ -42,15 +43,21 @@ def host_budget_gib() -> float:
 
 
 def level_for(deployment: Deployment) -> int:
-    """The level it sleeps at now: 1 while the host budget holds it beside the others asleep
-    at level 1, else 2."""
-    kept = sum(
-        need_gib(row)
-        for row in Deployment.objects.filter(state=State.ASLEEP, sleep_level=KEEPS_WEIGHTS).exclude(
-            pk=deployment.pk
+    """The level it sleeps at now, claimed: 1 while the host budget holds it beside the
+    others at level 1 (asleep, or going to sleep or stopping with that level claimed), else
+    2. Chosen and written on its row (marked stopping) under the sleep gate, so that two
+    sleeps at once never both take the last of the budget."""
+    with sleep_gate():
+        kept = sum(
+            need_gib(row)
+            for row in Deployment.objects.filter(
+                state__in=(State.ASLEEP, State.STOPPING), sleep_level=KEEPS_WEIGHTS
+            ).exclude(pk=deployment.pk)
         )
-    )
-    return KEEPS_WEIGHTS if kept + need_gib(deployment) <= host_budget_gib() else DROPS_WEIGHTS
+        fits = kept + need_gib(deployment) <= host_budget_gib()
+        level = KEEPS_WEIGHTS if fits else DROPS_WEIGHTS
+        Deployment.objects.filter(pk=deployment.pk, state=State.STOPPING).update(sleep_level=level)
+    return level
 
 
 def wake_steps(level: int | None) -> list[tuple[str, dict[str, str] | None]]:

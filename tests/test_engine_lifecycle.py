@@ -206,6 +206,37 @@ def test_it_sleeps_at_level_one_while_host_memory_holds_the_weights_else_at_leve
         assert reply_of(deployment.engine_url)
 
 
+def test_it_never_lets_two_sleeps_at_once_both_take_the_last_of_the_host_budget(
+    make_deployment: Any, settings: Any
+) -> None:
+    settings.MSHIP_SLEEP_HOST_GIB = 1.5  # one 1 GiB engine's weights, not two
+    pair = [make_deployment(name, config=sim(enable_sleep_mode=True)) for name in ("a", "b")]
+    for deployment in pair:
+        deployer.restart(deployment.pk)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def sleep(pk: int) -> None:
+        try:
+            barrier.wait()
+            assert deployer.sleep(pk)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=sleep, args=(d.pk,)) for d in pair]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    levels = sorted(
+        Deployment.objects.filter(pk__in=[d.pk for d in pair]).values_list("sleep_level", flat=True)
+    )
+    assert levels == [1, 2]  # each level chosen with the other's claim counted
+
+
 def test_it_refuses_to_sleep_an_engine_without_sleep_mode(make_deployment: Any) -> None:
     deployment = make_deployment(loader="llama_server", model="/nonexistent.gguf", memory_gib=1)
     with pytest.raises(CannotSleep):
