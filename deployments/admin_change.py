@@ -142,6 +142,8 @@ class DeploymentPage:
             f" {report['cache_gib']:g} + overhead {report['overhead_gib']:g}, from"
             f" {report['basis']}"
         )
+        if report.get("sequences_fit") is not None:
+            text += f"; {report['sequences_fit']} full-length sequences of KV cache fit"
         if report["warning"]:
             return format_html(
                 '{}<br><strong class="errornote">{}</strong>', text, report["warning"]

@@ -43,14 +43,19 @@ class Estimate:
     cache_gib: float
     overhead_gib: float
     basis: str  # what it was read from
+    # One full-length sequence's KV cache (vLLM: max_model_len tokens); 0 where the engine's
+    # cache is not counted in sequences.
+    sequence_gib: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def made(weights: float, cache: float, overhead: float, basis: str) -> Estimate:
+def made(
+    weights: float, cache: float, overhead: float, basis: str, sequence: float = 0.0
+) -> Estimate:
     total = weights + cache + overhead
-    return Estimate(round(total, 3), weights, cache, overhead, basis)
+    return Estimate(round(total, 3), weights, cache, overhead, basis, sequence)
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,8 +130,9 @@ def vllm(
     cache = (per_token or 0.0) * (length or 0) / GIB
     basis = "config.json and safetensors" if per_token and length else "weights only"
     if cpu_cache_gib is not None:
-        return made(weights, max(cache, cpu_cache_gib), CPU_PROCESSES_GIB + 0.1 * weights, basis)
-    return made(weights, cache, 1.0 + 0.1 * weights, basis)
+        overhead = CPU_PROCESSES_GIB + 0.1 * weights
+        return made(weights, max(cache, cpu_cache_gib), overhead, basis, cache)
+    return made(weights, cache, 1.0 + 0.1 * weights, basis, cache)
 
 
 def scaled_file(path: str, factor: float, extra: float, basis: str) -> Estimate | None:

@@ -142,7 +142,26 @@ def estimate_report(deployment: Any) -> dict[str, Any] | None:
         if declared is not None and float(declared) < found.gib
         else None
     )
+    given = given_gib(deployment)
+    counted = get_loader(deployment.loader).sequences_fit(EngineSpec.of(deployment), given)
+    report["sequences_fit"], report["sequences_wanted"] = counted or (None, None)
+    if counted is not None and counted[0] < counted[1] and report["warning"] is None:
+        report["warning"] = (
+            f"{counted[0]} full-length sequences of KV cache fit in {given:g} GiB, fewer than"
+            f" the {counted[1]} it should hold at once: past them the engine preempts (declare"
+            " more memory_gib, or a shorter max_model_len)"
+        )
     return report
+
+
+def given_gib(deployment: Any) -> float:
+    """The memory one replica's engine is given: its declaration (memory_gib, or its share of
+    a GPU), else what its loader gives an undeclared one."""
+    if deployment.memory_gib is not None:
+        return float(deployment.memory_gib)
+    if deployment.num_gpus:
+        return float(deployment.num_gpus) * gpu_memory_gib()
+    return estimate_gib(deployment)
 
 
 def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:

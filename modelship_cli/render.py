@@ -195,6 +195,7 @@ DESCRIBED = (
     ("Image", "image"),
     ("Command", "command"),
     ("Memory (GiB)", "need_gib"),
+    ("Memory estimate", "memory_estimate"),
     ("Memory learned (GiB)", "learned_gib"),
     ("Learned on", "learned_on"),
     ("Memory measured (GiB)", "measured_gib"),
@@ -251,6 +252,18 @@ def words(value: Any) -> str:
     return shown(value).replace("_", " ")
 
 
+def estimate_text(value: Any) -> str:
+    """What the model's metadata says its engine holds, and the sequences its cache fits."""
+    if not isinstance(value, dict):
+        return "-"
+    text = f"{value.get('gib', 0):g} GiB ({value.get('basis', '')})"
+    if value.get("sequences_fit") is not None:
+        text += f", {value['sequences_fit']} full-length sequences fit"
+    if value.get("warning"):
+        text += f": {value['warning']}"
+    return text
+
+
 def saved_text(value: Any) -> str:
     """A deployment's saved slot caches: how many, and their size on disk."""
     if not isinstance(value, dict):
@@ -266,6 +279,7 @@ FORMATS = {
     "updated": moment,
     "ondemand": on_demand_text,
     "saved_conversations": saved_text,
+    "memory_estimate": estimate_text,
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -15,10 +16,13 @@ from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from deployments import estimate
-from deployments.memory import estimate_of, need_gib
+from deployments.loaders import EngineSpec, get_loader
+from deployments.loaders.vllm import DEFAULT_SEQUENCES
+from deployments.memory import estimate_of, estimate_report, need_gib
 from deployments.tiny_model import Shape
 from deployments.tiny_model import write as write_tiny
 from deployments.validation import cross_field_problems
+from modelship_cli.render import estimate_text
 from tests.conftest import resident_bytes
 
 if TYPE_CHECKING:
@@ -116,6 +120,55 @@ def test_it_reads_a_hugging_face_folder_for_vllm_and_takes_it_without_a_memory_f
     assert "num_gpus" not in cross_field_problems(values)  # the estimate stands in
     hub = {**values, "model": "Qwen/Qwen3-8B"}
     assert "num_gpus" in cross_field_problems(hub)  # a hub id: nothing to read before it runs
+
+
+def test_it_gives_an_undeclared_vllm_cache_for_several_sequences_and_counts_what_fits(
+    make_deployment: Callable[..., Deployment], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = hf_folder(
+        tmp_path / "llama",
+        LLAMA_CONFIG,
+        {"embed": [1000, 256], "layers.0.q": [256, 256], "layers.0.kv": [256, 128]},
+    )
+    gpu = estimate.vllm(str(folder), 2048, fp8=False)
+    assert gpu is not None and gpu.sequence_gib == gpu.cache_gib  # one sequence of 2,048
+    loader = get_loader("vllm")
+    # On a GPU (vLLM's CUDA build): the estimate of one sequence is the floor; an undeclared
+    # engine is given DEFAULT_SEQUENCES of them (or its max_num_seqs), the fit counted so.
+    spec = EngineSpec(name="v", model=str(folder), config={"max_model_len": 2048})
+    with monkeypatch.context() as gpu_host:  # the family a host whose NVML sees a GPU runs
+        gpu_host.setattr("deployments.loaders.vllm.host_family", lambda: "vllm")
+        on_gpu(loader, spec, gpu)
+    # Here, vLLM's CPU build: its KV space (half of memory_gib: 2 GiB) in sequences, in the report
+    # the API, the admin and `modelship describe` show.
+    small = make_deployment(
+        "v", loader="vllm", model=str(folder), memory_gib=4, config={"max_model_len": 2048}
+    )
+    report = estimate_report(small)
+    assert report is not None
+    per_sequence = 4 * 2 * 64 * 2 * 2048 / GIB
+    assert report["sequences_fit"] == int(2 / per_sequence) and report["sequences_wanted"] == 8
+    assert report["warning"] is None  # 2 GiB of cache holds hundreds of these
+    long = make_deployment(
+        "w", loader="vllm", model=str(folder), memory_gib=4, config={"max_model_len": 2**20}
+    )
+    warned = estimate_report(long)
+    assert warned is not None and warned["sequences_fit"] == 2  # 1 GiB each
+    assert warned["warning"].startswith(
+        f"{warned['sequences_fit']} full-length sequences of KV cache fit"
+    )
+    assert "full-length sequences fit" in estimate_text(warned)
+
+
+def on_gpu(loader: Any, spec: EngineSpec, gpu: estimate.Estimate) -> None:
+    given = loader.estimate_memory_gib(spec)
+    assert given == pytest.approx(gpu.gib + (DEFAULT_SEQUENCES - 1) * gpu.sequence_gib, abs=2e-3)
+    assert loader.sequences_fit(spec, given) == (DEFAULT_SEQUENCES, DEFAULT_SEQUENCES)
+    wide = replace(spec, config={**spec.config, "max_num_seqs": 32})
+    assert loader.sequences_fit(wide, gpu.gib) == (1, 32)  # the floor holds one
+    assert loader.estimate_memory_gib(wide) == pytest.approx(
+        gpu.gib + 31 * gpu.sequence_gib, abs=2e-3
+    )
 
 
 @pytest.fixture

@@ -256,8 +256,14 @@ class Loader:
         return None
 
     def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        """What its engine is given where the deployment declares no memory."""
         found = self.memory_estimate(spec)
         return None if found is None else found.gib
+
+    def sequences_fit(self, spec: EngineSpec, memory_gib: float) -> tuple[int, int] | None:
+        """How many full-length sequences its KV cache holds in this memory, and how many it
+        should hold at once; None where its cache is not counted in sequences."""
+        return None
 
 
 # vLLM's suffixes for a size in tokens: 16k is 16,000, 16K is 16,384.

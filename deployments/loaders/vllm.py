@@ -31,6 +31,10 @@ DEFAULT_MAX_LORAS = 4
 DEFAULT_MAX_LORA_RANK = 64
 # The requests it batches where its config says none (vLLM's own default for --max-num-seqs).
 DEFAULT_MAX_NUM_SEQS = 256
+# The full-length sequences an engine whose deployment declares no memory is given KV cache
+# for on a GPU (its max_num_seqs where set): the estimate of one is a floor, not an
+# allowance (vLLM would preempt past it).
+DEFAULT_SEQUENCES = 8
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
@@ -159,6 +163,33 @@ class VllmLoader(Loader):
         cpu = cpu_cache_gib(spec) if self.engine_family(spec) == "vllm-cpu" else None
         return estimate.vllm(spec.model, whole_number(spec.config.get("max_model_len")), fp8, cpu)
 
+    def estimate_memory_gib(self, spec: EngineSpec) -> float | None:
+        """What an engine whose deployment declares no memory is given: the estimate, with
+        KV cache for `sequences_wanted` full-length sequences on a GPU (its CPU build's
+        cache is VLLM_CPU_KVCACHE_SPACE, in the estimate already)."""
+        found = self.memory_estimate(spec)
+        if found is None:
+            return None
+        if self.engine_family(spec) == "vllm-cpu" or not found.sequence_gib:
+            return found.gib
+        more = (self.sequences_wanted(spec) - 1) * found.sequence_gib
+        return round(found.gib + more, 3)
+
+    def sequences_wanted(self, spec: EngineSpec) -> int:
+        """The full-length sequences its cache should hold at once: max_num_seqs where set,
+        else DEFAULT_SEQUENCES."""
+        return whole_number(spec.config.get("max_num_seqs")) or DEFAULT_SEQUENCES
+
+    def sequences_fit(self, spec: EngineSpec, memory_gib: float) -> tuple[int, int] | None:
+        found = self.memory_estimate(spec)
+        if found is None or not found.sequence_gib:
+            return None
+        if self.engine_family(spec) == "vllm-cpu":
+            space = float(cpu_cache_gib(spec))
+        else:
+            space = memory_gib - found.weights_gib - found.overhead_gib
+        return max(0, int(space / found.sequence_gib)), self.sequences_wanted(spec)
+
     def gpu_options(self, spec: EngineSpec) -> dict[str, Any]:
         """What its placement tells vLLM: the share of its GPU it may take (not vLLM's
         default 90 %, which would take memory the budget counts as free for others), and
@@ -169,7 +200,7 @@ class VllmLoader(Loader):
             return {"gpu_memory_utilization": spec.num_gpus}
         gpus = nvml.readings()
         size = spec.device_gib or (gpus[0].total_gib if gpus else None)
-        memory = spec.memory_gib or self.estimate_memory_gib(spec)  # empty: the estimate
+        memory = spec.memory_gib or self.estimate_memory_gib(spec)  # empty: the allowance
         if memory and size and gpus:
             return {"gpu_memory_utilization": round(min(memory / size, 1.0), 3)}
         return {}
