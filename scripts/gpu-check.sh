@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# A GPU host, checked: what Modelship reads through NVML against nvidia-smi (devices, UUIDs,
-# sizes), two simulated deployments of num_gpus 0.5 placed on one GPU and seeing only it, a
-# table of each GPU (total, held by Modelship, used, free), then the vLLM suite on vLLM's CUDA
-# build where NVML sees a GPU (scripts/gpu_check_vllm.sh; pass --no-vllm to leave it out).
-# Not part of `make test`. Run from the repository root after `make setup`:
-#     bash scripts/gpu-check.sh [--no-vllm]
-# Exit status: non-zero on any mismatch or failure.
+# A GPU host, checked and measured: every step scripts/gpu_check.py lists (NVML against
+# nvidia-smi and two num_gpus 0.5 deployments placed on one GPU; vLLM's CUDA build installed;
+# the vLLM suite on CUDA with sleep mode and the KV offload across a sleep; vLLM's figures:
+# start to ready, sleep level 1 and 2 wakes, the KV cache against the sequences said to fit,
+# an out-of-memory start learned and recovered), then a table of the steps.
+# Not part of `make test` (its --dry-run is). Run from the repository root after `make setup`:
+#     bash scripts/gpu-check.sh [--dry-run] [--only NAME[,NAME]]
+# Exit status: non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-export MSHIP_VAR_DIR="${MSHIP_VAR_DIR:-$(mktemp -d /tmp/modelship-gpu-check.XXXXXX)}"
-.venv/bin/python manage.py migrate --noinput -v0
-.venv/bin/python manage.py gpu_check --require-gpu --compare-nvidia-smi --place-demo
-if [ "${1:-}" != "--no-vllm" ]; then
-    bash scripts/gpu_check_vllm.sh
-fi
-echo "gpu-check: every check passed"
+exec .venv/bin/python scripts/gpu_check.py "$@"
