@@ -331,6 +331,7 @@ def sleep(
         reason=reason,
         actor=actor,
         sleep_level=level,
+        asleep_gib=footprint.measured_gib(handles_of(deployment)),
     )
     if asleep:
         metrics.tier_changes.labels(deployment.name, f"asleep_{level}").inc()

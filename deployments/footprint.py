@@ -76,7 +76,16 @@ def gpu_gib(pids: Iterable[int]) -> float | None:
 
 
 def measured_gib(handles: list[dict[str, Any]]) -> float | None:
-    """The most any replica holds (GiB), where each runs as a process of this host."""
+    """The most any replica holds (GiB), where each runs as a process of this host; None
+    where it cannot be said. Never raises: a figure not measured is a figure not known."""
+    try:
+        return most_held(handles)
+    except Exception:
+        log.exception("an engine's footprint was not measured")
+        return None
+
+
+def most_held(handles: list[dict[str, Any]]) -> float | None:
     most = None
     for handle in handles:
         pid = handle.get("pid")
@@ -112,11 +121,7 @@ def after_start(deployment: Deployment, handles: list[dict[str, Any]]) -> dict[s
     """The fields a start that became ready updates: its measured footprint, and its learned
     claim gone halfway toward what the footprint shows (forgotten once it meets the
     declaration). Never raises: a footprint not measured changes nothing learned."""
-    try:
-        measured = measured_gib(handles)
-    except Exception:
-        log.exception("%s: its footprint was not measured", deployment.name)
-        return {}
+    measured = measured_gib(handles)
     fields: dict[str, Any] = {"measured_gib": measured}
     learned = learned_here(deployment)
     if not learned:

@@ -212,9 +212,18 @@ def need_gib(deployment: Any) -> float:
 
 def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, float]]:
     """What a running deployment holds on each GPU it was placed on: (device, GiB) per
-    replica and device."""
-    demand = demand_of(row, True)
+    replica and device; asleep, what each replica was measured holding as it fell asleep,
+    shared among its devices."""
     sizes = {g.index: Device(g.index, g.total_gib, 0.0) for g in gpus}
+    if row.state == State.ASLEEP:
+        kept = float(row.asleep_gib or 0.0)
+        return [
+            (index, kept / len(replica))
+            for replica in row.gpus or []
+            for index in replica
+            if index in sizes and kept
+        ]
+    demand = demand_of(row, True)
     if demand is None:
         return []
     return [
@@ -225,6 +234,14 @@ def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, flo
     ]
 
 
+def holds_gib(row: Deployment) -> float:
+    """What a deployment holds on this host now, over its replicas: what it needs while it
+    runs, what it was measured keeping while asleep, nothing otherwise."""
+    if row.state == State.ASLEEP:
+        return float(row.asleep_gib or 0.0) * max(1, int(row.replica_count or 1))
+    return need_gib(row) if row.state in HOLDING_STATES else 0.0
+
+
 def holdings_by_device(
     exclude_id: int | None = None,
 ) -> tuple[list[nvml.GpuReading], dict[int, list[tuple[Deployment, float]]]]:
@@ -232,10 +249,10 @@ def holdings_by_device(
     holds there, by the records."""
     gpus = gpu_inventory()
     held: dict[int, list[tuple[Deployment, float]]] = {}
-    running = Deployment.objects.filter(state__in=HOLDING_STATES)
+    running = Deployment.objects.filter(state__in=(*HOLDING_STATES, State.ASLEEP))
     for row in running.exclude(pk=exclude_id) if exclude_id is not None else running:
         if not gpus:
-            held.setdefault(POOL, []).append((row, need_gib(row)))
+            held.setdefault(POOL, []).append((row, holds_gib(row)))
             continue
         for index, gib in held_by(row, gpus):
             held.setdefault(index, []).append((row, gib))
@@ -264,8 +281,15 @@ def devices(exclude_id: int | None = None) -> list[Device]:
 def engines_on(exclude_id: int | None = None, leaving: bool = True) -> dict[int, int]:
     """How many deployments have an engine on each GPU (`leaving`: those stopping too)."""
     _, held = holdings_by_device(exclude_id)
+    # An engine asleep is not loaded, whatever it still holds.
     return {
-        index: len({row.pk for row, _ in on if leaving or row.state != State.STOPPING})
+        index: len(
+            {
+                row.pk
+                for row, _ in on
+                if row.state != State.ASLEEP and (leaving or row.state != State.STOPPING)
+            }
+        )
         for index, on in held.items()
     }
 

@@ -209,6 +209,12 @@ class Deployment(Versioned):
     # hold per replica (deployments/footprint.py), which the learned claim decays toward.
     learned_on = models.CharField(max_length=200, blank=True, default="", editable=False)
     measured_gib = models.FloatField("memory measured (GiB)", null=True, blank=True, editable=False)
+    # Asleep: what each replica's engine still holds (measured as it fell asleep: a sleeping
+    # vLLM keeps its CUDA context and some buffers on the GPU), which the budget counts and
+    # make-room frees by stopping it. None otherwise, or where it could not be measured.
+    asleep_gib = models.FloatField(
+        "memory held asleep (GiB)", null=True, blank=True, editable=False
+    )
     # Seconds its starts took to become ready (a running mean of the last ones): what the
     # scheduler weighs as the cost of stopping it, and a waiting client's estimate.
     # Asleep: 1 (weights in host memory) or 2 (weights dropped); None otherwise.

@@ -58,6 +58,7 @@ def transition(
             updates.setdefault("gpus", [])  # no engine: its GPUs are free for others
         if to not in (State.ASLEEP, State.STOPPING):
             updates.setdefault("sleep_level", None)  # awake or gone: no tier
+            updates.setdefault("asleep_gib", None)
         if to == State.READY:
             # The on-demand idle timer restarts when a deployment becomes ready.
             idle = (

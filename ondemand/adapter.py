@@ -65,7 +65,9 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         gauged=get_loader(row.loader).serves_metrics,
         lease_until=row.lease_until.timestamp() if row.lease_until else None,
         demand=memory.demand_of(row, on_gpus=True) if gpus else None,
-        held=tuple(memory.held_by(row, gpus)) if gpus and row.state in HOLDING_STATES else (),
+        held=tuple(memory.held_by(row, gpus))
+        if gpus and row.state in (*HOLDING_STATES, State.ASLEEP)
+        else (),
         failures_forgiven=row.failures_forgiven,
         evictable=row.evictable,
         recently_loaded=recently_loaded(row),
@@ -77,6 +79,7 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         if row.state == State.ASLEEP
         else (),
         gpu_share=gpu_share(row, gpus),
+        holds_gib=memory.holds_gib(row) if row.state == State.ASLEEP else None,
     )
 
 
@@ -164,7 +167,10 @@ def _stop(
         # gate), each only while the room is still short: another process's stop, or its
         # start of the same model, may have made it meanwhile.
         with start_gate():
-            stopped = deployer.rest(deployment_id, precheck=still_short, actor=ACTOR, reason=reason)
+            # A sleeper is stopped: what it still holds is the room (a sleep would not take).
+            asleep = Deployment.objects.filter(pk=deployment_id, state=State.ASLEEP).exists()
+            down = deployer.stop if asleep else deployer.rest
+            stopped = down(deployment_id, precheck=still_short, actor=ACTOR, reason=reason)
     if stopped:
         row = Deployment.objects.filter(pk=deployment_id).first()
         audit.record("ondemand_sleep", row, actor=ACTOR, text=reason)

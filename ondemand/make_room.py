@@ -105,13 +105,15 @@ class RoomMaking:
         stopped = 0
         for victim in victims:
             reason = f"Put to sleep to make room for {view.name}"
+            if victim.state == State.ASLEEP:  # what it still holds is given back
+                reason = f"Stopped (asleep) to make room for {view.name}"
             if await self.deployer.stop(victim.id, self._stoppable, reason, room_for=view.id):
                 stopped += 1
                 self.draining.pop(victim.id, None)  # swapped out: its requests may start it
                 metrics.make_room_stops.labels(victim.name).inc()
                 metrics.evictions.labels(victim.name, "make_room").inc()
                 self.last_stop_at = self.clock.now()
-                self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.need_gib
+                self.freed_for[view.id] = self.freed_for.get(view.id, 0.0) + victim.frees_gib
         self.notify()
         if not stopped:
             return False
@@ -140,9 +142,10 @@ class RoomMaking:
         for other in views:
             if other.id != view.id and await self._may_stop(other):
                 entry = self.entry(other.id)
-                cost = policy.keep_cost(
-                    self._still_idle(other), other.start_s, entry.uses_at(now), other.need_gib
-                )
+                # A sleeper goes first: it serves nothing and holds what it kept.
+                asleep = other.state == State.ASLEEP
+                idle = asleep or self._still_idle(other)
+                cost = policy.keep_cost(idle, other.start_s, entry.uses_at(now), other.need_gib)
                 candidates.append((cost, other))
         # Equal costs (all idle past their timeouts, say) go least recently used first.
         candidates.sort(key=lambda pair: self.entry(pair[1].id).idle_since)

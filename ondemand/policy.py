@@ -104,6 +104,9 @@ class Candidate(Protocol):
     def need_gib(self) -> float: ...
 
     @property
+    def frees_gib(self) -> float: ...
+
+    @property
     def held(self) -> tuple[tuple[int, float], ...]: ...
 
     @property
@@ -134,8 +137,6 @@ def victims(
     for _, candidate in sorted(candidates, key=lambda pair: (pair[1].recently_loaded, pair[0])):
         if covers(chosen):
             break
-        if candidate.state == State.ASLEEP:
-            continue  # an asleep engine already holds nothing against the budget
         if not candidate.evictable:
             continue  # pinned: never stopped to make room
         if ceiling is not None and candidate.priority > ceiling:
@@ -185,7 +186,7 @@ def room_after(
     on the devices as they would be (`demand` there), only on `where` for an engine asleep
     on those GPUs (its wake cannot move it); in one pool, by the sum."""
     if not devices or demand is None:
-        return free_gib + sum(c.need_gib for c in stopped) + EPSILON_GIB >= need_gib
+        return free_gib + sum(c.frees_gib for c in stopped) + EPSILON_GIB >= need_gib
     released = [held for c in stopped for held in c.held]
     usable = [d for d in placement.freed(devices, released) if not where or d.index in where]
     return placement.fits(demand, usable)

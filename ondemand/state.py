@@ -54,6 +54,13 @@ class View:
     wakes_on: tuple[int, ...] = ()  # asleep: the GPUs its engine holds its context on
     out_of_memory: bool = False  # failed: its last start ran out of memory
     gpu_share: float = 0.0  # what its replicas hold of a GPU (openai_api/usage/gpu_share.py)
+    # What it holds now, where that is not need_gib: asleep, what its engines kept.
+    holds_gib: float | None = None
+
+    @property
+    def frees_gib(self) -> float:
+        """What stopping it gives back."""
+        return self.need_gib if self.holds_gib is None else self.holds_gib
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ class Model:
     evictable: bool = True
     recently_loaded: bool = False
     priority: int = 0
+    holds: float | None = None  # what it holds now, where not need_gib (asleep)
+
+    @property
+    def frees_gib(self) -> float:
+        return self.need_gib if self.holds is None else self.holds
 
 
 IDLE = Activity(
@@ -56,7 +61,7 @@ def test_it_stops_the_least_recently_used_until_the_shortfall_is_covered() -> No
     old, older, asleep, newest = (
         Model("old", "ready", 2),
         Model("older", "ready", 2),
-        Model("asleep", "asleep", 8),
+        Model("asleep", "asleep", 8, holds=0.0),  # what it kept asleep was not measured
         Model("newest", "ready", 4),
     )
     idle = [(30.0, old), (10.0, older), (5.0, asleep), (50.0, newest)]
@@ -70,6 +75,12 @@ def test_it_stops_the_least_recently_used_until_the_shortfall_is_covered() -> No
     assert policy.victims(idle, short(8.5)) is None  # all of them cannot cover it: stop none
     # 5 GiB takes the newest too, and then the old one's 2 GiB are not needed: it is spared.
     assert policy.victims(idle, short(5)) == [older, newest]
+    # A sleeper that keeps 1 GiB of its GPU memory gives it back when stopped: taken in
+    # its turn (make-room gives sleepers no cost: they serve nothing).
+    kept = replace(asleep, holds=1.0)
+    sleepers = [(0.0, kept), (10.0, older), (30.0, old)]
+    assert policy.victims(sleepers, short(1)) == [kept]
+    assert policy.victims(sleepers, short(3)) == [kept, older]
 
 
 def test_it_never_stops_a_pinned_deployment_to_make_room() -> None:
