@@ -199,6 +199,7 @@ DESCRIBED = (
     ("Memory learned (GiB)", "learned_gib"),
     ("Learned on", "learned_on"),
     ("Memory measured (GiB)", "measured_gib"),
+    ("Memory kept asleep (GiB)", "asleep_gib"),
     ("GPUs per replica", "num_gpus"),
     ("GPUs held", "gpus"),
     ("Replicas", "num_replicas"),

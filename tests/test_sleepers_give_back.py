@@ -13,8 +13,10 @@ import pytest
 from django.utils import timezone
 
 from deployments import deployer
+from deployments.api.serializers import DeploymentSerializer
 from deployments.memory import host_summary
 from deployments.models import Deployment, State
+from modelship_cli.render import description
 from tests.conftest import sim
 from tests.gateway_support import seen_by_gateway
 
@@ -42,6 +44,13 @@ def test_it_counts_what_a_sleeper_keeps_and_stops_it_to_make_room(
     napper.refresh_from_db()
     assert napper.state == State.ASLEEP and napper.asleep_gib is not None
     assert 0.3 <= napper.asleep_gib < 0.5  # its process, measured
+    shown = DeploymentSerializer(napper).data  # the API, and `modelship describe`
+    assert shown["asleep_gib"] == napper.asleep_gib
+    lines = description(dict(shown), [])
+    assert any(
+        line.startswith("Memory kept asleep (GiB):") and line.endswith(f" {napper.asleep_gib}")
+        for line in lines
+    )
     summary = host_summary()
     assert summary["held_gib"] == pytest.approx(napper.asleep_gib, abs=1e-3)
     assert summary["free_gib"] == pytest.approx(1.0 - napper.asleep_gib, abs=1e-3)

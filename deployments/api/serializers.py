@@ -21,6 +21,7 @@ STATE_FIELDS = (
     "learned_gib",
     "learned_on",
     "measured_gib",
+    "asleep_gib",
     "state_reason",
     "state_changed_at",
     "engine_urls",
