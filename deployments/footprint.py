@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 MARGIN: Final = 1.1  # what a measured footprint is claimed with (allocations vary by start)
 DONE_GIB: Final = 0.05  # a learned claim this close to the declaration is forgotten
 MAX_PIDS: Final = 4096  # an engine's process tree, walked at most this far
+NOT_AVAILABLE: Final = 1 << 63
 
 
 def tree(pid: int) -> list[int]:
@@ -61,18 +62,21 @@ def gpu_gib(pids: Iterable[int]) -> float | None:
     library = nvml.library()
     if library is None:
         return None
-    wanted, total = set(pids), 0
+    wanted, total, matched = set(pids), 0, False
     try:
         for index in range(library.nvmlDeviceGetCount()):
             device = library.nvmlDeviceGetHandleByIndex(index)
             for process in library.nvmlDeviceGetComputeRunningProcesses(device):
                 used = getattr(process, "usedGpuMemory", None)
-                if process.pid in wanted and isinstance(used, int):
-                    total += used
+                # NVML's "not available" is the largest 64-bit value.
+                if process.pid in wanted and isinstance(used, int) and used < NOT_AVAILABLE:
+                    total, matched = total + used, True
     except Exception as exc:
         log.warning("NVML could not say what the engine holds: %s", exc)
         return None
-    return total / 2**30
+    # None of its processes seen (a container's, by other PIDs; a driver that does not say):
+    # not known, rather than nothing held (which would make a learned claim decay).
+    return total / 2**30 if matched else None
 
 
 def measured_gib(handles: list[dict[str, Any]]) -> float | None:
@@ -99,11 +103,18 @@ def most_held(handles: list[dict[str, Any]]) -> float | None:
     return None if most is None else round(most, 3)
 
 
-def gpu_model() -> str:
-    """The GPU model learned claims are kept for: this host's (its first device's name);
-    "" on a host without one."""
-    found = nvml.readings()
-    return found[0].name if found else ""
+_models: dict[int, str] = {}  # device index -> its name, once NVML said it
+
+
+def gpu_model(device: int | None = None) -> str:
+    """The GPU model learned claims are kept for: the named device's (else the host's first);
+    "" on a host without one. Names are kept once read: a moment NVML cannot answer does
+    not make a claim learned on this host's GPUs look foreign."""
+    if not _models:
+        _models.update((g.index, g.name) for g in nvml.readings())
+    if not _models:
+        return ""
+    return _models.get(device if device is not None else min(_models), _models[min(_models)])
 
 
 def learned_here(deployment: Any) -> float:
@@ -114,7 +125,7 @@ def learned_here(deployment: Any) -> float:
     if learned is None:
         return 0.0
     on = getattr(deployment, "learned_on", "") or ""
-    return float(learned) if on in ("", gpu_model()) else 0.0
+    return float(learned) if on in ("", gpu_model(first_device(deployment))) else 0.0
 
 
 def after_start(deployment: Deployment, handles: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,12 +137,27 @@ def after_start(deployment: Deployment, handles: list[dict[str, Any]]) -> dict[s
     learned = learned_here(deployment)
     if not learned:
         return fields
-    now = settled(learned, float(deployment.memory_gib or 0.0), measured)
+    now = settled(learned, declared_gib(deployment), measured)
     if now is None:
         fields.update(learned_gib=None, learned_on="")
     elif now != learned:
         fields["learned_gib"] = now
     return fields
+
+
+def declared_gib(deployment: Deployment) -> float:
+    """What it claims without a lesson: its memory_gib, else what its loader gives it."""
+    if deployment.memory_gib is not None:
+        return float(deployment.memory_gib)
+    from deployments.memory import estimate_gib  # noqa: PLC0415 - memory reads this module
+
+    return estimate_gib(deployment)
+
+
+def first_device(deployment: Any) -> int | None:
+    """The GPU its first replica was placed on, where it was."""
+    placed = getattr(deployment, "gpus", None) or []
+    return placed[0][0] if placed and placed[0] else None
 
 
 def settled(learned: float, declared: float, measured: float | None) -> float | None:

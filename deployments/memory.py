@@ -215,7 +215,7 @@ def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, flo
     replica and device; asleep, what each replica was measured holding as it fell asleep,
     shared among its devices."""
     sizes = {g.index: Device(g.index, g.total_gib, 0.0) for g in gpus}
-    if row.state == State.ASLEEP:
+    if kept_asleep(row):
         kept = float(row.asleep_gib or 0.0)
         return [
             (index, kept / len(replica))
@@ -237,9 +237,16 @@ def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, flo
 def holds_gib(row: Deployment) -> float:
     """What a deployment holds on this host now, over its replicas: what it needs while it
     runs, what it was measured keeping while asleep, nothing otherwise."""
-    if row.state == State.ASLEEP:
+    if kept_asleep(row):
         return float(row.asleep_gib or 0.0) * max(1, int(row.replica_count or 1))
     return need_gib(row) if row.state in HOLDING_STATES else 0.0
+
+
+def kept_asleep(row: Deployment) -> bool:
+    """Asleep, or being stopped from asleep (it holds what it kept until it is gone)."""
+    if row.state == State.ASLEEP:
+        return True
+    return row.state == State.STOPPING and row.asleep_gib is not None
 
 
 def holdings_by_device(

@@ -63,5 +63,6 @@ def explained(deployment: Deployment, said: str, log: str) -> tuple[str, dict[st
         return f"{OUT_OF_MEMORY}: {said}.\n{log}", {}
     need = learned_need(log, demand.gib)
     words = f"the next start claims {need:g} GiB per replica instead of {demand.gib:g}"
-    learned = {"learned_gib": need, "learned_on": footprint.gpu_model()}
+    on = footprint.gpu_model(footprint.first_device(deployment))
+    learned = {"learned_gib": need, "learned_on": on}
     return f"{OUT_OF_MEMORY}: {said}; {words}.\n{log}", learned

@@ -166,7 +166,9 @@ class RoomMaking:
         loaded = loaded_besides(view, views)
 
         def covers(stopped: list[View]) -> bool:
-            within = policy.within_cap(loaded, self.max_loaded, len(stopped))
+            # A sleeper stopped gives back memory, not a loaded model's place.
+            unloaded = sum(1 for v in stopped if v.state != State.ASLEEP)
+            within = policy.within_cap(loaded, self.max_loaded, unloaded)
             return within and budget.room_after(view, [*stopping, *stopped])
 
         return covers

@@ -80,13 +80,17 @@ class Budget:
         if self.gpu_cap > 0 and self.devices:
             counts = dict(self.engines_on)
             for gone in stopped:
+                if gone.state == State.ASLEEP:
+                    continue  # not counted as an engine on its GPUs (what it keeps is)
                 for index in {device for device, _ in gone.held}:
                     counts[index] = counts.get(index, 0) - 1
             open_ = {d.index for d in self.devices if counts.get(d.index, 0) < self.gpu_cap}
             where = tuple(i for i in (where or open_) if i in open_)
             if not where:
                 return False
-        return room_after(view.demand, view.need_gib, self.free_gib, self.devices, stopped, where)
+        # A sleeper waking takes back what it kept: that much of its need is held already.
+        released = [*stopped, view] if view.state == State.ASLEEP else stopped
+        return room_after(view.demand, view.need_gib, self.free_gib, self.devices, released, where)
 
 
 class Deployer(Protocol):

@@ -16,7 +16,9 @@ from deployments import deployer
 from deployments.api.serializers import DeploymentSerializer
 from deployments.memory import host_summary
 from deployments.models import Deployment, State
+from deployments.placement import Demand, Device
 from modelship_cli.render import description
+from ondemand.state import Budget, View
 from tests.conftest import sim
 from tests.gateway_support import seen_by_gateway
 
@@ -70,3 +72,24 @@ def test_it_counts_what_a_sleeper_keeps_and_stops_it_to_make_room(
     )
     assert napper.asleep_gib is None and napper.sleep_level is None
     assert Deployment.objects.get(name="big").state == State.READY
+
+
+def test_it_counts_what_a_waking_sleeper_kept_as_its_own_and_no_sleeper_as_loaded() -> None:
+    # 1 GiB in all: a sleeper needing 0.8 kept 0.3 asleep; an idle model holds 0.3.
+    sleeper = View(3, "napper", State.ASLEEP, True, 0.8, 600, holds_gib=0.3, wakes_on=(0,))
+    idle = View(4, "idle", State.READY, True, 0.3, 600, held=((0, 0.3),))
+    pool = Budget(capacity_gib=1.0, free_gib=0.4)
+    assert not pool.room_after(sleeper)  # 0.4 free and its own 0.3: 0.7 of 0.8
+    assert pool.room_after(sleeper, [idle])  # what it kept is its own again as it wakes
+    # On a GPU with a cap of one engine each: a sleeper stopped frees memory, not a place.
+    gpu = Budget(
+        capacity_gib=1.0,
+        free_gib=0.4,
+        devices=(Device(0, 1.0, 0.4),),
+        engines_on=((0, 1),),
+        gpu_cap=1,
+    )
+    other = View(5, "other", State.STOPPED, True, 0.3, 600, demand=Demand(gib=0.3))
+    kept = View(6, "kept", State.ASLEEP, True, 0.5, 600, holds_gib=0.3, held=((0, 0.3),))
+    assert not gpu.room_after(other, [kept])  # the loaded engine still has GPU 0's place
+    assert gpu.room_after(other, [idle])

@@ -89,7 +89,8 @@ class SimulatedLoader(ShippedEngineLoader):
         "enable_sleep_mode": "it sleeps, as vLLM's sleep mode does",
         "ignore_sleep": "it takes a sleep and stays awake, as vLLM's CPU worker does",
         "download": "it fetches its weights into the model cache at start",
-        "needs_gib": "given less memory than this, it fails at start as out of memory",
+        "needs_gib": "given less memory than this, it fails at start as out of memory; once"
+        " started it holds this much (really allocated, as an engine's weights are)",
         "out_of_memory": "how it says so: cuda, vllm or llama (as those engines do)",
     }
     usecases = frozenset({"generate", "embed", "transcription", "translation"})

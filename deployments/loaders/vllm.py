@@ -35,6 +35,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 # for on a GPU (its max_num_seqs where set): the estimate of one is a floor, not an
 # allowance (vLLM would preempt past it).
 DEFAULT_SEQUENCES = 8
+DEVICE_SHARE = 0.9  # vLLM's own default gpu_memory_utilization: an allowance's ceiling
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # vLLM sleeps on CUDA only: its CPU platform refuses --enable-sleep-mode at start, and its CPU
@@ -173,7 +174,11 @@ class VllmLoader(Loader):
         if self.engine_family(spec) == "vllm-cpu" or not found.sequence_gib:
             return found.gib
         more = (self.sequences_wanted(spec) - 1) * found.sequence_gib
-        return round(found.gib + more, 3)
+        # At most vLLM's own share of its device (90 %): sequences_fit says what fits then.
+        gpus = nvml.readings()
+        size = spec.device_gib or max((g.total_gib for g in gpus), default=0.0)
+        ceiling = max(found.gib, DEVICE_SHARE * size) if size else float("inf")
+        return round(min(found.gib + more, ceiling), 3)
 
     def sequences_wanted(self, spec: EngineSpec) -> int:
         """The full-length sequences its cache should hold at once: max_num_seqs where set,
