@@ -415,6 +415,25 @@ def test_it_stops_a_pull_whose_model_is_deleted(
     assert not (store.root / "slow").exists()
 
 
+def test_it_stops_a_hub_pull_mid_file_when_its_model_is_deleted(
+    store: Store, api: APIClient
+) -> None:
+    # 16 MB at 1 MB/s: a cancel seen only at the file's end would wait out the rest of it.
+    store.repo("acme/big-GGUF", {"big.gguf": os.urandom(16 << 20)})
+    store.host.faults.slow_bytes_per_s = 1_000_000
+    answer = api.post("/api/stored-models/", {"source": "hf:acme/big-GGUF"}, format="json")
+    pk = answer.json()["id"]
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(pulls.run(pk)))
+    worker.start()
+    wait_until(lambda: StoredModel.objects.get(pk=pk).bytes_done > 0, 10)
+    assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
+    worker.join(8)  # at its next chunk (1 MiB), not after the 16 MB
+    assert outcome == ["deleted"]
+    assert not (store.root / ".pulls" / str(pk)).exists()
+    assert not (store.root / "big-GGUF").exists()
+
+
 def test_it_reports_progress_while_a_pull_runs(
     store: Store, api: APIClient, tiny_gguf: bytes
 ) -> None:

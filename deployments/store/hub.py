@@ -22,6 +22,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils.tqdm import tqdm as hf_tqdm
 
 from deployments.store.job import Job, PullFailed, folder_size
 
@@ -38,8 +39,10 @@ def fetch(source: Source, job: Job) -> Path:
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
     api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
-    # Read by huggingface_hub at each download (MSHIP_HUB_XET says why it is off).
+    # Read by huggingface_hub at each download (MSHIP_HUB_XET says why it is off), and the
+    # size of the chunks it reads, after each of which a cancel or a full disk stops it.
     huggingface_hub.constants.HF_HUB_DISABLE_XET = not settings.MSHIP_HUB_XET
+    huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = CHUNK
     where = f"{source.ref}" + (f"@{source.revision}" if source.revision else "")
     try:
         info = api.model_info(source.ref, revision=source.revision or None, files_metadata=True)
@@ -64,6 +67,7 @@ def fetch(source: Source, job: Job) -> Path:
                 local_dir=job.staging,
                 endpoint=endpoint,
                 token=token,
+                tqdm_class=watching(job),
             )
         except EntryNotFoundError as exc:
             raise PullFailed(f"{where}: {sibling.rfilename} is listed but missing") from exc
@@ -72,6 +76,19 @@ def fetch(source: Source, job: Job) -> Path:
         verify(sibling, path, job)
     shutil.rmtree(job.staging / ".cache", ignore_errors=True)  # the resume bookkeeping
     return job.staging
+
+
+def watching(job: Job) -> type[hf_tqdm]:
+    """huggingface_hub's progress bar for one pull: told of each chunk as it is written, it
+    stops the download there where the pull was cancelled or its disk filled (mid-file, not
+    at the file's end)."""
+
+    class Watched(hf_tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            job.check()
+            return super().update(n)  # type: ignore[no-any-return]
+
+    return Watched
 
 
 def picked(siblings: list[Any], include: tuple[str, ...]) -> list[Any]:
