@@ -1,6 +1,7 @@
 """The processes of Modelship's container image (the Dockerfile's command; compose.yaml runs
 one of each): `web`, migrations and then `serve` on 0.0.0.0:8000 without a cluster of its
-own; `cluster`, the django-q cluster that runs starts, stops and the reaper.
+own; `cluster`, the django-q cluster that runs starts, stops and the reaper; `pulls`, the
+model store's pulls' own cluster (a download never holds the others' workers).
 
 Run: ``python -m modelship_site.container web|cluster``
 """
@@ -13,6 +14,7 @@ import sys
 ROLES = {
     "web": ["manage.py", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-cluster"],
     "cluster": ["manage.py", "qcluster"],
+    "pulls": ["manage.py", "qcluster"],  # the model store's pulls' own cluster
 }
 
 
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
 
         django.setup()
         call_command("migrate", "--noinput")
+    if role == "pulls":  # django-q reads the cluster it runs from Q_CLUSTER_NAME
+        os.environ["Q_CLUSTER_NAME"] = f"{os.environ.get('MSHIP_Q_NAME', 'modelship')}-pulls"
     os.execv(sys.executable, [sys.executable, *ROLES[role], *args[1:]])
 
 

@@ -20,6 +20,7 @@ import pytest
 import redis
 import redis.asyncio
 from channels.layers import ChannelLayerManager
+from django.conf import settings as django_settings
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
@@ -559,13 +560,14 @@ def reap(site: Any) -> str:
 
 
 def take_queue() -> list[dict[str, Any]]:
-    """The tasks queued for the cluster, taken off the queue (not run)."""
-    broker = get_broker()
+    """The tasks queued for the clusters (the main one, and the pulls' own), taken off their
+    queues (not run)."""
     tasks = []
-    while broker.queue_size():
-        for ack, packed in broker.dequeue() or []:
-            broker.acknowledge(ack)
-            tasks.append(SignedPackage.loads(packed))
+    for broker in (get_broker(), get_broker(django_settings.MSHIP_PULLS_CLUSTER)):
+        while broker.queue_size():
+            for ack, packed in broker.dequeue() or []:
+                broker.acknowledge(ack)
+                tasks.append(SignedPackage.loads(packed))
     return tasks
 
 

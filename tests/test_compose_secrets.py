@@ -44,11 +44,11 @@ def test_it_puts_engines_on_an_internal_network_without_the_database_or_redis(
     services, networks = compose["services"], compose["networks"]
     engines = networks["engines"]
     # The docker runtime starts engines on the network MSHIP_DOCKER_NETWORK names.
-    for name in ("web", "cluster"):
+    for name in ("web", "cluster", "pulls"):
         assert services[name]["environment"]["MSHIP_DOCKER_NETWORK"] == engines["name"]
     assert engines["internal"] is True  # no route out: no metadata endpoint, no Internet
     on_engines = {name for name, s in services.items() if "engines" in networks_of(s)}
-    assert on_engines == {"web", "cluster"}  # Modelship itself, which starts and calls them
+    assert on_engines == {"web", "cluster", "pulls"}  # Modelship itself
     for name in ("postgres", "redis"):
         assert networks_of(services[name]) == {"modelship"}
     assert "internal" not in networks["modelship"]  # web reaches the Hub, `hf download`
@@ -73,10 +73,10 @@ def test_it_writes_no_password_and_reads_each_from_its_own_volume(
     # Each reads its own secret only; the generator runs first, and alone writes them.
     assert mounts_of(postgres) == {"postgres", "secrets-postgres"}
     assert mounts_of(redis) == {"secrets-redis"}
-    for name in ("web", "cluster"):
+    for name in ("web", "cluster", "pulls"):
         assert "secrets-modelship" in mounts_of(services[name])
         assert not {"secrets-postgres", "secrets-redis"} & mounts_of(services[name])
-    for name in ("web", "cluster", "postgres", "redis"):
+    for name in ("web", "cluster", "pulls", "postgres", "redis"):
         assert services[name]["depends_on"]["secrets"] == {
             "condition": "service_completed_successfully"
         }

@@ -60,10 +60,11 @@ def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
     """compose.yaml, read as Docker Compose reads it (no compose plugin on this machine)."""
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"secrets", "web", "cluster", "postgres", "redis"}
-    web, cluster = services["web"], services["cluster"]
+    assert set(services) == {"secrets", "web", "cluster", "pulls", "postgres", "redis"}
+    web, cluster, pulls = services["web"], services["cluster"], services["pulls"]
     assert web["command"][-1] == "web" and cluster["command"][-1] == "cluster"
-    for service in (web, cluster):
+    assert pulls["command"][-1] == "pulls"
+    for service in (web, cluster, pulls):
         env = service["environment"]
         # The URLs, with their generated passwords, come from files (tests/test_compose_secrets.py).
         assert env["DATABASE_URL_FILE"] == "/run/modelship/secrets/database_url"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -18,11 +19,14 @@ from rest_framework.test import APIClient
 
 from deployments import tasks
 from deployments.models import Deployment, DeploymentEvent, State
+from deployments.store.models import PullState, StoredModel
 from tests.conftest import REPO, env_for_subprocess, reply_of, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from tests.store_support import Store
 
 pytestmark = [pytest.mark.usefixtures("engines"), pytest.mark.redis]
 
@@ -131,3 +135,59 @@ def test_it_stops_at_once_while_the_reaper_waits_between_passes(
     cluster.wait(10)  # the reaper's next pass was due 15 s after its first
     assert cluster.returncode == 0
     assert Success.objects.filter(name="reap-before-stop").exists()
+
+
+@pytest.fixture
+def pulls_cluster(
+    transactional_db: None, site: Any, tmp_path: Path, store: Store
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The pulls' own cluster, as `serve` runs it beside the main one (Q_CLUSTER_NAME)."""
+    get_broker(f"{Conf.PREFIX}-pulls").purge_queue()
+    env = env_for_subprocess(
+        MSHIP_Q_NAME=Conf.PREFIX,
+        Q_CLUSTER_NAME=f"{Conf.PREFIX}-pulls",
+        MSHIP_RUN_DIR=str(site.MSHIP_RUN_DIR),
+        MSHIP_MODEL_DIRS=",".join(site.MSHIP_MODEL_DIRS),
+        MSHIP_MODEL_STORE_MIN_FREE_GIB="0",
+        MSHIP_MODEL_PULLS="3",
+        HF_ENDPOINT=store.host.url,
+    )
+    log = (tmp_path / "pulls.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, stdout=log, stderr=log
+    )
+    yield process
+    process.terminate()
+    process.wait(30)
+
+
+def test_it_pulls_in_a_cluster_of_its_own_while_the_main_one_starts_engines(
+    api: APIClient,
+    cluster: subprocess.Popen[bytes],
+    pulls_cluster: subprocess.Popen[bytes],
+    store: Store,
+    site: Any,
+) -> None:
+    site.MSHIP_MODEL_PULLS = 3
+    # As many slow pulls as the main cluster has workers: none of them holds one.
+    store.host.faults.slow_bytes_per_s = 1_000_000
+    pks = []
+    for n in range(3):
+        store.repo(f"acme/big{n}-GGUF", {"big.gguf": os.urandom(16 << 20)})
+        answer = api.post("/api/stored-models/", {"source": f"hf:acme/big{n}-GGUF"}, format="json")
+        assert answer.status_code == 202, answer.content
+        pks.append(answer.json()["id"])
+    wait_until(lambda: all(StoredModel.objects.get(pk=pk).bytes_done > 0 for pk in pks), 60)
+    deployment = Deployment.objects.create(
+        name="meanwhile", model="m", loader="simulated", memory_gib=1, config={}
+    )
+    assert api.post(f"/api/deployments/{deployment.pk}/start/").status_code == 202
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.READY, 30)
+    pulling = StoredModel.objects.filter(pk__in=pks, state=PullState.PULLING).count()
+    assert pulling == 3  # the start did not wait behind them
+    # Deleted, each stops at its next chunk (not after its 16 MB).
+    for pk in pks:
+        assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
+    wait_until(lambda: not list((store.root / ".pulls").glob("*")), 10)
+    assert api.post(f"/api/deployments/{deployment.pk}/stop/").status_code == 202
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state == State.STOPPED, 60)

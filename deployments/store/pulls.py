@@ -179,8 +179,15 @@ def refuse_in_use(name: str, may_reach_host: bool, *paths: str) -> None:
 
 
 def queue(pk: int) -> None:
-    # Its own time limit: a model of tens of GiB takes longer than an engine's start.
-    async_task(run, pk, group="store-pulls", timeout=int(settings.MSHIP_MODEL_PULL_TIMEOUT_S))
+    # In the pulls' own cluster (MSHIP_PULLS_CLUSTER), with its own time limit: a model of
+    # tens of GiB takes longer than an engine's start, and holds none of the main workers.
+    async_task(
+        run,
+        pk,
+        group="store-pulls",
+        timeout=int(settings.MSHIP_MODEL_PULL_TIMEOUT_S),
+        cluster=settings.MSHIP_PULLS_CLUSTER,
+    )
 
 
 @contextlib.contextmanager

@@ -258,16 +258,23 @@ class Command(BaseCommand):
         else:
             server = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"])]
             self.commands["server"] = [*server, "modelship_site.asgi:application"]
+        envs: dict[str, dict[str, str]] = {}
         if not options.get("no_cluster"):
             self.commands["cluster"] = [python, "manage.py", "qcluster"]
-        return {name: self.spawn(argv) for name, argv in self.commands.items()}
+            # The pulls' own cluster: a download never holds the main cluster's workers.
+            self.commands["pulls"] = [python, "manage.py", "qcluster"]
+            envs["pulls"] = {"Q_CLUSTER_NAME": settings.MSHIP_PULLS_CLUSTER}
+        return {name: self.spawn(argv, envs.get(name, {})) for name, argv in self.commands.items()}
 
-    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         # Own process groups: the terminal's Ctrl-C reaches this command only, which then
         # stops the children in order instead of all at once.
         inherited = [int(argv[argv.index("--fd") + 1])] if "--fd" in argv else []
         return subprocess.Popen(
-            argv, start_new_session=True, env=os.environ.copy(), pass_fds=inherited
+            argv,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            pass_fds=inherited,
         )
 
     def resume_after_shutdown(self) -> None:
