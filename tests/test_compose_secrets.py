@@ -44,11 +44,14 @@ def test_it_puts_engines_on_an_internal_network_without_the_database_or_redis(
     services, networks = compose["services"], compose["networks"]
     engines = networks["engines"]
     # The docker runtime starts engines on the network MSHIP_DOCKER_NETWORK names.
-    for name in ("web", "cluster", "pulls"):
+    for name in ("web", "cluster"):
         assert services[name]["environment"]["MSHIP_DOCKER_NETWORK"] == engines["name"]
     assert engines["internal"] is True  # no route out: no metadata endpoint, no Internet
     on_engines = {name for name, s in services.items() if "engines" in networks_of(s)}
-    assert on_engines == {"web", "cluster", "pulls"}  # Modelship itself
+    assert on_engines == {"web", "cluster"}  # Modelship itself, which starts and calls them
+    # The pulls' cluster downloads: no Docker socket, no GPU.
+    assert not any("docker.sock" in v for v in services["pulls"]["volumes"])
+    assert not services["pulls"].get("deploy")
     for name in ("postgres", "redis"):
         assert networks_of(services[name]) == {"modelship"}
     assert "internal" not in networks["modelship"]  # web reaches the Hub, `hf download`

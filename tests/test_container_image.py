@@ -74,14 +74,15 @@ def test_it_composes_postgres_redis_the_server_and_the_cluster() -> None:
         assert env["MSHIP_DOCKER_NETWORK"] == "modelship-engines"
         assert env["MSHIP_ONDEMAND_ALLOWED_CIDRS"] == "auto"
         assert env["MSHIP_INTERNAL_URL"] == "http://modelship:8000"
-        assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
         # State, engine environments and the model cache at the same path as on the host.
         data = "${MSHIP_DATA:-/var/lib/modelship}"
         assert f"{data}:{data}" in service["volumes"]
         assert env["MSHIP_HF_HOME"] == f"{data}/hf"
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    for service in (web, cluster):  # they start engines: the Docker Engine and the GPUs
+        assert "/var/run/docker.sock:/var/run/docker.sock" in service["volumes"]
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
-        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
     assert "modelship" in web["networks"]["modelship"]["aliases"]
     assert "modelship" in web["networks"]["engines"]["aliases"]
     assert compose["networks"]["modelship"]["name"] == "modelship"

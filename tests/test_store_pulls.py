@@ -23,7 +23,7 @@ from rest_framework.test import APIClient
 from deployments.models import AuditEntry, Deployment
 from deployments.store import pulls
 from deployments.store.models import PullState, StoredModel
-from tests.conftest import run_queue, wait_until
+from tests.conftest import run_queue, take_queue, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -371,6 +371,8 @@ def test_it_runs_at_most_the_set_number_of_pulls_and_starts_the_next_when_one_en
     StoredModel.objects.filter(name="a").update(state=PullState.PULLING, heartbeat_at=now())
     run_queue()
     assert StoredModel.objects.get(name="b").state == PullState.QUEUED  # no slot: it waits
+    pulls.start_next()  # the sweep's offer, every minute: no task queued for a slot not free
+    assert take_queue() == []
     # a's worker died: the sweep finds its stale heartbeat and queues it again.
     StoredModel.objects.filter(name="a").update(heartbeat_at=now() - timedelta(minutes=5))
     assert pulls.sweep() == 1

@@ -1,7 +1,8 @@
 """A model pulled from a Hugging Face repository, through `huggingface_hub`: HF_ENDPOINT
 (a site's mirror) and HF_TOKEN as the environment gives them. The repository's listing is
 read once, pinned to its commit; the files the include patterns pick are fetched one by
-one into the pull's folder (a file cut off resumes from its `.incomplete`), and each is
+one into the pull's folder (the files a cut pull finished are kept; huggingface_hub fetches
+a file cut off again whole), and each is
 checked against the hash the Hub published: an LFS file's SHA-256, a small file's Git blob
 id."""
 

@@ -310,10 +310,15 @@ def fail(model: StoredModel, message: str, *, keep: bool) -> str:
 
 
 def start_next() -> None:
+    """The oldest queued pulls, as many as there are free slots: the pulls' cluster has one
+    worker a slot, so a task queued for a slot that is not free would only wait there."""
+    free = settings.MSHIP_MODEL_PULLS - StoredModel.objects.filter(state=PullState.PULLING).count()
+    if free <= 0:
+        return
     for pk in (
         StoredModel.objects.filter(state=PullState.QUEUED)
         .order_by("created")
-        .values_list("pk", flat=True)[: settings.MSHIP_MODEL_PULLS]
+        .values_list("pk", flat=True)[:free]
     ):
         queue(pk)
 

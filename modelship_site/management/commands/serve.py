@@ -72,7 +72,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-cluster",
             action="store_true",
-            help="run no django-q cluster here (one runs beside it: compose.yaml's cluster)",
+            help="run no django-q cluster here (they run beside it: compose.yaml's cluster and"
+            " pulls; by hand, `manage.py qcluster`, and again with"
+            " Q_CLUSTER_NAME=<MSHIP_Q_NAME>-pulls for the model store's pulls)",
         )
         parser.add_argument(
             "--gateway-only",
