@@ -10,7 +10,6 @@ with its event.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -21,17 +20,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from common import metrics
-from deployments import (
-    engine_envs,
-    engine_secrets,
-    footprint,
-    kv_store,
-    out_of_memory,
-    sleep_tiers,
-)
+from deployments import engine_envs, engine_secrets, kv_store, out_of_memory, sleep_tiers
 from deployments.audit import event, event_at
-from deployments.engine_metrics import read_load
+from deployments.drain import drain
 from deployments.fingerprint import deployment_fingerprint
+from deployments.footprint import after_start, measured_gib
 from deployments.gate import bringing_up, start_gate
 from deployments.health_wait import StartFailed, handles_of, wait_healthy
 from deployments.launch import launch_all, needs_of, prepare, prepare_start, stop_handles
@@ -136,7 +129,7 @@ def _bring_up(deployment: Deployment, prior: str, actor: str, timeout_s: float) 
         expected=[State.STARTING],
         actor=actor,
         running_fingerprint=deployment_fingerprint(deployment),
-        **footprint.after_start(deployment, handles),
+        **after_start(deployment, handles),
     )
     return deployment
 
@@ -331,7 +324,7 @@ def sleep(
         reason=reason,
         actor=actor,
         sleep_level=level,
-        asleep_gib=footprint.measured_gib(handles_of(deployment)),
+        asleep_gib=measured_gib(handles_of(deployment)),
     )
     if asleep:
         metrics.tier_changes.labels(deployment.name, f"asleep_{level}").inc()
@@ -483,27 +476,3 @@ def _blue_green(deployment: Deployment, actor: str) -> Deployment:
     drain(deployment, old_handles)
     stop_handles(deployment, old_handles)
     return deployment
-
-
-def drain(deployment: Deployment, handles: list[Handle]) -> None:
-    """Let replaced engines finish what they serve before they stop.
-
-    Routers that read the switch late may still send a request for a moment, so the old
-    engines live at least the drain grace; then until their gauges show nothing running or
-    waiting (an engine without gauges gets the grace only), at most the drain timeout.
-    """
-    loader = get_loader(deployment.loader)
-    start = time.monotonic()
-    grace_end = start + settings.MSHIP_DRAIN_GRACE_S
-    deadline = start + max(settings.MSHIP_DRAIN_TIMEOUT_S, settings.MSHIP_DRAIN_GRACE_S)
-    busy = list(handles)
-    with httpx.Client(timeout=2.0, auth=engine_secrets.EngineAuth(handles)) as client:
-        while time.monotonic() < deadline:
-            busy = [
-                h
-                for h in busy
-                if (load := read_load(client, h["url"], loader)) is not None and not load.idle
-            ]
-            if not busy and time.monotonic() >= grace_end:
-                return
-            time.sleep(0.1)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from deployments import nvml
+from deployments.learned import learned_here
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -103,31 +104,6 @@ def most_held(handles: list[dict[str, Any]]) -> float | None:
     return None if most is None else round(most, 3)
 
 
-_models: dict[int, str] = {}  # device index -> its name, once NVML said it
-
-
-def gpu_model(device: int | None = None) -> str:
-    """The GPU model learned claims are kept for: the named device's (else the host's first);
-    "" on a host without one. Names are kept once read: a moment NVML cannot answer does
-    not make a claim learned on this host's GPUs look foreign."""
-    if not _models:
-        _models.update((g.index, g.name) for g in nvml.readings())
-    if not _models:
-        return ""
-    return _models.get(device if device is not None else min(_models), _models[min(_models)])
-
-
-def learned_here(deployment: Any) -> float:
-    """The learned claim where it was learned on this host's GPU model (or on no known one:
-    a host without GPUs, or before the model was kept), else 0: another model's memory is
-    another figure."""
-    learned = getattr(deployment, "learned_gib", None)
-    if learned is None:
-        return 0.0
-    on = getattr(deployment, "learned_on", "") or ""
-    return float(learned) if on in ("", gpu_model(first_device(deployment))) else 0.0
-
-
 def after_start(deployment: Deployment, handles: list[dict[str, Any]]) -> dict[str, Any]:
     """The fields a start that became ready updates: its measured footprint, and its learned
     claim gone halfway toward what the footprint shows (forgotten once it meets the
@@ -152,12 +128,6 @@ def declared_gib(deployment: Deployment) -> float:
     from deployments.memory import estimate_gib  # noqa: PLC0415 - memory reads this module
 
     return estimate_gib(deployment)
-
-
-def first_device(deployment: Any) -> int | None:
-    """The GPU its first replica was placed on, where it was."""
-    placed = getattr(deployment, "gpus", None) or []
-    return placed[0][0] if placed and placed[0] else None
 
 
 def settled(learned: float, declared: float, measured: float | None) -> float | None:

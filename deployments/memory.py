@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from deployments import footprint, nvml, placement
+from deployments import nvml, placement
+from deployments.learned import learned_here
 from deployments.loaders import LOADERS, EngineSpec, get_loader
 from deployments.models import (
     HOLDING_STATES,
@@ -175,7 +176,7 @@ def demand_of(deployment: Any, on_gpus: bool) -> Demand | None:
         1, int(getattr(deployment, "replica_count", None) or deployment.num_replicas or 1)
     )
     num_gpus = deployment.num_gpus
-    learned = footprint.learned_here(deployment)
+    learned = learned_here(deployment)
     if not on_gpus:
         if deployment.memory_gib is not None:
             gib = float(deployment.memory_gib)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from deployments import footprint
+from deployments import learned
 from deployments.memory import demand_of, gpu_inventory
 
 if TYPE_CHECKING:
@@ -63,6 +63,6 @@ def explained(deployment: Deployment, said: str, log: str) -> tuple[str, dict[st
         return f"{OUT_OF_MEMORY}: {said}.\n{log}", {}
     need = learned_need(log, demand.gib)
     words = f"the next start claims {need:g} GiB per replica instead of {demand.gib:g}"
-    on = footprint.gpu_model(footprint.first_device(deployment))
-    learned = {"learned_gib": need, "learned_on": on}
-    return f"{OUT_OF_MEMORY}: {said}; {words}.\n{log}", learned
+    on = learned.gpu_model(learned.first_device(deployment))
+    taught = {"learned_gib": need, "learned_on": on}
+    return f"{OUT_OF_MEMORY}: {said}; {words}.\n{log}", taught

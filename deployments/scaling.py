@@ -16,7 +16,7 @@ from django.db import transaction
 
 from deployments import audit
 from deployments.audit import event
-from deployments.deployer import drain
+from deployments.drain import drain
 from deployments.gate import start_gate
 from deployments.health_wait import StartFailed, handles_of, wait_healthy
 from deployments.launch import launch_all, stop_handles

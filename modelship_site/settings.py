@@ -490,15 +490,5 @@ from modelship_site.settings_routing import *  # noqa: E402, F403 - the replica 
 from modelship_site.settings_scheduler import *  # noqa: E402, F403 - the site's scheduler
 from modelship_site.settings_store import *  # noqa: E402, F403 - the model store
 
-# Pulls run in a django-q cluster of their own (deployments/store/pulls.py; `serve` runs it
-# beside the main one, compose.yaml as its `pulls` service): a download of hours never holds
-# a worker that starts, stops and the reaper need.
-MSHIP_PULLS_CLUSTER = f"{Q_CLUSTER['name']}-pulls"
-Q_CLUSTER["ALT_CLUSTERS"] = {
-    MSHIP_PULLS_CLUSTER: {
-        "workers": max(1, MSHIP_MODEL_PULLS),  # noqa: F405 - settings_store's
-        "timeout": int(MSHIP_MODEL_PULL_TIMEOUT_S) + 60,  # noqa: F405
-        "retry": int(MSHIP_MODEL_PULL_TIMEOUT_S) + 120,  # noqa: F405
-    }
-}
+MSHIP_PULLS_CLUSTER, Q_CLUSTER["ALT_CLUSTERS"] = pulls_cluster(Q_CLUSTER["name"])  # noqa: F405
 from modelship_site.settings_usage import *  # noqa: E402, F403 - usage and budgets

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from common.spelling import unknown
 from deployments import estimate, programs
-from deployments.footprint import learned_here
+from deployments.learned import learned_here
 from deployments.loaders.defaults import UNKNOWN, RequestDefaults
 
 # OpenAI-compatible paths (under /v1) by use case.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deployments import memory
-from deployments.footprint import learned_here
+from deployments.learned import learned_here
 from deployments.models import Runtime
 
 if TYPE_CHECKING:
