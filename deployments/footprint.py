@@ -92,12 +92,13 @@ def measured_gib(handles: list[dict[str, Any]]) -> float | None:
 
 def most_held(handles: list[dict[str, Any]]) -> float | None:
     most = None
+    on_gpus = bool(nvml.readings())
     for handle in handles:
         pid = handle.get("pid")
         if type(pid) is not int or pid <= 0:
             return None
         pids = tree(pid)
-        held = gpu_gib(pids) if nvml.readings() else resident_gib(pids)
+        held = gpu_gib(pids) if on_gpus else resident_gib(pids)
         if held is None:
             return None
         most = held if most is None else max(most, held)

@@ -235,6 +235,10 @@ def held_by(row: Deployment, gpus: list[nvml.GpuReading]) -> list[tuple[int, flo
     ]
 
 
+# What holds memory on this host: a running engine, and one asleep (what it kept).
+HELD_STATES = (*HOLDING_STATES, State.ASLEEP)
+
+
 def holds_gib(row: Deployment) -> float:
     """What a deployment holds on this host now, over its replicas: what it needs while it
     runs, what it was measured keeping while asleep, nothing otherwise."""
@@ -257,7 +261,7 @@ def holdings_by_device(
     holds there, by the records."""
     gpus = gpu_inventory()
     held: dict[int, list[tuple[Deployment, float]]] = {}
-    running = Deployment.objects.filter(state__in=(*HOLDING_STATES, State.ASLEEP))
+    running = Deployment.objects.filter(state__in=HELD_STATES)
     for row in running.exclude(pk=exclude_id) if exclude_id is not None else running:
         if not gpus:
             held.setdefault(POOL, []).append((row, holds_gib(row)))

@@ -21,7 +21,7 @@ from deployments.engine_metrics import Load, replicas_load
 from deployments.gate import start_gate
 from deployments.loaders import get_loader
 from deployments.memory import need_gib
-from deployments.models import HOLDING_STATES, Deployment, State
+from deployments.models import Deployment, State
 from ondemand import lease
 from ondemand.coalesce import Coalesced
 from ondemand.state import Budget, View
@@ -65,9 +65,7 @@ def view_of(row: Deployment, gpus: list[GpuReading] | None = None) -> View:
         gauged=get_loader(row.loader).serves_metrics,
         lease_until=row.lease_until.timestamp() if row.lease_until else None,
         demand=memory.demand_of(row, on_gpus=True) if gpus else None,
-        held=tuple(memory.held_by(row, gpus))
-        if gpus and row.state in (*HOLDING_STATES, State.ASLEEP)
-        else (),
+        held=tuple(memory.held_by(row, gpus)) if gpus and row.state in memory.HELD_STATES else (),
         failures_forgiven=row.failures_forgiven,
         evictable=row.evictable,
         recently_loaded=recently_loaded(row),

@@ -28,6 +28,7 @@ from django_q.brokers import get_broker
 from django_q.signing import SignedPackage
 
 from deployments import deployer, engine_envs, engine_secrets
+from deployments.footprint import tree
 from deployments.models import Deployment
 from deployments.runtimes import EngineUnreachable, get_runtime
 from deployments.runtimes.process import proc_stat
@@ -460,14 +461,7 @@ def resident_bytes(pid: int) -> int:
 
 def tree_resident_bytes(pid: int) -> int:
     """A process's resident memory with its children's, and theirs (an engine that forks)."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        total += resident_bytes(current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            children = (task / "children").read_text().split()
-            todo += [int(child) for child in children]
-    return total
+    return sum(resident_bytes(process) for process in tree(pid))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -204,6 +204,15 @@ def claims_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def free_slots() -> int:
+    """MSHIP_MODEL_PULLS less the pulls running (a stale heartbeat's is the sweep's to queue
+    again, not a slot taken)."""
+    running = StoredModel.objects.filter(
+        state=PullState.PULLING, heartbeat_at__gte=timezone.now() - STALE
+    ).count()
+    return int(settings.MSHIP_MODEL_PULLS) - running
+
+
 def claim(pk: int) -> StoredModel | None:
     """The queued pull, now pulling, where a slot is free; None where it is not queued or
     every slot is taken (a pull that ends starts it)."""
@@ -211,10 +220,7 @@ def claim(pk: int) -> StoredModel | None:
         model = StoredModel.objects.select_for_update().filter(pk=pk).first()
         if model is None or model.state != PullState.QUEUED:
             return None
-        running = StoredModel.objects.filter(
-            state=PullState.PULLING, heartbeat_at__gte=timezone.now() - STALE
-        ).count()
-        if running >= settings.MSHIP_MODEL_PULLS:
+        if free_slots() <= 0:
             return None
         model.state, model.error = PullState.PULLING, ""
         model.started_at = model.heartbeat_at = timezone.now()
@@ -312,7 +318,7 @@ def fail(model: StoredModel, message: str, *, keep: bool) -> str:
 def start_next() -> None:
     """The oldest queued pulls, as many as there are free slots: the pulls' cluster has one
     worker a slot, so a task queued for a slot that is not free would only wait there."""
-    free = settings.MSHIP_MODEL_PULLS - StoredModel.objects.filter(state=PullState.PULLING).count()
+    free = free_slots()
     if free <= 0:
         return
     for pk in (

@@ -200,10 +200,14 @@ def score(
     if not urls:
         raise ValueError("no replica to choose from")
     cap = bound(loads, tuple(urls), epsilon, floor)
-    held_by = {}
+    # Each replica's run of the request's blocks, and how many blocks its table holds (for
+    # a new prompt, the fewest first; among replicas holding a run, the order's: the
+    # conversation's own first).
+    held_by, claimed = {}, {}
     for url in urls:
         table = tables.get(url)
         held_by[url] = table.longest(hashes) if table is not None and hashes else 0
+        claimed[url] = len(table.kept) if table is not None else 0
     open_ = [
         url for url in urls if loads.get(url, 0) < (2 * cap if held_by[url] >= LONG_RUN else cap)
     ] or list(urls)
@@ -211,10 +215,7 @@ def score(
     for order, url in enumerate(open_):
         blocks = held_by[url]
         worth = blocks + (ADAPTER_BLOCKS if url in adapter_on else 0)
-        table = tables.get(url)
-        # Among replicas holding a run, the order's (the conversation's own first).
-        claimed = len(table.kept) if table is not None and not worth else 0
-        key = (-worth, loads.get(url, 0), claimed, order)
+        key = (-worth, loads.get(url, 0), 0 if worth else claimed[url], order)
         if best_key is None or key < best_key:
             best, best_key, held = url, key, blocks
     return best, held

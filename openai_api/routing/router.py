@@ -214,9 +214,11 @@ class Router:
         if slot == UNPINNED:
             return Pinned()
         free = not book.slots[slot].busy
-        donor, run = book.donor(hint.blocks, slot) if copy_min and free and not same else (0, 0)
-        if run - held < copy_min or not copy_min:
-            donor = UNPINNED
+        donor, run = UNPINNED, 0
+        if copy_min and free and not same:
+            donor, run = book.donor(hint.blocks, slot)
+            if run - held < copy_min:
+                donor = UNPINNED
         # Before any await: no other request takes the slot, nor one on the donor changes it.
         book.take(slot, hint.blocks, hint.marks)
         copying = (donor, slot) if donor != UNPINNED else ()
