@@ -399,6 +399,18 @@ def test_it_deletes_a_stored_model_no_deployment_uses(
     assert AuditEntry.objects.filter(action="store.delete", object_repr="model used").exists()
 
 
+def deleted_while_pulled(api: APIClient, pk: int, within_s: float) -> list[str]:
+    """The pull run in a thread and its model deleted once it has fetched something; what
+    the pull returned within `within_s` (nothing: it had not ended)."""
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(pulls.run(pk)))
+    worker.start()
+    wait_until(lambda: StoredModel.objects.get(pk=pk).bytes_done > 0, 10)
+    assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
+    worker.join(within_s)
+    return outcome
+
+
 def test_it_stops_a_pull_whose_model_is_deleted(
     store: Store, api: APIClient, tiny_gguf: bytes
 ) -> None:
@@ -406,13 +418,7 @@ def test_it_stops_a_pull_whose_model_is_deleted(
     store.host.faults.slow_bytes_per_s = 50_000
     answer = api.post("/api/stored-models/", {"source": store.host.url + "/files/slow.gguf"})
     pk = answer.json()["id"]
-    outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(pulls.run(pk)))
-    worker.start()
-    wait_until(lambda: StoredModel.objects.get(pk=pk).bytes_done > 0, 10)
-    assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
-    worker.join(10)
-    assert outcome == ["deleted"]
+    assert deleted_while_pulled(api, pk, 10) == ["deleted"]
     assert not (store.root / ".pulls" / str(pk)).exists()
     assert not (store.root / "slow").exists()
 
@@ -425,13 +431,8 @@ def test_it_stops_a_hub_pull_mid_file_when_its_model_is_deleted(
     store.host.faults.slow_bytes_per_s = 1_000_000
     answer = api.post("/api/stored-models/", {"source": "hf:acme/big-GGUF"}, format="json")
     pk = answer.json()["id"]
-    outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(pulls.run(pk)))
-    worker.start()
-    wait_until(lambda: StoredModel.objects.get(pk=pk).bytes_done > 0, 10)
-    assert api.delete(f"/api/stored-models/{pk}/").status_code == 204
-    worker.join(8)  # at its next chunk (1 MiB), not after the 16 MB
-    assert outcome == ["deleted"]
+    # At its next chunk (1 MiB), not after the 16 MB.
+    assert deleted_while_pulled(api, pk, 8) == ["deleted"]
     assert not (store.root / ".pulls" / str(pk)).exists()
     assert not (store.root / "big-GGUF").exists()
 

@@ -40,13 +40,18 @@ def cluster(transactional_db: None, site: Any, tmp_path: Path) -> Iterator[subpr
         MSHIP_ENGINE_LOG_DIR=str(site.MSHIP_ENGINE_LOG_DIR),
         MSHIP_MEMORY_CAPACITY_GIB="8",
     )
-    log = (tmp_path / "cluster.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, stdout=log, stderr=log
-    )
-    yield process
-    process.terminate()
-    process.wait(30)
+    yield from qcluster(env, tmp_path / "cluster.log")
+
+
+def qcluster(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A django-q cluster in its own process (the one `env` names), stopped after the test."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, stdout=out, stderr=out
+        )
+        yield process
+        process.terminate()
+        process.wait(30)
 
 
 @pytest.fixture
@@ -152,13 +157,7 @@ def pulls_cluster(
         MSHIP_MODEL_PULLS="3",
         HF_ENDPOINT=store.host.url,
     )
-    log = (tmp_path / "pulls.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, stdout=log, stderr=log
-    )
-    yield process
-    process.terminate()
-    process.wait(30)
+    yield from qcluster(env, tmp_path / "pulls.log")
 
 
 def test_it_pulls_in_a_cluster_of_its_own_while_the_main_one_starts_engines(
